@@ -1,0 +1,221 @@
+"""Turn attrs classes into JSON-able values and back, validating on the way in.
+
+Every wire message and every data type in `dyad.messages` is a frozen attrs class
+with type annotations. Instead of hand-writing `to_wire`/`from_wire` for each, this
+module walks the annotations once per class and builds a checker, so a new field is
+validated the moment it is declared. Supported annotations: `str`, `int`, `float`,
+`bool`, `bytes` (base64 on the wire), `X | None`, `list[X]`, `dict[str, X]`,
+enums (by member name), `Resources` (its string form) and nested attrs classes.
+
+Errors say *where* the data was wrong (`offers[0].resources: ...`), because the
+sender of a bad frame deserves a reason it can act on.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import enum
+import math
+import types
+import typing
+from typing import Any, Callable
+
+import attrs
+
+from dyad.resources import Resources, ResourcesError
+
+
+class CodecError(ValueError):
+    """Data did not match the declared shape; `path` says where."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path or 'body'}: {reason}" if path else reason)
+        self.path = path
+        self.reason = reason
+
+
+Unstructure = Callable[[Any], Any]
+Structure = Callable[[Any, str], Any]
+
+_structurers: dict[Any, Structure] = {}
+_unstructurers: dict[Any, Unstructure] = {}
+
+
+def to_json(obj: Any) -> Any:
+    """Return the JSON-able form of an attrs instance (or any supported value)."""
+    return _unstructurer_for(type(obj))(obj)
+
+
+def from_json(cls: type, data: Any, path: str = "") -> Any:
+    """Build `cls` from JSON-able `data`, raising `CodecError` on any mismatch."""
+    return _structurer_for(cls)(data, path)
+
+
+def _join(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def _type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def _primitive(kind: type) -> Structure:
+    def structure(value: Any, path: str) -> Any:
+        # bool is an int subclass in Python; JSON keeps them apart, so do we.
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, bool) and kind is not bool:
+            raise CodecError(path, f"expected {kind.__name__}, got bool")
+        if not isinstance(value, kind):
+            raise CodecError(path, f"expected {kind.__name__}, got {_type_name(value)}")
+        if kind is float and not math.isfinite(value):  # nor does NaN or infinity
+            raise CodecError(path, f"{value} is not allowed")
+        return value
+
+    return structure
+
+
+def _structure_bytes(value: Any, path: str) -> bytes:
+    if not isinstance(value, str):
+        raise CodecError(path, f"expected base64 string, got {_type_name(value)}")
+    try:
+        return base64.b64decode(value.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError) as exc:
+        raise CodecError(path, f"invalid base64: {exc}") from None
+
+
+def _structure_resources(value: Any, path: str) -> Resources:
+    if not isinstance(value, str):
+        raise CodecError(path, f"expected resources string, got {_type_name(value)}")
+    try:
+        return Resources.parse(value)
+    except ResourcesError as exc:
+        raise CodecError(path, str(exc)) from None
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _structurer_for(tp: Any) -> Structure:
+    found = _structurers.get(tp)
+    if found is None:
+        found = _build_structurer(tp)
+        _structurers[tp] = found
+    return found
+
+
+def _unstructurer_for(tp: Any) -> Unstructure:
+    found = _unstructurers.get(tp)
+    if found is None:
+        found = _build_unstructurer(tp)
+        _unstructurers[tp] = found
+    return found
+
+
+def _optional_inner(tp: Any) -> Any | None:
+    """Return X for `X | None` / `Optional[X]`, else None."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(tp)) == 2:
+            return args[0]
+        raise TypeError(f"unsupported union {tp!r}")
+    return None
+
+
+def _build_structurer(tp: Any) -> Structure:
+    if tp in (str, int, float, bool):
+        return _primitive(tp)
+    if tp is bytes:
+        return _structure_bytes
+    if tp is Resources:
+        return _structure_resources
+    if tp is Any:
+        return lambda value, path: value
+    inner = _optional_inner(tp)
+    if inner is not None:
+        inner_s = _structurer_for(inner)
+        return lambda value, path: None if value is None else inner_s(value, path)
+    origin = typing.get_origin(tp)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        item_s = _structurer_for(item_tp)
+
+        def structure_list(value: Any, path: str) -> list[Any]:
+            if not isinstance(value, list):
+                raise CodecError(path, f"expected list, got {_type_name(value)}")
+            return [item_s(v, _join(path, i)) for i, v in enumerate(value)]
+
+        return structure_list
+    if origin is dict:
+        key_tp, val_tp = typing.get_args(tp)
+        if key_tp is not str:
+            raise TypeError("only dict[str, X] is supported on the wire")
+        val_s = _structurer_for(val_tp)
+
+        def structure_dict(value: Any, path: str) -> dict[str, Any]:
+            if not isinstance(value, dict):
+                raise CodecError(path, f"expected object, got {_type_name(value)}")
+            return {k: val_s(v, _join(path, k)) for k, v in value.items()}
+
+        return structure_dict
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+
+        def structure_enum(value: Any, path: str) -> Any:
+            if not isinstance(value, str) or value not in tp.__members__:
+                raise CodecError(path, f"expected one of {sorted(tp.__members__)}, got {value!r}")
+            return tp[value]
+
+        return structure_enum
+    if attrs.has(tp):
+        return _build_attrs_structurer(tp)
+    raise TypeError(f"no wire form for {tp!r}")
+
+
+def _build_attrs_structurer(cls: type) -> Structure:
+    hints = typing.get_type_hints(cls)
+    fields = [(f.name, _structurer_for(hints[f.name]), f.default is attrs.NOTHING)
+              for f in attrs.fields(cls) if f.init]
+    known = {name for name, _, _ in fields}
+
+    def structure_attrs(value: Any, path: str) -> Any:
+        if not isinstance(value, dict):
+            raise CodecError(path, f"expected object, got {_type_name(value)}")
+        unknown = set(value) - known
+        if unknown:
+            raise CodecError(path, f"unknown field(s) {sorted(unknown)}")
+        kwargs = {}
+        for name, structure, required in fields:
+            if name in value:
+                kwargs[name] = structure(value[name], _join(path, name))
+            elif required:
+                raise CodecError(_join(path, name), "missing required field")
+        try:
+            return cls(**kwargs)
+        except (ValueError, TypeError) as exc:  # attrs validators speak here
+            raise CodecError(path, str(exc)) from None
+
+    return structure_attrs
+
+
+def _build_unstructurer(tp: Any) -> Unstructure:
+    if tp in (str, int, float, bool, type(None)):
+        return _identity
+    if tp is bytes:
+        return lambda value: base64.b64encode(value).decode("ascii")
+    if tp is Resources:
+        return str
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return lambda value: value.name
+    if tp in (list, tuple):
+        return lambda value: [to_json(v) for v in value]
+    if tp is dict:
+        return lambda value: {k: to_json(v) for k, v in value.items()}
+    if attrs.has(tp):
+        names = [f.name for f in attrs.fields(tp) if f.init]
+        return lambda value: {n: to_json(getattr(value, n)) for n in names}
+    raise TypeError(f"no wire form for {tp!r}")

@@ -1,0 +1,614 @@
+"""Every message that crosses a Dyad socket, and the data types inside them.
+
+The wire form of a message is one JSON object per ZMQ frame:
+``{"type": "<name>", "v": 1, "body": {...fields...}}``. `encode` and `decode` are
+the only way messages become bytes and back; `decode` validates everything (type
+name, version, every field's type, unknown fields, frame size) and raises
+`MessageError` with a reason the receiver can send back. It never raises anything
+else on bad input, so shells can catch exactly one exception.
+
+Who sends what (see DESIGN.md §3):
+- scheduler driver -> master: Subscribe, Accept, Decline, Revive, Suppress, Kill,
+  Acknowledge, Reconcile, FrameworkToExecutor, Teardown, Unsubscribe,
+  SchedulerHeartbeat
+- master -> scheduler driver: Subscribed, Offers, Rescind, Update,
+  ExecutorToFramework, Failure, Error, Heartbeat, Rejected
+- agent -> master: RegisterAgent, StatusUpdate, ExecutorToFramework,
+  ExecutorExited, Pong
+- master -> agent: AgentRegistered, Ping, RunTask, KillTask, StatusUpdateAck,
+  FrameworkToExecutor, ShutdownFramework, Rejected
+- executor -> agent: RegisterExecutor, ReregisterExecutor, StatusUpdate,
+  ExecutorToFramework
+- agent -> executor: ExecutorRegistered, LaunchTask, KillTask, StatusUpdateAck,
+  FrameworkToExecutor, ShutdownExecutor, Rejected
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from typing import Any, ClassVar
+
+import attrs
+
+from dyad.codec import CodecError, from_json, to_json
+from dyad.resources import Resources
+
+WIRE_VERSION = 1
+MAX_FRAME_BYTES = 4 * 1024 * 1024
+
+
+class MessageError(ValueError):
+    """A frame that is not a valid Dyad message. `reason` is safe to send back."""
+
+    def __init__(self, reason: str, type_name: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.type_name = type_name
+
+
+# --------------------------------------------------------------------------- enums
+
+
+class TaskState(enum.Enum):
+    """Task states with Mesos' names, so users and tools recognise them."""
+
+    TASK_STAGING = "TASK_STAGING"
+    TASK_STARTING = "TASK_STARTING"
+    TASK_RUNNING = "TASK_RUNNING"
+    TASK_KILLING = "TASK_KILLING"
+    TASK_FINISHED = "TASK_FINISHED"
+    TASK_FAILED = "TASK_FAILED"
+    TASK_KILLED = "TASK_KILLED"
+    TASK_ERROR = "TASK_ERROR"
+    TASK_LOST = "TASK_LOST"
+    TASK_DROPPED = "TASK_DROPPED"
+    TASK_UNREACHABLE = "TASK_UNREACHABLE"
+    TASK_GONE = "TASK_GONE"
+    TASK_UNKNOWN = "TASK_UNKNOWN"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({
+    TaskState.TASK_FINISHED, TaskState.TASK_FAILED, TaskState.TASK_KILLED,
+    TaskState.TASK_ERROR, TaskState.TASK_LOST, TaskState.TASK_DROPPED,
+    TaskState.TASK_GONE,
+})
+
+
+class Source:
+    """Who produced a TaskStatus (Mesos' `TaskStatus.Source`)."""
+
+    MASTER = "SOURCE_MASTER"
+    AGENT = "SOURCE_AGENT"
+    EXECUTOR = "SOURCE_EXECUTOR"
+
+
+class Reason:
+    """Reasons carried in TaskStatus.reason; Mesos' names where one exists."""
+
+    INVALID_OFFERS = "REASON_INVALID_OFFERS"
+    TASK_INVALID = "REASON_TASK_INVALID"
+    AGENT_REMOVED = "REASON_AGENT_REMOVED"
+    AGENT_UNREACHABLE = "REASON_AGENT_UNREACHABLE"
+    AGENT_UNKNOWN = "REASON_AGENT_UNKNOWN"
+    AGENT_RESTARTED = "REASON_AGENT_RESTARTED"
+    COMMAND_EXECUTOR_FAILED = "REASON_COMMAND_EXECUTOR_FAILED"
+    EXECUTOR_TERMINATED = "REASON_EXECUTOR_TERMINATED"
+    EXECUTOR_REGISTRATION_TIMEOUT = "REASON_EXECUTOR_REGISTRATION_TIMEOUT"
+    FRAMEWORK_REMOVED = "REASON_FRAMEWORK_REMOVED"
+    RECONCILIATION = "REASON_RECONCILIATION"
+    TASK_KILLED_DURING_LAUNCH = "REASON_TASK_KILLED_DURING_LAUNCH"
+    TASK_UNKNOWN = "REASON_TASK_UNKNOWN"
+    CONTAINER_LAUNCH_FAILED = "REASON_CONTAINER_LAUNCH_FAILED"
+
+
+# ----------------------------------------------------------------------- data types
+
+_frozen = attrs.frozen(kw_only=True)
+
+
+def _nonempty(instance: Any, attribute: attrs.Attribute, value: str) -> None:
+    if not value:
+        raise ValueError(f"{attribute.name} must not be empty")
+
+
+def _nonnegative(instance: Any, attribute: attrs.Attribute, value: float | None) -> None:
+    if value is not None and value < 0:
+        raise ValueError(f"{attribute.name} must not be negative")
+
+
+@_frozen
+class Address:
+    hostname: str
+    ip: str
+    port: int
+
+
+@_frozen
+class MasterInfo:
+    """What a master says about itself: HTTP `/master/info` and the ZooKeeper znode."""
+
+    id: str
+    hostname: str
+    ip: str
+    port: int
+    zmq_port: int
+    version: str
+    address: Address
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.ip}:{self.port}"
+
+    @property
+    def zmq_endpoint(self) -> str:
+        return f"tcp://{self.ip}:{self.zmq_port}"
+
+
+@_frozen
+class FrameworkInfo:
+    name: str = attrs.field(validator=_nonempty)
+    roles: list[str] = attrs.field(factory=lambda: ["*"])
+    id: str | None = None
+    user: str = ""
+    hostname: str = ""
+    principal: str = ""
+    webui_url: str = ""
+    failover_timeout: float = attrs.field(default=0.0, validator=_nonnegative)
+    checkpoint: bool = False
+    capabilities: list[str] = attrs.field(factory=list)
+    implicit_acknowledgements: bool = True
+
+    @property
+    def partition_aware(self) -> bool:
+        return "PARTITION_AWARE" in self.capabilities
+
+
+@_frozen
+class URI:
+    """Something the agent's fetcher puts in the sandbox before launch."""
+
+    value: str = attrs.field(validator=_nonempty)
+    extract: bool = True
+    executable: bool = False
+    cache: bool = False
+    output_file: str = ""
+
+
+@_frozen
+class CommandInfo:
+    """A command: `shell` runs under /bin/sh -c, `argv` is exec'd directly."""
+
+    shell: str | None = None
+    argv: list[str] | None = None
+    environment: dict[str, str] = attrs.field(factory=dict)
+    uris: list[URI] = attrs.field(factory=list)
+    user: str = ""
+
+    def __attrs_post_init__(self) -> None:
+        if (self.shell is None) == (self.argv is None):
+            raise ValueError("command needs exactly one of shell or argv")
+        if self.argv is not None and not self.argv:
+            raise ValueError("command argv must not be empty")
+
+
+@_frozen
+class ExecutorInfo:
+    executor_id: str = attrs.field(validator=_nonempty)
+    command: CommandInfo
+    resources: Resources = attrs.field(factory=Resources)
+    name: str = ""
+    framework_id: str | None = None
+
+
+@_frozen
+class TaskInfo:
+    """What a framework asks to run. Exactly one of `command` or `executor`."""
+
+    task_id: str
+    name: str
+    agent_id: str
+    resources: Resources
+    command: CommandInfo | None = None
+    executor: ExecutorInfo | None = None
+    data: bytes = b""
+    labels: dict[str, str] = attrs.field(factory=dict)
+    kill_grace_period: float | None = attrs.field(default=None, validator=_nonnegative)
+
+
+@_frozen
+class TaskStatus:
+    task_id: str
+    state: TaskState
+    reason: str = ""
+    message: str = ""
+    source: str = ""
+    agent_id: str = ""
+    executor_id: str = ""
+    uuid: str = ""
+    healthy: bool | None = None
+    timestamp: float = 0.0
+    data: bytes = b""
+
+
+@_frozen
+class Filters:
+    refuse_seconds: float = attrs.field(default=5.0, validator=_nonnegative)
+
+
+@_frozen
+class Offer:
+    id: str
+    framework_id: str
+    agent_id: str
+    hostname: str
+    resources: Resources
+    attributes: dict[str, str] = attrs.field(factory=dict)
+    executor_ids: list[str] = attrs.field(factory=list)
+    url: str = ""  # the agent's HTTP base URL (its /files API serves sandboxes)
+
+
+class OperationType:
+    LAUNCH = "LAUNCH"
+    RESERVE = "RESERVE"
+    UNRESERVE = "UNRESERVE"
+
+
+@_frozen
+class Operation:
+    """One step of `accept`. Only LAUNCH in the foundation; the allocator issue adds
+    RESERVE/UNRESERVE with `resources`."""
+
+    type: str = attrs.field(validator=attrs.validators.in_(
+        [OperationType.LAUNCH, OperationType.RESERVE, OperationType.UNRESERVE]))
+    tasks: list[TaskInfo] = attrs.field(factory=list)
+    resources: Resources = attrs.field(factory=Resources)
+
+
+@_frozen
+class AgentInfo:
+    hostname: str
+    port: int
+    resources: Resources
+    attributes: dict[str, str] = attrs.field(factory=dict)
+    id: str | None = None
+    ip: str = ""
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.ip or self.hostname}:{self.port}"
+
+
+@_frozen
+class Task:
+    """A task as the master and agents know it (what a re-registering agent reports)."""
+
+    task_id: str
+    framework_id: str
+    agent_id: str
+    executor_id: str
+    name: str
+    state: TaskState
+    resources: Resources
+    status_uuid: str = ""
+    labels: dict[str, str] = attrs.field(factory=dict)
+
+
+@_frozen
+class ReconcileTask:
+    task_id: str
+    agent_id: str | None = None
+
+
+# ------------------------------------------------------------------------- messages
+
+MESSAGE_TYPES: dict[str, type] = {}
+
+
+def message(name: str) -> Any:
+    """Class decorator: a frozen attrs message registered under a wire type name."""
+
+    def register(cls: type) -> type:
+        cls = _frozen(cls)
+        cls.TYPE = name
+        if name in MESSAGE_TYPES:
+            raise RuntimeError(f"duplicate message type {name}")
+        MESSAGE_TYPES[name] = cls
+        return cls
+
+    return register
+
+
+class Message:
+    """Marker base for wire messages; `TYPE` is the wire name."""
+
+    TYPE: ClassVar[str] = ""
+
+
+# scheduler -> master ----------------------------------------------------------------
+
+@message("subscribe")
+class Subscribe(Message):
+    framework: FrameworkInfo
+    force: bool = False
+
+
+@message("unsubscribe")
+class Unsubscribe(Message):
+    """The driver is going away but its framework stays (failover): stop offers."""
+
+    framework_id: str
+
+
+@message("teardown")
+class Teardown(Message):
+    framework_id: str
+
+
+@message("accept")
+class Accept(Message):
+    framework_id: str
+    offer_ids: list[str]
+    operations: list[Operation]
+    filters: Filters = attrs.field(factory=Filters)
+
+
+@message("decline")
+class Decline(Message):
+    framework_id: str
+    offer_ids: list[str]
+    filters: Filters = attrs.field(factory=Filters)
+
+
+@message("revive")
+class Revive(Message):
+    framework_id: str
+
+
+@message("suppress")
+class Suppress(Message):
+    framework_id: str
+
+
+@message("kill")
+class Kill(Message):
+    framework_id: str
+    task_id: str
+    agent_id: str | None = None
+    kill_grace_period: float | None = attrs.field(default=None, validator=_nonnegative)
+
+
+@message("acknowledge")
+class Acknowledge(Message):
+    framework_id: str
+    agent_id: str
+    task_id: str
+    uuid: str
+
+
+@message("reconcile")
+class Reconcile(Message):
+    framework_id: str
+    tasks: list[ReconcileTask] = attrs.field(factory=list)
+
+
+@message("scheduler_heartbeat")
+class SchedulerHeartbeat(Message):
+    framework_id: str
+
+
+# master -> scheduler ----------------------------------------------------------------
+
+@message("subscribed")
+class Subscribed(Message):
+    framework_id: str
+    heartbeat_interval: float
+    master_info: MasterInfo
+    reregistered: bool = False
+
+
+@message("offers")
+class Offers(Message):
+    offers: list[Offer]
+
+
+@message("rescind")
+class Rescind(Message):
+    offer_id: str
+
+
+@message("update")
+class Update(Message):
+    status: TaskStatus
+
+
+@message("failure")
+class Failure(Message):
+    """An agent (executor_id None) or an executor was lost."""
+
+    agent_id: str
+    executor_id: str | None = None
+    status: int | None = None
+
+
+@message("error")
+class Error(Message):
+    """Fatal for the framework (e.g. it was torn down); the driver stops."""
+
+    message: str
+
+
+@message("heartbeat")
+class Heartbeat(Message):
+    pass
+
+
+@message("rejected")
+class Rejected(Message):
+    """Answer to a frame the receiver could not accept; the sender may fix and retry."""
+
+    reason: str
+    message_type: str = ""
+
+
+# framework messages, forwarded hop by hop ---------------------------------------------
+
+@message("framework_to_executor")
+class FrameworkToExecutor(Message):
+    framework_id: str
+    agent_id: str
+    executor_id: str
+    data: bytes
+
+
+@message("executor_to_framework")
+class ExecutorToFramework(Message):
+    framework_id: str
+    agent_id: str
+    executor_id: str
+    data: bytes
+
+
+# agent <-> master --------------------------------------------------------------------
+
+@message("register_agent")
+class RegisterAgent(Message):
+    """First registration (agent.id None) or re-registration with what is running."""
+
+    agent: AgentInfo
+    version: str = ""
+    tasks: list[Task] = attrs.field(factory=list)
+    executors: list[ExecutorInfo] = attrs.field(factory=list)
+    frameworks: list[FrameworkInfo] = attrs.field(factory=list)
+
+
+@message("agent_registered")
+class AgentRegistered(Message):
+    agent_id: str
+    master_info: MasterInfo
+    ping_interval: float = 15.0
+
+
+@message("ping")
+class Ping(Message):
+    agent_id: str
+
+
+@message("pong")
+class Pong(Message):
+    agent_id: str
+
+
+@message("run_task")
+class RunTask(Message):
+    framework: FrameworkInfo
+    task: TaskInfo
+
+
+@message("kill_task")
+class KillTask(Message):
+    framework_id: str
+    task_id: str
+    kill_grace_period: float | None = attrs.field(default=None, validator=_nonnegative)
+
+
+@message("status_update")
+class StatusUpdate(Message):
+    """A task status on its way to the framework (executor -> agent -> master)."""
+
+    framework_id: str
+    status: TaskStatus
+
+
+@message("status_update_ack")
+class StatusUpdateAck(Message):
+    agent_id: str
+    framework_id: str
+    task_id: str
+    uuid: str
+
+
+@message("executor_exited")
+class ExecutorExited(Message):
+    agent_id: str
+    framework_id: str
+    executor_id: str
+    status: int
+
+
+@message("shutdown_framework")
+class ShutdownFramework(Message):
+    framework_id: str
+
+
+# agent <-> executor ------------------------------------------------------------------
+
+@message("register_executor")
+class RegisterExecutor(Message):
+    framework_id: str
+    executor_id: str
+
+
+@message("reregister_executor")
+class ReregisterExecutor(Message):
+    """After an agent restart: what the executor still runs and has not had acked."""
+
+    framework_id: str
+    executor_id: str
+    tasks: list[TaskInfo] = attrs.field(factory=list)
+    updates: list[StatusUpdate] = attrs.field(factory=list)
+
+
+@message("executor_registered")
+class ExecutorRegistered(Message):
+    executor: ExecutorInfo
+    framework: FrameworkInfo
+    agent: AgentInfo
+
+
+@message("launch_task")
+class LaunchTask(Message):
+    framework: FrameworkInfo
+    task: TaskInfo
+
+
+@message("shutdown_executor")
+class ShutdownExecutor(Message):
+    grace_period: float = 3.0
+
+
+# ---------------------------------------------------------------------------- codec
+
+
+def encode(msg: Message) -> bytes:
+    """Serialise a message to one frame."""
+    frame = {"type": msg.TYPE, "v": WIRE_VERSION, "body": to_json(msg)}
+    return json.dumps(frame, separators=(",", ":")).encode("utf-8")
+
+
+def decode(frame: bytes) -> Message:
+    """Parse and validate one frame, or raise `MessageError` saying why not."""
+    if len(frame) > MAX_FRAME_BYTES:
+        raise MessageError(f"frame of {len(frame)} bytes exceeds {MAX_FRAME_BYTES}")
+    try:
+        envelope = json.loads(frame)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MessageError(f"not JSON: {exc}") from None
+    if not isinstance(envelope, dict):
+        raise MessageError("frame must be a JSON object")
+    type_name = envelope.get("type")
+    if not isinstance(type_name, str):
+        raise MessageError("missing message type")
+    cls = MESSAGE_TYPES.get(type_name)
+    if cls is None:
+        raise MessageError(f"unknown message type {type_name!r}", type_name)
+    if envelope.get("v") != WIRE_VERSION:
+        raise MessageError(f"unsupported version {envelope.get('v')!r}", type_name)
+    try:
+        return from_json(cls, envelope.get("body", {}))
+    except CodecError as exc:
+        raise MessageError(f"invalid {type_name}: {exc}", type_name) from None

@@ -1,0 +1,124 @@
+"""Thin asyncio wrappers over ZeroMQ sockets; all policy lives in the callers.
+
+The master and each agent bind a ROUTER; agents, scheduler drivers and executors
+connect a DEALER. A ROUTER sees each peer's identity as the first frame, which is
+how a shell maps a reply to the peer that asked. One Dyad message is one frame.
+
+`recv` returns `Inbound`: either a decoded message or the `MessageError` that the
+frame earned, so the caller decides what a bad frame costs (reply `Rejected`,
+count it) and a bad frame can never raise out of the receive loop.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import attrs
+import zmq
+import zmq.asyncio
+
+from dyad.messages import MAX_FRAME_BYTES, Message, MessageError, decode, encode
+
+# Frames above this are dropped by libzmq itself (the peer is disconnected); frames
+# between MAX_FRAME_BYTES and this reach `decode`, which rejects them with a reason.
+_HARD_FRAME_LIMIT = 4 * MAX_FRAME_BYTES
+
+
+@attrs.frozen
+class Inbound:
+    identity: bytes
+    message: Message | None
+    error: MessageError | None
+
+
+def _configure(sock: zmq.asyncio.Socket) -> None:
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, _HARD_FRAME_LIMIT)
+
+
+def _parse(identity: bytes, frames: list[bytes]) -> Inbound:
+    if len(frames) != 1:
+        return Inbound(identity, None, MessageError(f"expected 1 frame, got {len(frames)}"))
+    try:
+        return Inbound(identity, decode(frames[0]), None)
+    except MessageError as exc:
+        return Inbound(identity, None, exc)
+
+
+async def _send_nowait(sock: zmq.asyncio.Socket, frames: list[bytes]) -> bool:
+    try:
+        await sock.send_multipart(frames, flags=zmq.NOBLOCK)
+    except zmq.Again:
+        return False
+    return True
+
+
+class Router:
+    """A bound ROUTER socket: many peers, addressed by identity."""
+
+    def __init__(self, context: zmq.asyncio.Context | None = None) -> None:
+        self._ctx = context or zmq.asyncio.Context.instance()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        _configure(self._sock)
+        # A restarted peer that reuses its identity takes over the old route.
+        self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+
+    def bind(self, host: str, port: int) -> int:
+        """Bind to host:port (port 0 picks a free one); return the bound port."""
+        if port == 0:
+            return self._sock.bind_to_random_port(f"tcp://{host}")
+        self._sock.bind(f"tcp://{host}:{port}")
+        return port
+
+    async def recv(self) -> Inbound:
+        frames = await self._sock.recv_multipart()
+        return _parse(frames[0], frames[1:])
+
+    async def send(self, identity: bytes, message: Message) -> bool:
+        return await self.send_raw(identity, encode(message))
+
+    async def send_raw(self, identity: bytes, frame: bytes) -> bool:
+        """False when the peer's queue is full; unknown peers are dropped silently
+        (ZMQ's ROUTER default), exactly like a message lost on the network."""
+        return await _send_nowait(self._sock, [identity, frame])
+
+    def close(self) -> None:
+        self._sock.close(linger=0)
+
+
+class Dealer:
+    """A DEALER connected to one endpoint at a time; `connect` again to follow a
+    new leader. The socket and identity stay, so a pending `recv` survives."""
+
+    def __init__(self, identity: str | None = None,
+                 context: zmq.asyncio.Context | None = None) -> None:
+        self._ctx = context or zmq.asyncio.Context.instance()
+        self.identity = (identity or uuid.uuid4().hex).encode()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        _configure(self._sock)
+        self._sock.setsockopt(zmq.IDENTITY, self.identity)
+        self.endpoint: str | None = None
+
+    def connect(self, endpoint: str) -> None:
+        """(Re)connect to `endpoint`; messages queued for the old one are dropped."""
+        if endpoint == self.endpoint:
+            return
+        if self.endpoint is not None:
+            self._sock.disconnect(self.endpoint)
+        self._sock.connect(endpoint)
+        self.endpoint = endpoint
+
+    async def recv(self) -> Inbound:
+        frames = await self._sock.recv_multipart()
+        return _parse(b"", frames)
+
+    async def send(self, message: Message) -> bool:
+        return await self.send_raw(encode(message))
+
+    async def send_raw(self, frame: bytes) -> bool:
+        """Queue one frame; False if the queue is full (the peer is long gone).
+        Never blocks: callers that need delivery retry (status updates do)."""
+        return await _send_nowait(self._sock, [frame])
+
+    def close(self) -> None:
+        self._sock.close(linger=0)
