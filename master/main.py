@@ -1,0 +1,135 @@
+"""`dyad-master`: run one standalone master until SIGTERM or SIGINT.
+
+On start it prints exactly one line to stdout,
+``dyad-master listening on http://IP:PORT zmq=tcp://IP:ZMQPORT`` (the real ports
+when 0 was asked for), which `dyad local` and tests parse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import pathlib
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+
+import zmq
+
+from dyad.units import parse_duration
+from master.server import MasterServer
+from master.state import MasterConfig
+
+log = logging.getLogger("dyad.master")
+
+
+def _duration(text: str) -> float:
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"duration {text!r} must be positive")
+    return seconds
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port {value} is out of range (0 picks a free port)")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dyad-master", description="Run a Dyad master.")
+    parser.add_argument("--ip", default="127.0.0.1", help="address to bind and advertise")
+    parser.add_argument("--hostname", default=socket.gethostname(),
+                        help="hostname to advertise (default: this machine's)")
+    parser.add_argument("--port", type=_port, default=5050, help="HTTP port (0: any free)")
+    parser.add_argument("--zmq-port", type=_port, default=5055, help="ZMQ port (0: any free)")
+    parser.add_argument("--work-dir", type=pathlib.Path, default=pathlib.Path("./work-dir/master"),
+                        help="directory for the master's files")
+    parser.add_argument("--offer-timeout", type=_duration, default="30s")
+    parser.add_argument("--allocation-interval", type=_duration, default="1s")
+    parser.add_argument("--agent-ping-timeout", type=_duration, default="15s",
+                        help="ping interval, and how long a ping may go unanswered")
+    parser.add_argument("--max-agent-ping-timeouts", type=_positive_int, default=5)
+    parser.add_argument("--heartbeat-interval", type=_duration, default="5s",
+                        help="framework heartbeat interval (both directions)")
+    parser.add_argument("--log-level", default="info",
+                        choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--zk", metavar="URL",
+                        help="not supported yet (comes with high availability)")
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.zk is not None:
+        parser.error("--zk is not supported yet: ZooKeeper leader election comes with "
+                     "high availability; run a standalone master without --zk")
+    return args
+
+
+def config_from(args: argparse.Namespace) -> MasterConfig:
+    return MasterConfig(
+        offer_timeout=args.offer_timeout, allocation_interval=args.allocation_interval,
+        agent_ping_timeout=args.agent_ping_timeout,
+        max_agent_ping_timeouts=args.max_agent_ping_timeouts,
+        heartbeat_interval=args.heartbeat_interval)
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    server = MasterServer(ip=args.ip, hostname=args.hostname, port=args.port,
+                          zmq_port=args.zmq_port, config=config_from(args))
+    await server.start()
+    info = server.info
+    print(f"dyad-master listening on {info.http_url} zmq={info.zmq_endpoint}", flush=True)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    try:
+        await stopping.wait()
+    finally:
+        log.info("stopping")
+        await server.stop()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        # The registry will live here; creating it now surfaces permission problems
+        # at start rather than at the first failover.
+        args.work_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        log.error("cannot create work dir %s: %s", args.work_dir, exc)
+        return 1
+    try:
+        return asyncio.run(_serve(args))
+    except (OSError, zmq.ZMQError) as exc:  # typically: port already in use
+        log.error("cannot start the master: %s", exc)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""In-process tests of the master's shell: a real `MasterServer` on loopback
+(ports 0), its HTTP API through an aiohttp client, and its ZMQ ROUTER through a
+real DEALER sending good and bad frames."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import pytest
+
+from dyad.codec import from_json
+from dyad.ids import IdGenerator
+from dyad.messages import (
+    MAX_FRAME_BYTES, AgentInfo, AgentRegistered, FrameworkInfo, MasterInfo, Message, Offers,
+    RegisterAgent, Rejected, Subscribe, Subscribed, encode,
+)
+from dyad.resources import Resources
+from dyad.transport import Dealer
+from master.main import config_from, parse_args
+from master.server import MasterServer
+from master.state import MasterConfig
+
+DEADLINE = 5.0
+
+
+@pytest.fixture
+async def master() -> AsyncIterator[MasterServer]:
+    server = MasterServer(ip="127.0.0.1", hostname="localhost", port=0, zmq_port=0,
+                          config=MasterConfig(allocation_interval=0.05),
+                          ids=IdGenerator("test-master"))
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+@pytest.fixture
+async def dealer(master: MasterServer) -> AsyncIterator[Dealer]:
+    sock = Dealer()
+    sock.connect(master.info.zmq_endpoint)
+    try:
+        yield sock
+    finally:
+        sock.close()
+
+
+async def recv(sock: Dealer) -> Message:
+    inbound = await asyncio.wait_for(sock.recv(), DEADLINE)
+    assert inbound.error is None, inbound.error
+    assert inbound.message is not None
+    return inbound.message
+
+
+async def recv_type(sock: Dealer, kind: type) -> Message:
+    """Wait (with a deadline) for a message of `kind`, skipping heartbeats and pings."""
+    async def wait() -> Message:
+        while True:
+            message = await recv(sock)
+            if isinstance(message, kind):
+                return message
+
+    return await asyncio.wait_for(wait(), DEADLINE)
+
+
+async def eventually(check: Callable[[], Awaitable[bool]]) -> None:
+    deadline = asyncio.get_running_loop().time() + DEADLINE
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_master_info(master: MasterServer, http: aiohttp.ClientSession) -> None:
+    async with http.get(f"{master.info.http_url}/master/info") as resp:
+        assert resp.status == 200
+        info = from_json(MasterInfo, await resp.json())
+    assert info == master.info
+    assert info.id == "test-master" and info.version == "0.1.0"
+    assert info.port != 0 and info.zmq_port != 0
+    assert info.address.port == info.port
+
+
+async def test_state_health_metrics(master: MasterServer, http: aiohttp.ClientSession) -> None:
+    base = master.info.http_url
+    for path in ("/state", "/master/state"):
+        async with http.get(base + path) as resp:
+            assert resp.status == 200
+            state = await resp.json()
+        assert state["id"] == "test-master"
+        assert state["leader_info"]["zmq_port"] == master.info.zmq_port
+        assert state["agents"] == state["slaves"] == [] and state["frameworks"] == []
+    async with http.get(base + "/health") as resp:
+        assert resp.status == 200
+        assert await resp.json() == {"healthy": True, "leader": True}
+    async with http.get(base + "/metrics/snapshot") as resp:
+        metrics = await resp.json()
+    assert metrics["master/agents_active"] == 0
+    assert metrics["master/messages_invalid"] == 0
+    assert metrics["master/internal_errors"] == 0
+
+
+async def test_http_errors_are_json(master: MasterServer, http: aiohttp.ClientSession) -> None:
+    async with http.get(master.info.http_url + "/nope") as resp:
+        assert resp.status == 404
+        assert (await resp.json())["path"] == "/nope"
+    async with http.post(master.info.http_url + "/state") as resp:
+        assert resp.status == 405
+        assert "GET" in resp.headers["Allow"]
+        assert "error" in await resp.json()
+
+
+async def test_garbage_frames_rejected_then_master_still_serves(
+        master: MasterServer, http: aiohttp.ClientSession, dealer: Dealer) -> None:
+    valid = json.loads(encode(Subscribe(framework=FrameworkInfo(name="fw"))))
+    valid["body"]["framework"]["failover_timeout"] = "soon"
+    garbage = [
+        (b"\xff not json", "not JSON"),
+        (b'{"type": "launch_missiles", "v": 1, "body": {}}', "unknown message type"),
+        (json.dumps(valid).encode(), "framework.failover_timeout: expected float"),
+        (b"x" * (MAX_FRAME_BYTES + 10), "exceeds"),
+    ]
+    for frame, reason in garbage:
+        assert await dealer.send_raw(frame)
+        reply = await recv(dealer)
+        assert isinstance(reply, Rejected)
+        assert reason in reply.reason
+    assert master.metrics()["master/messages_invalid"] == len(garbage)
+
+    await dealer.send(Subscribe(framework=FrameworkInfo(name="fw")))
+    subscribed = await recv_type(dealer, Subscribed)
+    assert isinstance(subscribed, Subscribed) and subscribed.master_info == master.info
+
+    async with http.get(master.info.http_url + "/metrics/snapshot") as resp:
+        metrics = await resp.json()
+    assert metrics["master/messages_invalid"] == len(garbage)
+    assert metrics["master/messages_rejected"] == len(garbage)
+    assert metrics["master/frameworks_connected"] == 1
+    assert metrics["master/internal_errors"] == 0
+
+
+async def test_agent_and_framework_get_offers_over_the_wire(
+        master: MasterServer, http: aiohttp.ClientSession, dealer: Dealer) -> None:
+    agent = Dealer()
+    agent.connect(master.info.zmq_endpoint)
+    try:
+        await agent.send(RegisterAgent(agent=AgentInfo(
+            hostname="localhost", port=5051, resources=Resources.parse("cpus:2;mem:1024"))))
+        registered = await recv_type(agent, AgentRegistered)
+        assert isinstance(registered, AgentRegistered)
+        await dealer.send(Subscribe(framework=FrameworkInfo(name="fw")))
+        await recv_type(dealer, Subscribed)
+        offers = await recv_type(dealer, Offers)
+        assert isinstance(offers, Offers)
+        assert offers.offers[0].agent_id == registered.agent_id
+
+        async def offered() -> bool:
+            async with http.get(master.info.http_url + "/state") as resp:
+                state = await resp.json()
+            return state["agents"][0]["offered_resources"]["cpus"] == 2.0
+
+        await eventually(offered)
+
+        async def timed() -> bool:
+            metrics = master.metrics()
+            return metrics["allocator/allocation_runs"] >= 2 and metrics["allocator/allocation_run_ms_p99"] > 0
+
+        await eventually(timed)
+    finally:
+        agent.close()
+
+
+def test_cli_parses_durations_and_refuses_zk(capsys: pytest.CaptureFixture[str]) -> None:
+    args = parse_args(["--port", "0", "--offer-timeout", "2m", "--allocation-interval", "200ms"])
+    config = config_from(args)
+    assert (args.port, config.offer_timeout, config.allocation_interval) == (0, 120.0, 0.2)
+    assert config.agent_ping_timeout == 15.0 and config.max_agent_ping_timeouts == 5
+    with pytest.raises(SystemExit):
+        parse_args(["--zk", "zk://localhost:2181/dyad"])
+    assert "high availability" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--offer-timeout", "soon"])
+    assert "invalid duration" in capsys.readouterr().err
