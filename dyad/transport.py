@@ -120,5 +120,7 @@ class Dealer:
         Never blocks: callers that need delivery retry (status updates do)."""
         return await _send_nowait(self._sock, [frame])
 
-    def close(self) -> None:
-        self._sock.close(linger=0)
+    def close(self, linger_ms: int = 0) -> None:
+        """Close; `linger_ms` > 0 keeps flushing queued frames that long in ZMQ's
+        I/O thread (a farewell such as Teardown), 0 drops them."""
+        self._sock.close(linger=linger_ms)

@@ -1,0 +1,43 @@
+"""The public API for writing Dyad frameworks.
+
+A framework is a `Scheduler` (decides what runs where, from resource offers) driven
+by a `SchedulerDriver`, and optionally a custom `Executor` driven by an
+`ExecutorDriver` on each agent. Tasks with a plain `CommandInfo` need no executor of
+yours: the built-in command executor runs them.
+
+    from frameworks import (CommandInfo, Filters, FrameworkInfo, Scheduler,
+                            SchedulerDriver, TaskInfo, TaskState)
+    from dyad.resources import Resources
+
+    class Hello(Scheduler):
+        def resource_offers(self, driver, offers):
+            for offer in offers:
+                task = TaskInfo(task_id="t1", name="hello", agent_id=offer.agent_id,
+                                resources=Resources.parse("cpus:0.1;mem:32"),
+                                command=CommandInfo(shell="echo hello"))
+                driver.launch_tasks([offer.id], [task], filters=Filters(refuse_seconds=5))
+
+        def status_update(self, driver, status):
+            if status.state == TaskState.TASK_FINISHED:
+                driver.stop()
+
+    SchedulerDriver(Hello(), FrameworkInfo(name="hello"), master="127.0.0.1:5050").run()
+
+See docs/framework-guide.md; `frameworks.testing` helps test a framework without a
+cluster.
+"""
+
+from dyad.messages import (
+    URI, AgentInfo, CommandInfo, ExecutorInfo, Filters, FrameworkInfo, MasterInfo, Offer,
+    Operation, OperationType, Reason, Source, TaskInfo, TaskState, TaskStatus)
+from dyad.resources import Resources
+from frameworks._callbacks import DriverStatus
+from frameworks.executor import Executor, ExecutorDriver, ExecutorEnvironmentError
+from frameworks.scheduler import Scheduler, SchedulerDriver
+
+__all__ = [
+    "URI", "AgentInfo", "CommandInfo", "DriverStatus", "Executor", "ExecutorDriver",
+    "ExecutorEnvironmentError", "ExecutorInfo", "Filters", "FrameworkInfo", "MasterInfo",
+    "Offer", "Operation", "OperationType", "Reason", "Resources", "Scheduler",
+    "SchedulerDriver", "Source", "TaskInfo", "TaskState", "TaskStatus",
+]

@@ -1,0 +1,331 @@
+"""How user code and a driver's event loop meet.
+
+Both drivers (`SchedulerDriver`, `ExecutorDriver`) are thin asyncio shells around a
+pure core that decides what each message, timer and user call means and answers
+with effects. `DriverRuntime` is the part of the shell they share:
+
+- User callbacks may be plain functions or ``async def``. They run one at a time, in
+  the order their events arrived, on a worker task of their own, so a slow async
+  callback never holds up heartbeats, acknowledgements or message handling.
+- An exception in user code is logged with its traceback and reported through the
+  user's ``error`` callback. An ``error`` callback that raises is only logged: it is
+  never reported to itself.
+- Driver methods may be called from callbacks (same loop) or from any thread: they
+  hop onto the driver's loop with ``call_soon_threadsafe``. Calls made before the
+  loop runs are kept and applied when it starts.
+- ``run()`` blocks on a loop of its own, ``start()`` runs that loop on a background
+  thread, and ``await run_async()`` uses the caller's loop.
+- ``stop`` lets the callback that is running finish (so its implicit
+  acknowledgement still goes out) and skips callbacks still queued; ``abort``
+  cancels at once, even a callback that never returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import inspect
+import logging
+import threading
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any
+
+import attrs
+
+from dyad.clock import SystemClock
+from dyad.effects import ArmTimer, CancelTimer, Send
+from dyad.messages import Message, Rejected, TaskStatus
+from dyad.transport import Dealer
+
+# How long a closing socket keeps flushing a farewell (Teardown, Unsubscribe).
+_CLOSE_LINGER_MS = 1000
+
+
+class DriverStatus(enum.StrEnum):
+    """Where a driver is in its life; compares equal to Mesos' status names."""
+
+    NOT_STARTED = "DRIVER_NOT_STARTED"
+    RUNNING = "DRIVER_RUNNING"
+    STOPPED = "DRIVER_STOPPED"
+    ABORTED = "DRIVER_ABORTED"
+
+
+@attrs.frozen
+class Callback:
+    """Effect: call the user's `name(driver, *args)`. `ack` is a status to
+    acknowledge once the callback has returned without raising."""
+
+    name: str
+    args: tuple[Any, ...] = ()
+    ack: TaskStatus | None = None
+
+
+@attrs.frozen
+class Finish:
+    """Effect: end the driver with `status` once the callbacks before it have run."""
+
+    status: DriverStatus
+
+
+async def invoke(callback: Callable[..., Any], *args: Any) -> Any:
+    """Call `callback(*args)` and await the result if it is awaitable."""
+    result = callback(*args)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+class DriverRuntime:
+    """Lifecycle, threading, timers, sockets and the callback worker of a driver.
+
+    Subclasses provide the pure-core hooks (`_begin`, `_on_message`, `_on_timer`) and
+    may extend `_open`, `_close`, `_perform_other`, `_callback_returned`, `_farewell`.
+    """
+
+    def __init__(self, target: object, log: logging.Logger) -> None:
+        self._target = target
+        self._log = log
+        self._status = DriverStatus.NOT_STARTED
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+        self._early: list[Callable[[], None]] = []
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._callbacks: asyncio.Queue[Callback | Finish] = asyncio.Queue()
+        self._outbox: asyncio.Queue[Message] = asyncio.Queue()
+        self._timers: dict[Hashable, asyncio.TimerHandle] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._worker: asyncio.Task[Finish] | None = None
+        self._stopping = False
+        self._dealer: Dealer | None = None
+        self._clock = SystemClock()
+        self.messages_invalid = 0
+        """Frames from the peer that failed to decode (each answered with Rejected)."""
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def status(self) -> DriverStatus:
+        return self._status
+
+    def run(self) -> DriverStatus:
+        """Run on a new event loop in this thread until the driver stops."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.run_async())
+        raise RuntimeError("run() blocks its thread; inside asyncio use `await driver.run_async()`")
+
+    def start(self) -> DriverStatus:
+        """Run the driver on a background (daemon) thread; returns at once."""
+        with self._lock:
+            if self._thread is not None or self._status is not DriverStatus.NOT_STARTED:
+                raise RuntimeError("a driver can be started only once")
+            self._thread = threading.Thread(
+                target=self.run, name=type(self).__name__, daemon=True)
+        self._thread.start()
+        return DriverStatus.RUNNING
+
+    def join(self, timeout: float | None = None) -> DriverStatus:
+        """Block until the driver has stopped (or `timeout` passes); return its status,
+        which is still ``DRIVER_RUNNING`` if the timeout passed first."""
+        if self._loop_thread == threading.get_ident() and self._loop is not None:
+            raise RuntimeError("join() from the driver's own loop would never return")
+        with self._lock:
+            if self._status is DriverStatus.NOT_STARTED and self._thread is None:
+                return self._status
+        self._done.wait(timeout)
+        return self._status
+
+    def abort(self) -> DriverStatus:
+        """End the driver now, without telling the peer; a running callback is cancelled."""
+        self._on_loop("abort", self._abort_now)
+        return DriverStatus.ABORTED
+
+    async def run_async(self) -> DriverStatus:
+        """Run on the current event loop until the driver stops; return how it ended."""
+        early = self._claim()
+        status = DriverStatus.ABORTED
+        self._dealer = Dealer()
+        try:
+            self._worker = asyncio.create_task(self._run_callbacks())
+            await self._open()
+            self._spawn(self._send_forever())
+            self._spawn(self._receive_forever())
+            self._apply(self._begin(self._clock.now()))
+            for call in early:
+                call()
+            await asyncio.wait([self._worker])
+            if not self._worker.cancelled():
+                status = self._worker.result().status
+                await self._flush(self._farewell() if status is DriverStatus.STOPPED else [])
+        finally:
+            await self._shutdown_tasks()
+            await self._close()
+            self._dealer.close(_CLOSE_LINGER_MS)
+            with self._lock:
+                self._status = status
+                self._loop = None
+            self._done.set()
+        return status
+
+    def _claim(self) -> list[Callable[[], None]]:
+        with self._lock:
+            if self._status is not DriverStatus.NOT_STARTED:
+                raise RuntimeError("a driver runs only once; create a new one")
+            self._loop = asyncio.get_running_loop()
+            self._loop_thread = threading.get_ident()
+            self._status = DriverStatus.RUNNING
+            early, self._early = self._early, []
+        return early
+
+    def _spawn(self, coro: Any) -> None:
+        self._tasks.append(asyncio.create_task(coro))
+
+    async def _shutdown_tasks(self) -> None:
+        for handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+        pending = [*self._tasks, *([self._worker] if self._worker else [])]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _flush(self, farewell: Iterable[Message]) -> None:
+        """Send what is still queued, then the farewell, before the socket closes."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        assert self._dealer is not None
+        while not self._outbox.empty():
+            await self._dealer.send(self._outbox.get_nowait())
+        for message in farewell:
+            await self._dealer.send(message)
+
+    # ------------------------------------------------------- calls from anywhere
+
+    def _on_loop(self, what: str, call: Callable[[], None]) -> None:
+        """Run `call` on the driver's loop: now if we are on it, else thread-safely;
+        kept for later before the loop runs, dropped (with a warning) after it ended."""
+        with self._lock:
+            if self._loop is None:
+                if self._status is DriverStatus.NOT_STARTED:
+                    self._early.append(call)
+                else:
+                    self._log.warning("%s ignored: the driver has stopped", what)
+                return
+            if threading.get_ident() != self._loop_thread:
+                self._loop.call_soon_threadsafe(call)
+                return
+        call()
+
+    def _request_stop(self, status: DriverStatus = DriverStatus.STOPPED) -> None:
+        """On the loop: finish after the running callback; skip the queued ones."""
+        if not self._stopping:
+            self._stopping = True
+            self._callbacks.put_nowait(Finish(status))
+
+    def _abort_now(self) -> None:
+        self._stopping = True
+        if self._worker is not None:
+            self._worker.cancel()
+
+    # ------------------------------------------------------------------- effects
+
+    def _apply(self, effects: Iterable[Any]) -> None:
+        for effect in effects:
+            if isinstance(effect, Send):
+                self._outbox.put_nowait(effect.message)
+            elif isinstance(effect, (Callback, Finish)):
+                self._callbacks.put_nowait(effect)
+            elif isinstance(effect, ArmTimer):
+                self._arm(effect.key, effect.at)
+            elif isinstance(effect, CancelTimer):
+                handle = self._timers.pop(effect.key, None)
+                if handle is not None:
+                    handle.cancel()
+            else:
+                self._perform_other(effect)
+
+    def _arm(self, key: Hashable, at: float) -> None:
+        assert self._loop is not None
+        old = self._timers.pop(key, None)
+        if old is not None:
+            old.cancel()
+        delay = max(0.0, at - self._clock.now())
+        self._timers[key] = self._loop.call_later(delay, self._fire, key)
+
+    def _fire(self, key: Hashable) -> None:
+        self._timers.pop(key, None)
+        self._apply(self._on_timer(key, self._clock.now()))
+
+    async def _send_forever(self) -> None:
+        assert self._dealer is not None
+        while True:
+            message = await self._outbox.get()
+            if not await self._dealer.send(message):
+                self._log.warning("outgoing queue full; %s dropped", type(message).__name__)
+
+    async def _receive_forever(self) -> None:
+        assert self._dealer is not None
+        while True:
+            inbound = await self._dealer.recv()
+            if inbound.error is not None:
+                # The contract: answer a bad frame with Rejected, count it, carry on.
+                self.messages_invalid += 1
+                self._log.warning("invalid frame: %s", inbound.error.reason)
+                self._outbox.put_nowait(Rejected(
+                    reason=inbound.error.reason, message_type=inbound.error.type_name))
+            elif inbound.message is not None:
+                self._apply(self._on_message(inbound.message, self._clock.now()))
+
+    # ----------------------------------------------------------- user callbacks
+
+    async def _run_callbacks(self) -> Finish:
+        while True:
+            item = await self._callbacks.get()
+            if isinstance(item, Finish):
+                return item
+            if self._stopping:
+                continue
+            if await self._invoke(item.name, *item.args):
+                self._callback_returned(item)
+
+    async def _invoke(self, name: str, *args: Any) -> bool:
+        """Call the user's callback; True if it returned, False if it raised."""
+        try:
+            await invoke(getattr(self._target, name), self, *args)
+            return True
+        except Exception as exc:
+            self._log.exception("%s.%s raised", type(self._target).__name__, name)
+            if name != "error":
+                await self._invoke("error", f"{name} raised {exc!r}")
+            return False
+
+    # --------------------------------------------------------- subclass hooks
+
+    async def _open(self) -> None:
+        """Connect and start the subclass's own tasks (with `_spawn`)."""
+
+    async def _close(self) -> None:
+        """Release what `_open` acquired (sockets are closed by the runtime)."""
+
+    def _begin(self, now: float) -> list[Any]:
+        raise NotImplementedError
+
+    def _on_message(self, message: Message, now: float) -> list[Any]:
+        raise NotImplementedError
+
+    def _on_timer(self, key: Hashable, now: float) -> list[Any]:
+        raise NotImplementedError
+
+    def _perform_other(self, effect: Any) -> None:
+        raise TypeError(f"unknown effect {effect!r}")
+
+    def _callback_returned(self, callback: Callback) -> None:
+        """Called after a callback returned without raising."""
+
+    def _farewell(self) -> list[Message]:
+        """Messages to send when the driver stops normally."""
+        return []
