@@ -1,0 +1,152 @@
+"""Launch throughput through a real master and real agents.
+
+    python -m benchmarks.launch [--agents 3] [--tasks 300] [--slots 8]
+
+Starts `dyad local`-style processes, runs a framework that launches `--tasks`
+command tasks (`true`) as fast as offers allow, and prints:
+
+- tasks launched and finished per second (first accept to last TASK_FINISHED);
+- the median and p90 accept -> TASK_RUNNING latency;
+- the master's peak RSS (VmHWM);
+- a reference measured in the same run: the same number of bare
+  `python -m frameworks.executors.command --help`-like process starts (the Python
+  interpreter plus the executor's imports plus `sh -c true`), run with the same
+  parallelism, without Dyad. Every Dyad task costs at least that, so the ratio says
+  how much of the time is Dyad's own overhead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from dyad.local import LocalCluster
+from dyad.resources import Resources
+from frameworks import (CommandInfo, Filters, FrameworkInfo, Scheduler, SchedulerDriver,
+                        TaskInfo, TaskState)
+
+TASK = Resources.parse("cpus:0.25;mem:16")
+
+
+class Flood(Scheduler):
+    """Launches as many tasks per offer as fit until `total` are launched."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.launched = 0
+        self.accepted_at: dict[str, float] = {}
+        self.running_at: dict[str, float] = {}
+        self.finished_at: dict[str, float] = {}
+        self.failed: list[Any] = []
+        self.done = asyncio.Event()
+
+    def resource_offers(self, driver: SchedulerDriver, offers: list[Any]) -> None:
+        for offer in offers:
+            free = offer.resources
+            tasks = []
+            while self.launched < self.total and TASK <= free:
+                task_id = f"t{self.launched}"
+                self.launched += 1
+                free = free - TASK
+                tasks.append(TaskInfo(task_id=task_id, name="bench", agent_id=offer.agent_id,
+                                      resources=TASK, command=CommandInfo(shell="true")))
+            now = time.monotonic()
+            for task in tasks:
+                self.accepted_at[task.task_id] = now
+            if tasks:
+                driver.launch_tasks([offer.id], tasks, filters=Filters(refuse_seconds=0))
+            else:
+                driver.decline_offer(offer.id, Filters(refuse_seconds=0.2))
+
+    def status_update(self, driver: SchedulerDriver, status: Any) -> None:
+        now = time.monotonic()
+        if status.state == TaskState.TASK_RUNNING:
+            self.running_at.setdefault(status.task_id, now)
+        elif status.state == TaskState.TASK_FINISHED:
+            self.finished_at[status.task_id] = now
+        elif status.state.is_terminal:
+            self.failed.append(status)
+        if len(self.finished_at) + len(self.failed) >= self.total:
+            self.done.set()
+
+
+async def run_dyad(cluster: LocalCluster, total: int) -> Flood:
+    flood = Flood(total)
+    driver = SchedulerDriver(flood, FrameworkInfo(name="bench"), master=cluster.master_address)
+    running = asyncio.ensure_future(driver.run_async())
+    try:
+        await asyncio.wait_for(flood.done.wait(), timeout=600)
+    finally:
+        driver.stop()
+        await asyncio.wait_for(running, 30)
+    return flood
+
+
+def bare_reference(total: int, parallel: int) -> float:
+    """Seconds to start `total` executor-like processes, `parallel` at a time."""
+    argv = [sys.executable, "-c",
+            "import frameworks.executors.command, subprocess; "
+            "subprocess.run(['/bin/sh', '-c', 'true'])"]
+    started = time.monotonic()
+    running: list[subprocess.Popen[bytes]] = []
+    for _ in range(total):
+        while len(running) >= parallel:
+            running = [p for p in running if p.poll() is None]
+            if len(running) >= parallel:
+                time.sleep(0.001)
+        running.append(subprocess.Popen(argv))
+    for process in running:
+        process.wait()
+    return time.monotonic() - started
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--agents", type=int, default=3)
+    parser.add_argument("--tasks", type=int, default=300)
+    parser.add_argument("--slots", type=int, default=4,
+                        help="tasks that fit on one agent at once")
+    args = parser.parse_args(argv)
+    resources = f"cpus:{args.slots * TASK.get('cpus')};mem:4096;disk:1000"
+    with tempfile.TemporaryDirectory(prefix="dyad-bench-") as work:
+        cluster = LocalCluster(work_dir=Path(work), agents=args.agents, resources=resources,
+                               master_args=["--allocation-interval", "0.05s"])
+        with cluster:
+            flood = asyncio.run(run_dyad(cluster, args.tasks))
+            assert cluster.master is not None
+            master_rss = peak_rss_mib(cluster.master.process.pid)
+    if flood.failed:
+        print(f"{len(flood.failed)} tasks did not finish: {flood.failed[:3]}")
+        return 1
+    span = max(flood.finished_at.values()) - min(flood.accepted_at.values())
+    latencies = sorted(flood.running_at[t] - flood.accepted_at[t] for t in flood.running_at)
+    parallel = args.agents * args.slots
+    reference = bare_reference(args.tasks, parallel)
+    dyad_rate, bare_rate = args.tasks / span, args.tasks / reference
+    print(f"agents={args.agents} tasks={args.tasks} parallel slots={parallel}")
+    print(f"dyad:      {dyad_rate:7.1f} tasks/s launched and finished ({span:.2f} s)")
+    print(f"reference: {bare_rate:7.1f} bare executor-like process starts/s "
+          f"({reference:.2f} s, same parallelism, no Dyad)")
+    print(f"ratio dyad/reference: {dyad_rate / bare_rate:.2f}")
+    print(f"accept->RUNNING latency: median {statistics.median(latencies) * 1000:.0f} ms, "
+          f"p90 {latencies[int(len(latencies) * 0.9)] * 1000:.0f} ms")
+    print(f"master peak RSS: {master_rss:.1f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

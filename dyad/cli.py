@@ -1,0 +1,119 @@
+"""The `dyad` command: `dyad local` runs a whole cluster on this machine.
+
+    dyad local --agents 3                      # until Ctrl-C / SIGTERM
+    dyad local --agents 3 --run examples/hello.py [ARGS...]
+
+With `--run`, the program gets the master's address in `DYAD_MASTER`, its output
+goes to this terminal, and `dyad local` exits with the program's exit code after
+stopping the cluster. Logs and sandboxes stay in the work directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from dyad.local import DEFAULT_AGENT_RESOURCES, PROJECT_ROOT, ClusterError, LocalCluster
+from dyad.resources import Resources, ResourcesError
+
+
+def _resources(text: str) -> str:
+    try:
+        Resources.parse(text)
+    except ResourcesError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dyad", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    local = commands.add_parser("local", help="run a master and agents on this machine")
+    local.add_argument("--agents", type=int, default=3, help="number of agents (default 3)")
+    local.add_argument("--port", type=int, default=5050,
+                       help="master HTTP port (default 5050; 0 = any free port)")
+    local.add_argument("--work-dir", type=Path, default=None,
+                       help="where logs and sandboxes go (default: a new temp dir)")
+    local.add_argument("--resources", type=_resources, default=DEFAULT_AGENT_RESOURCES,
+                       help=f"per agent (default {DEFAULT_AGENT_RESOURCES!r}; each agent "
+                            "gets its own 1000 ports unless you give ports)")
+    local.add_argument("--master-arg", action="append", default=[], metavar="ARG",
+                       help="extra argument for dyad-master (repeatable)")
+    local.add_argument("--run", nargs=argparse.REMAINDER, metavar="PROGRAM",
+                       help="run PROGRAM [ARGS] against the cluster, then stop")
+    return parser
+
+
+def _program_argv(run: list[str]) -> list[str]:
+    program, *args = run
+    if program.endswith(".py"):
+        return [sys.executable, program, *args]
+    return [program, *args]
+
+
+def run_local(args: argparse.Namespace) -> int:
+    if args.agents < 1:
+        print("dyad local: --agents must be at least 1", file=sys.stderr)
+        return 2
+    if args.run is not None and not args.run:
+        print("dyad local: --run needs a program", file=sys.stderr)
+        return 2
+    work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="dyad-local-"))
+    cluster = LocalCluster(work_dir=work_dir.resolve(), agents=args.agents, port=args.port,
+                           zmq_port=args.port + 5 if args.port else 0,
+                           resources=args.resources, master_args=args.master_arg)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        cluster.start()
+    except ClusterError as exc:
+        print(f"dyad local: {exc}", file=sys.stderr)
+        return 1
+    print(f"dyad local: master {cluster.master.url} with {args.agents} agents; "
+          f"logs and sandboxes in {work_dir}", flush=True)
+    code = 0
+    try:
+        if args.run is None:
+            print("dyad local: press Ctrl-C to stop", flush=True)
+            while not stop.wait(0.5):
+                pass
+        else:
+            env = dict(os.environ, DYAD_MASTER=cluster.master_address)
+            # So a framework program finds `frameworks` and `dyad` even when Dyad runs
+            # from a checkout rather than an installed package.
+            env["PYTHONPATH"] = os.pathsep.join(
+                filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+            program = subprocess.Popen(_program_argv(args.run), env=env)
+            while program.poll() is None:
+                if stop.wait(0.2):
+                    program.terminate()
+                    program.wait()
+                    break
+            code = program.returncode
+            print(f"dyad local: {args.run[0]} exited with {code}", flush=True)
+    finally:
+        print("dyad local: stopping agents and master", flush=True)
+        cluster.stop()
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "local":
+        return run_local(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""Start a master and agents as real processes on loopback, and stop them cleanly.
+
+Used by `dyad local`, by the multi-process integration tests and by the benchmarks,
+so all three exercise the same start-up and shutdown path a user does.
+
+Each child runs in its own session, so a Ctrl-C in the terminal reaches only
+`dyad local`, which then stops agents first (they shut down their executors) and the
+master last. On Linux, children also get SIGTERM if this process dies abruptly
+(`PR_SET_PDEATHSIG`), so nothing is left behind even after a SIGKILL of the parent.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable
+
+import attrs
+
+from dyad.resources import Resources
+
+_MASTER_LINE = re.compile(r"dyad-master listening on (http://\S+) zmq=(tcp://\S+)")
+_AGENT_LINE = re.compile(r"dyad-agent listening on (http://\S+) executors=(tcp://\S+)")
+DEFAULT_AGENT_RESOURCES = "cpus:2;mem:2048;disk:10000"
+PORTS_PER_AGENT = 1000
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+_PR_SET_PDEATHSIG = 1
+
+
+class ClusterError(RuntimeError):
+    """A process did not start, or the cluster did not become ready in time."""
+
+
+def _die_with_parent() -> None:
+    """preexec hook: ask the kernel to SIGTERM this child when its parent dies."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: shutdown relies on stop()
+        pass
+
+
+@attrs.define
+class Child:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    url: str = ""
+    zmq: str = ""
+
+
+def _wait_for_line(child: Child, pattern: re.Pattern[str], deadline: float) -> re.Match[str]:
+    while time.monotonic() < deadline:
+        text = child.log_path.read_text(errors="replace") if child.log_path.exists() else ""
+        match = pattern.search(text)
+        if match:
+            return match
+        if child.process.poll() is not None:
+            raise ClusterError(f"{child.name} exited with {child.process.returncode}; "
+                               f"log {child.log_path}:\n{text[-2000:]}")
+        time.sleep(0.05)
+    raise ClusterError(f"{child.name} did not start in time; see {child.log_path}")
+
+
+def http_get_json(url: str, timeout: float = 5.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def agent_resources(base: str, index: int) -> str:
+    """Each local agent gets its own slice of ports so two never hand out the same."""
+    resources = Resources.parse(base)
+    if not resources.ranges("ports"):
+        low = 31000 + index * PORTS_PER_AGENT
+        resources = resources + Resources.parse(f"ports:[{low}-{low + PORTS_PER_AGENT - 1}]")
+    return str(resources)
+
+
+@attrs.define
+class LocalCluster:
+    """One master and `agents` agents on 127.0.0.1, logs under `work_dir`."""
+
+    work_dir: Path
+    agents: int = 3
+    port: int = 0
+    zmq_port: int = 0
+    resources: str = DEFAULT_AGENT_RESOURCES
+    master_args: list[str] = attrs.field(factory=list)
+    agent_args: list[str] = attrs.field(factory=list)
+    attributes: Callable[[int], str] = lambda i: f"rack:r{i % 2 + 1}"
+    master: Child | None = None
+    agent_children: list[Child] = attrs.field(factory=list)
+
+    @property
+    def master_address(self) -> str:
+        """host:port of the master's HTTP API: what users and drivers are given."""
+        if self.master is None:
+            raise ClusterError("cluster not started")
+        return self.master.url.removeprefix("http://")
+
+    def _spawn(self, name: str, argv: list[str]) -> Child:
+        log_path = self.work_dir / f"{name}.log"
+        log = open(log_path, "wb")
+        try:
+            process = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, preexec_fn=_die_with_parent)
+        finally:
+            log.close()
+        return Child(name, process, log_path)
+
+    def start_master(self, timeout: float = 30.0) -> Child:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        child = self._spawn("master", [
+            sys.executable, "-m", "master.main", "--ip", "127.0.0.1",
+            "--hostname", "127.0.0.1", "--port", str(self.port),
+            "--zmq-port", str(self.zmq_port), "--work-dir", str(self.work_dir / "master"),
+            *self.master_args])
+        match = _wait_for_line(child, _MASTER_LINE, time.monotonic() + timeout)
+        child.url, child.zmq = match.group(1), match.group(2)
+        self.master = child
+        return child
+
+    def start_agent(self, index: int, timeout: float = 30.0) -> Child:
+        child = self._spawn(f"agent{index}", [
+            sys.executable, "-m", "agent.main", "--master", self.master_address,
+            "--ip", "127.0.0.1", "--hostname", f"agent{index}", "--port", "0",
+            "--executor-port", "0", "--work-dir", str(self.work_dir / f"agent{index}"),
+            "--resources", agent_resources(self.resources, index),
+            "--attributes", self.attributes(index), *self.agent_args])
+        match = _wait_for_line(child, _AGENT_LINE, time.monotonic() + timeout)
+        child.url, child.zmq = match.group(1), match.group(2)
+        if index < len(self.agent_children):
+            self.agent_children[index] = child
+        else:
+            self.agent_children.append(child)
+        return child
+
+    def start(self, timeout: float = 30.0) -> None:
+        try:
+            self.start_master(timeout)
+            for index in range(self.agents):
+                self.start_agent(index, timeout)
+            self.wait_for_agents(self.agents, timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def state(self) -> Any:
+        if self.master is None:
+            raise ClusterError("cluster not started")
+        return http_get_json(f"{self.master.url}/state")
+
+    def wait_for_agents(self, count: int, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                active = [a for a in self.state()["agents"] if a.get("active", True)]
+                if len(active) >= count:
+                    return
+            except (urllib.error.URLError, OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.1)
+        raise ClusterError(f"{count} agents did not register within {timeout:.0f}s")
+
+    @staticmethod
+    def stop_child(child: Child, sig: int = signal.SIGTERM, grace: float = 15.0) -> int:
+        """Signal a child, wait up to `grace`, then SIGKILL its whole session."""
+        if child.process.poll() is None:
+            child.process.send_signal(sig)
+            try:
+                child.process.wait(grace)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(child.process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                child.process.wait()
+        return child.process.returncode
+
+    def stop(self) -> None:
+        """Agents first (each shuts down its executors), then the master."""
+        for child in self.agent_children:
+            if child.process.poll() is None:
+                child.process.send_signal(signal.SIGTERM)
+        for child in self.agent_children:
+            self.stop_child(child)
+        if self.master is not None:
+            self.stop_child(self.master)
+
+    def __enter__(self) -> "LocalCluster":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
