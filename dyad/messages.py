@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import enum
 import json
-from typing import Any, ClassVar
+import typing
+from typing import Any, Callable, ClassVar, TypeVar
 
 import attrs
 
@@ -108,8 +109,6 @@ class Reason:
 
 # ----------------------------------------------------------------------- data types
 
-_frozen = attrs.frozen(kw_only=True)
-
 
 def _nonempty(instance: Any, attribute: attrs.Attribute, value: str) -> None:
     if not value:
@@ -121,14 +120,14 @@ def _nonnegative(instance: Any, attribute: attrs.Attribute, value: float | None)
         raise ValueError(f"{attribute.name} must not be negative")
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class Address:
     hostname: str
     ip: str
     port: int
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class MasterInfo:
     """What a master says about itself: HTTP `/master/info` and the ZooKeeper znode."""
 
@@ -149,7 +148,7 @@ class MasterInfo:
         return f"tcp://{self.ip}:{self.zmq_port}"
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class FrameworkInfo:
     name: str = attrs.field(validator=_nonempty)
     roles: list[str] = attrs.field(factory=lambda: ["*"])
@@ -168,7 +167,7 @@ class FrameworkInfo:
         return "PARTITION_AWARE" in self.capabilities
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class URI:
     """Something the agent's fetcher puts in the sandbox before launch."""
 
@@ -179,7 +178,7 @@ class URI:
     output_file: str = ""
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class CommandInfo:
     """A command: `shell` runs under /bin/sh -c, `argv` is exec'd directly."""
 
@@ -196,7 +195,44 @@ class CommandInfo:
             raise ValueError("command argv must not be empty")
 
 
-@_frozen
+class HealthCheckType:
+    COMMAND = "COMMAND"
+    HTTP = "HTTP"
+    TCP = "TCP"
+
+
+@attrs.frozen(kw_only=True)
+class HealthCheck:
+    """How the agent checks a task's health; defaults are Mesos' (seconds).
+
+    COMMAND runs `command` (healthy on exit 0); HTTP GETs `scheme://host:port/path`
+    (healthy on 2xx/3xx); TCP connects to `port`. Failures during `grace_period`
+    after launch do not count; `consecutive_failures` outside it kill the task.
+    """
+
+    type: str = attrs.field(validator=attrs.validators.in_(
+        [HealthCheckType.COMMAND, HealthCheckType.HTTP, HealthCheckType.TCP]))
+    command: CommandInfo | None = None
+    port: int | None = None
+    path: str = "/"
+    scheme: str = "http"
+    delay: float = attrs.field(default=15.0, validator=_nonnegative)
+    interval: float = attrs.field(default=10.0, validator=_nonnegative)
+    timeout: float = attrs.field(default=20.0, validator=_nonnegative)
+    grace_period: float = attrs.field(default=10.0, validator=_nonnegative)
+    consecutive_failures: int = attrs.field(default=3, validator=_nonnegative)
+
+    def __attrs_post_init__(self) -> None:
+        if self.type == HealthCheckType.COMMAND and self.command is None:
+            raise ValueError("a COMMAND health check needs a command")
+        if self.type != HealthCheckType.COMMAND and not (
+                self.port is not None and 0 < self.port < 65536):
+            raise ValueError(f"a {self.type} health check needs a port in 1..65535")
+        if self.scheme not in ("http", "https"):
+            raise ValueError("health check scheme must be http or https")
+
+
+@attrs.frozen(kw_only=True)
 class ExecutorInfo:
     executor_id: str = attrs.field(validator=_nonempty)
     command: CommandInfo
@@ -205,7 +241,7 @@ class ExecutorInfo:
     framework_id: str | None = None
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class TaskInfo:
     """What a framework asks to run. Exactly one of `command` or `executor`."""
 
@@ -218,9 +254,10 @@ class TaskInfo:
     data: bytes = b""
     labels: dict[str, str] = attrs.field(factory=dict)
     kill_grace_period: float | None = attrs.field(default=None, validator=_nonnegative)
+    health_check: HealthCheck | None = None
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class TaskStatus:
     task_id: str
     state: TaskState
@@ -235,12 +272,12 @@ class TaskStatus:
     data: bytes = b""
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class Filters:
     refuse_seconds: float = attrs.field(default=5.0, validator=_nonnegative)
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class Offer:
     id: str
     framework_id: str
@@ -258,7 +295,7 @@ class OperationType:
     UNRESERVE = "UNRESERVE"
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class Operation:
     """One step of `accept`. Only LAUNCH in the foundation; the allocator issue adds
     RESERVE/UNRESERVE with `resources`."""
@@ -269,7 +306,7 @@ class Operation:
     resources: Resources = attrs.field(factory=Resources)
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class AgentInfo:
     hostname: str
     port: int
@@ -283,7 +320,7 @@ class AgentInfo:
         return f"http://{self.ip or self.hostname}:{self.port}"
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class Task:
     """A task as the master and agents know it (what a re-registering agent reports)."""
 
@@ -298,7 +335,7 @@ class Task:
     labels: dict[str, str] = attrs.field(factory=dict)
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class ReconcileTask:
     task_id: str
     agent_id: str | None = None
@@ -307,13 +344,16 @@ class ReconcileTask:
 # ------------------------------------------------------------------------- messages
 
 MESSAGE_TYPES: dict[str, type] = {}
+_M = TypeVar("_M", bound="Message")
 
 
-def message(name: str) -> Any:
+@typing.dataclass_transform(kw_only_default=True, frozen_default=True,
+                            field_specifiers=(attrs.field, attrs.Factory))
+def message(name: str) -> Callable[[type[_M]], type[_M]]:
     """Class decorator: a frozen attrs message registered under a wire type name."""
 
-    def register(cls: type) -> type:
-        cls = _frozen(cls)
+    def register(cls: type[_M]) -> type[_M]:
+        cls = attrs.frozen(kw_only=True)(cls)
         cls.TYPE = name
         if name in MESSAGE_TYPES:
             raise RuntimeError(f"duplicate message type {name}")
