@@ -1,8 +1,9 @@
 """Level one of the two levels: deciding which framework is offered what.
 
-The master talks to an allocator only through the `Allocator` protocol below, so
-the hierarchical DRF allocator can replace `SimpleAllocator` without touching
-`master.state`. Allocators are pure: no clock (time comes in as `now`), no I/O.
+The master talks to an allocator only through the `Allocator` protocol below;
+`HierarchicalAllocator` (hierarchical DRF over roles and frameworks, with weights,
+quota, reservations and filters) is the one it uses. Allocators are pure: no clock
+(time comes in as `now`), no I/O. docs/allocator.md explains the policy.
 """
 
 from __future__ import annotations
@@ -11,9 +12,17 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from dyad.resources import Resources
-from master.allocator.simple import Allocation, AllocatorError, SimpleAllocator
+from master.allocator.hierarchical import (
+    Allocation, AllocatorError, HierarchicalAllocator, allowed_roles,
+)
+from master.allocator.policy import (
+    PolicyError, Quota, check_quotas, parse_quota, parse_weights, role_problem,
+)
+from master.allocator.sorter import DRFSorter, RandomSorter, Sorter, SorterError
 
-__all__ = ["Allocation", "Allocator", "AllocatorError", "SimpleAllocator"]
+__all__ = ["Allocation", "Allocator", "AllocatorError", "DRFSorter", "HierarchicalAllocator",
+           "PolicyError", "Quota", "RandomSorter", "Sorter", "SorterError", "allowed_roles",
+           "check_quotas", "parse_quota", "parse_weights", "role_problem"]
 
 
 class Allocator(Protocol):
@@ -23,9 +32,15 @@ class Allocator(Protocol):
     inconsistent report raises `AllocatorError` (a master bug, never input).
     """
 
+    last_considered: int
+    """Agents the last `allocate` looked at (for metrics)."""
+
     def add_agent(self, agent_id: str, total: Resources) -> None: ...
 
     def remove_agent(self, agent_id: str) -> None: ...
+
+    def transform(self, agent_id: str, framework_id: str, consumed: Resources,
+                  produced: Resources) -> None: ...
 
     def add_framework(self, framework_id: str, roles: Iterable[str], active: bool = True) -> None: ...
 
@@ -41,6 +56,10 @@ class Allocator(Protocol):
 
     def add_filter(self, framework_id: str, agent_id: str, until: float) -> None: ...
 
+    def set_weight(self, role: str, weight: float) -> None: ...
+
+    def set_quota(self, role: str, quota: Quota | None) -> None: ...
+
     def update_used(self, agent_id: str, framework_id: str, delta: Resources) -> None: ...
 
     def recover(self, agent_id: str, framework_id: str, resources: Resources) -> None: ...
@@ -51,6 +70,12 @@ class Allocator(Protocol):
 
     def allocated(self, agent_id: str, framework_id: str) -> Resources: ...
 
+    def allocation_role(self, agent_id: str, framework_id: str) -> str | None: ...
+
     def share(self, framework_id: str) -> float: ...
+
+    def role_shares(self) -> dict[str, float]: ...
+
+    def role_allocation(self, role: str) -> dict[str, int]: ...
 
     def allocate(self, now: float) -> list[Allocation]: ...

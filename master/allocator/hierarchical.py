@@ -1,0 +1,672 @@
+"""The hierarchical DRF allocator: roles, weights, quota, reservations, filters.
+
+Theory of operation
+-------------------
+Two levels of sorters (`master.allocator.sorter`): one over roles, and one per
+role over the frameworks subscribed to it. A framework subscribed to several
+roles is a client of each of those sorters; what it is allocated is charged to
+exactly one of them per agent (its first offer there picks the role, and the
+role sticks while it holds anything on that agent), so every resource on every
+agent is accounted to one (framework, role).
+
+A pass (`allocate`) walks candidate agents twice:
+
+1. **Quota guarantees.** For roles whose subtree has a guarantee that is not yet
+   allocated, in role order: offer what the role may use, the guaranteed kinds
+   capped at what is still missing.
+2. **Fair share.** For every role in DRF order and every framework in the role's
+   DRF order: offer all that the role may use on the agent. Unreserved amounts
+   of the guaranteed kinds are capped so that, cluster-wide, what is still free
+   covers the *other* roles' unmet guarantees (the headroom).
+
+In both stages an offer holds the agent's free resources that are unreserved or
+reserved to the role or one of its ancestors, never beyond any quota limit on
+the role or its ancestors, and only for a framework that is active, not
+suppressed, not filtered for the agent (decline/accept `refuse_seconds`) and
+holds no outstanding offer there. Each offer is recorded immediately, so the
+sorters' order changes as the pass goes on (progressive filling). An agent is
+worth offering when its free resources hold any of `min_allocatable`.
+
+Which agents are candidates
+---------------------------
+A pass that looked at every agent would cost O(agents x frameworks) even when
+nothing changed. Instead the allocator remembers which agents might yield an
+offer: an agent becomes *dirty* when something that could let it be offered
+happens -- it joined, resources on it were freed or returned, a filter on it
+expired (a heap of expiry times), or an offer on it closed. Events that may
+change the answer everywhere (a framework added, activated or revived after a
+suppression, its roles changed, quota changed) make every agent dirty. Agents
+whose offer was reduced by quota (a limit, or headroom held back) are
+remembered too, and become dirty again whenever any role's allocation changes.
+A pass looks only at dirty agents and leaves all of them clean: whatever it did
+not offer, nobody could take, and stays so until one of those events. Weights
+change only the order among takers, so they dirty nothing.
+
+Everything is pure: no clock (time comes in as `now`), no I/O, deterministic
+(agents in the order they became dirty, sorters with explicit tie-breaks).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from typing import NamedTuple
+
+from dyad.resources import SHARE_KINDS, UNRESERVED, Resources, ResourcesError
+from master.allocator.policy import Quota
+from master.allocator.sorter import DRFSorter, Sorter
+
+__all__ = ["Allocation", "AllocatorError", "HierarchicalAllocator", "allowed_roles"]
+
+EMPTY = Resources()
+
+
+class Allocation(NamedTuple):
+    """Resources of one agent allocated (offered) to one framework."""
+
+    framework_id: str
+    agent_id: str
+    resources: Resources
+
+
+class AllocatorError(ValueError):
+    """The master told the allocator something inconsistent with its books."""
+
+
+def allowed_roles(role: str) -> list[str]:
+    """The reservation roles a framework offered resources in `role` may get:
+    ``*``, the role and its ancestors (``eng`` for ``eng/ml``), nearest first."""
+    roles = [role]
+    cut = role.rfind("/")
+    while cut > 0:
+        role = role[:cut]
+        roles.append(role)
+        cut = role.rfind("/")
+    if roles[0] != UNRESERVED:
+        roles.append(UNRESERVED)
+    return roles
+
+
+class _Agent:
+    __slots__ = ("total", "free", "allocated", "role_of", "offered_to", "reserved")
+
+    def __init__(self, total: Resources) -> None:
+        self.total = total
+        self.free = total
+        self.allocated: dict[str, Resources] = {}  # framework -> used + offered
+        self.role_of: dict[str, str] = {}  # framework -> role its allocation is charged to
+        self.offered_to: set[str] = set()  # frameworks with an outstanding offer here
+        self.reserved = total.roles() - {UNRESERVED} != set()
+
+
+class _Framework:
+    __slots__ = ("roles", "active", "suppressed", "filters", "agents", "charged", "active_in")
+
+    def __init__(self, roles: tuple[str, ...], active: bool) -> None:
+        self.roles = roles
+        self.active = active
+        self.suppressed = False
+        self.filters: dict[str, float] = {}  # agent id -> refused until
+        self.agents: set[str] = set()  # agents where it holds an allocation
+        self.charged: Counter[str] = Counter()  # role -> agents charged to it
+        self.active_in: set[str] = set()  # roles whose sorter has it active
+
+
+class _Role:
+    __slots__ = ("sorter", "active", "clients")
+
+    def __init__(self, sorter: Sorter) -> None:
+        self.sorter = sorter
+        self.active = 0  # frameworks active in `sorter`
+        self.clients = 0  # frameworks in `sorter`
+
+
+class HierarchicalAllocator:
+    """See the module docstring. `min_allocatable` maps a resource name to an
+    amount: resources are worth offering if they hold *any* of those amounts.
+    `sorter` makes the sorters (one over roles, one per role)."""
+
+    def __init__(self, min_allocatable: Mapping[str, float],
+                 sorter: Callable[[], Sorter] = DRFSorter) -> None:
+        self._min = [(name, round(amount * 1000)) for name, amount in sorted(min_allocatable.items())]
+        self._make_sorter = sorter
+        self._agents: dict[str, _Agent] = {}
+        self._frameworks: dict[str, _Framework] = {}
+        self._role_sorter = sorter()
+        self._roles: dict[str, _Role] = {}
+        self._total: Counter[str] = Counter()  # scalar milli over every agent
+        self._free_unreserved: Counter[str] = Counter()
+        self._quota: dict[str, Quota] = {}
+        self._filter_expiry: list[tuple[float, str, str]] = []  # (until, framework, agent)
+        self._dirty: dict[str, None] = {}  # ordered: deterministic passes
+        self._all_dirty = False
+        self._quota_blocked: dict[str, None] = {}
+        self.last_considered = 0  # agents looked at by the last pass
+
+    # ------------------------------------------------------------------ agents
+
+    def add_agent(self, agent_id: str, total: Resources) -> None:
+        if agent_id in self._agents:
+            raise AllocatorError(f"agent {agent_id} is already known")
+        agent = _Agent(total)
+        self._agents[agent_id] = agent
+        scalars = total.scalar_items()
+        self._total.update(scalars)
+        self._role_sorter.add_total(scalars)
+        for role in self._roles.values():
+            role.sorter.add_total(scalars)
+        self._free_unreserved.update(_unreserved_scalars(agent, total))
+        self._dirty[agent_id] = None
+        self._consumption_changed()
+
+    def remove_agent(self, agent_id: str) -> None:
+        agent = self._agent(agent_id)
+        for framework_id in list(agent.allocated):
+            self._release(agent_id, agent, framework_id, agent.allocated[framework_id])
+        for framework in self._frameworks.values():
+            framework.filters.pop(agent_id, None)
+        scalars = agent.total.scalar_items()
+        self._total.subtract(scalars)
+        self._role_sorter.remove_total(scalars)
+        for role in self._roles.values():
+            role.sorter.remove_total(scalars)
+        self._free_unreserved.subtract(_unreserved_scalars(agent, agent.free))
+        del self._agents[agent_id]
+        self._dirty.pop(agent_id, None)
+        self._quota_blocked.pop(agent_id, None)
+        self._consumption_changed()
+
+    def transform(self, agent_id: str, framework_id: str, consumed: Resources,
+                  produced: Resources) -> None:
+        """Within what the framework holds on the agent, `consumed` becomes
+        `produced`: the same amounts with other reservations (a dynamic RESERVE or
+        UNRESERVE). The agent's total changes the same way."""
+        agent = self._agent(agent_id)
+        self._framework(framework_id)
+        if consumed.flatten() != produced.flatten():
+            raise AllocatorError(f"cannot turn {consumed} into {produced}: amounts differ")
+        role = agent.role_of.get(framework_id)
+        held = agent.allocated.get(framework_id, EMPTY)
+        try:
+            if role is None or not consumed <= held:
+                raise ResourcesError(f"it holds only {held or 'nothing'}")
+            bad = produced.roles() - set(allowed_roles(role))
+            if bad:
+                raise ResourcesError(f"its allocation is in role {role}, which may not use "
+                                     f"resources reserved to {', '.join(sorted(bad))}")
+            agent.allocated[framework_id] = held - consumed + produced
+            agent.total = agent.total - consumed + produced
+        except ResourcesError as exc:
+            raise AllocatorError(f"framework {framework_id} on agent {agent_id} cannot turn "
+                                 f"{consumed} into {produced}: {exc}") from None
+        agent.reserved = agent.total.roles() - {UNRESERVED} != set()
+
+    # -------------------------------------------------------------- frameworks
+
+    def add_framework(self, framework_id: str, roles: Iterable[str], active: bool = True) -> None:
+        """Add a framework, or change the roles of a known one. What it holds stays
+        charged to the role it was allocated in."""
+        roles = tuple(dict.fromkeys(roles))
+        if not roles:
+            raise AllocatorError(f"framework {framework_id} has no roles")
+        framework = self._frameworks.get(framework_id)
+        if framework is None:
+            framework = _Framework(roles, active)
+            self._frameworks[framework_id] = framework
+            old: tuple[str, ...] = ()
+        else:
+            old, framework.roles = framework.roles, roles
+        for role in roles:
+            known = self._role(role)
+            if not known.sorter.contains(framework_id):
+                known.sorter.add(framework_id)
+                known.clients += 1
+        self._sync(framework_id)
+        for role in old:
+            if role not in roles:
+                self._forget_client(role, framework_id, leaving=False)
+        self._all_dirty = True
+
+    def remove_framework(self, framework_id: str) -> None:
+        """Forget the framework; everything allocated to it is free again."""
+        framework = self._framework(framework_id)
+        for agent_id in sorted(framework.agents):
+            agent = self._agents[agent_id]
+            self._release(agent_id, agent, framework_id, agent.allocated[framework_id])
+            agent.offered_to.discard(framework_id)
+        for role in framework.roles:
+            self._forget_client(role, framework_id, leaving=True)
+        del self._frameworks[framework_id]
+
+    def activate(self, framework_id: str) -> None:
+        framework = self._framework(framework_id)
+        if not framework.active:
+            framework.active = True
+            self._sync(framework_id)
+            self._all_dirty = True
+
+    def deactivate(self, framework_id: str) -> None:
+        self._framework(framework_id).active = False
+        self._sync(framework_id)
+
+    def suppress(self, framework_id: str) -> None:
+        self._framework(framework_id).suppressed = True
+        self._sync(framework_id)
+
+    def revive(self, framework_id: str) -> None:
+        """Resume offers and drop every filter the framework set."""
+        framework = self._framework(framework_id)
+        if framework.suppressed:
+            framework.suppressed = False
+            self._sync(framework_id)
+            self._all_dirty = True
+        self._dirty.update(dict.fromkeys(framework.filters))
+        framework.filters.clear()
+
+    def add_filter(self, framework_id: str, agent_id: str, until: float) -> None:
+        """Offer nothing from `agent_id` to `framework_id` before `until`."""
+        framework = self._framework(framework_id)
+        self._agent(agent_id)
+        until = max(until, framework.filters.get(agent_id, until))
+        framework.filters[agent_id] = until
+        heapq.heappush(self._filter_expiry, (until, framework_id, agent_id))
+
+    # ------------------------------------------------------------------ policy
+
+    def set_weight(self, role: str, weight: float) -> None:
+        """Weight of `role`'s subtree among its siblings (default 1.0)."""
+        self._role_sorter.update_weight(role, weight)
+
+    def set_quota(self, role: str, quota: Quota | None) -> None:
+        """Set (or, with None or an empty `Quota`, clear) the quota of `role`. The
+        caller checks that the whole set is coherent (`policy.check_quotas`)."""
+        if quota is None or quota.is_empty():
+            self._quota.pop(role, None)
+        else:
+            self._quota[role] = quota
+        self._all_dirty = True
+
+    # -------------------------------------------------------------- accounting
+
+    def update_used(self, agent_id: str, framework_id: str, delta: Resources) -> None:
+        """Charge `delta` to a framework on an agent without an offer: tasks and
+        executors that an agent reported when it re-registered."""
+        agent = self._agent(agent_id)
+        framework = self._framework(framework_id)
+        if delta.is_empty():
+            return
+        role = agent.role_of.get(framework_id)
+        if role is None:
+            reserved = delta.roles() - {UNRESERVED}
+            role = next((r for r in framework.roles if reserved <= set(allowed_roles(r))),
+                        framework.roles[0])
+        self._charge(agent_id, agent, framework_id, role, delta)
+
+    def recover(self, agent_id: str, framework_id: str, resources: Resources) -> None:
+        """`resources` allocated to the framework on the agent are free again (a task
+        ended, an executor exited, an offer came back)."""
+        agent = self._agent(agent_id)
+        self._framework(framework_id)
+        if resources.is_empty():
+            return
+        held = agent.allocated.get(framework_id, EMPTY)
+        if not resources <= held:
+            raise AllocatorError(f"framework {framework_id} does not hold {resources} on "
+                                 f"agent {agent_id}: it holds {held or 'nothing'}")
+        self._release(agent_id, agent, framework_id, resources)
+
+    def close_offer(self, framework_id: str, agent_id: str, returned: Resources) -> None:
+        """The framework's offer on the agent ended (accepted, declined, rescinded);
+        `returned` is the part it did not use."""
+        agent = self._agent(agent_id)
+        agent.offered_to.discard(framework_id)
+        self.recover(agent_id, framework_id, returned)
+        self._dirty[agent_id] = None  # the framework may be offered here again
+
+    # ----------------------------------------------------------------- queries
+
+    def free(self, agent_id: str) -> Resources:
+        return self._agent(agent_id).free
+
+    def allocated(self, agent_id: str, framework_id: str) -> Resources:
+        return self._agent(agent_id).allocated.get(framework_id, EMPTY)
+
+    def allocation_role(self, agent_id: str, framework_id: str) -> str | None:
+        """The role the framework's allocation on the agent is charged to."""
+        return self._agent(agent_id).role_of.get(framework_id)
+
+    def share(self, framework_id: str) -> float:
+        """Unweighted dominant share of all the framework holds, over its roles."""
+        self._framework(framework_id)
+        held: Counter[str] = Counter()
+        for role in self._roles.values():
+            if role.sorter.contains(framework_id):
+                held.update(role.sorter.client_allocation(framework_id))
+        return _dominant(held, self._total)
+
+    def role_shares(self) -> dict[str, float]:
+        """Weighted dominant share of every role that has frameworks or allocations."""
+        return {role: self._role_sorter.share(role) for role in sorted(self._roles)}
+
+    def role_allocation(self, role: str) -> dict[str, int]:
+        """Scalar milli allocated to `role`'s subtree (what quota counts)."""
+        return self._role_sorter.allocation(role)
+
+    # -------------------------------------------------------------- allocation
+
+    def allocate(self, now: float) -> list[Allocation]:
+        """Run one pass over the agents that may yield an offer; the returned
+        resources are now allocated (as offers)."""
+        self._expire_filters(now)
+        if self._all_dirty:
+            candidates = list(self._agents)
+        else:
+            candidates = list(self._dirty)
+        self._dirty = {}
+        self._all_dirty = False
+        self.last_considered = len(candidates)
+        result: list[Allocation] = []
+        if not candidates:
+            return result
+        if any(quota.guarantee for quota in self._quota.values()):
+            for agent_id in candidates:
+                self._fill(agent_id, now, result, guarantees=True)
+        for agent_id in candidates:
+            self._fill(agent_id, now, result, guarantees=False)
+        return result
+
+    def _expire_filters(self, now: float) -> None:
+        heap = self._filter_expiry
+        while heap and heap[0][0] <= now:
+            until, framework_id, agent_id = heapq.heappop(heap)
+            framework = self._frameworks.get(framework_id)
+            if framework is not None and framework.filters.get(agent_id) == until:
+                del framework.filters[agent_id]
+                if agent_id in self._agents:
+                    self._dirty[agent_id] = None
+
+    def _fill(self, agent_id: str, now: float, result: list[Allocation], guarantees: bool) -> None:
+        """Offer the agent's free resources until nobody (eligible) can take more."""
+        agent = self._agents[agent_id]
+        while self._worth(agent.free):
+            choice = self._pick(agent_id, agent, now, guarantees)
+            if choice is None:
+                return
+            framework_id, role, resources = choice
+            self._charge(agent_id, agent, framework_id, role, resources)
+            agent.offered_to.add(framework_id)
+            result.append(Allocation(framework_id, agent_id, resources))
+
+    def _pick(self, agent_id: str, agent: _Agent, now: float,
+              guarantees: bool) -> tuple[str, str, Resources] | None:
+        """The first (framework, role) in sort order that may take something here,
+        and what it is offered."""
+        frameworks = self._frameworks
+        for role in self._role_sorter.iter_sorted():
+            offerable = agent.free.allocatable_for(role) if agent.reserved else agent.free
+            if self._quota:
+                capped = self._capped(role, offerable, guarantees)
+                if capped is None:
+                    continue  # stage 1 and the role has no unmet guarantee
+                if capped != offerable:
+                    self._quota_blocked[agent_id] = None
+                offerable = capped
+            if not self._worth(offerable):
+                continue
+            for framework_id in self._roles[role].sorter.iter_sorted():
+                if framework_id in agent.offered_to:
+                    continue
+                until = frameworks[framework_id].filters.get(agent_id)
+                if until is not None and until > now:
+                    continue
+                charged = agent.role_of.get(framework_id)
+                if charged is not None and charged != role:
+                    continue
+                return framework_id, role, offerable
+        return None
+
+    def _worth(self, resources: Resources) -> bool:
+        return any(resources.get_milli(name) >= milli for name, milli in self._min)
+
+    # -------------------------------------------------------------------- quota
+
+    def _capped(self, role: str, offerable: Resources, guarantees: bool) -> Resources | None:
+        """`offerable` cut down by quota for `role`: limits of the role and its
+        ancestors, and the headroom other roles' unmet guarantees need. In the
+        guarantee stage (`guarantees`) the guaranteed kinds are also cut to what the
+        role's quota subtree still misses, and None means it misses nothing."""
+        chain = allowed_roles(role)[:-1] if role != UNRESERVED else []
+        limit_room: dict[str, int] = {}
+        for ancestor in chain:
+            quota = self._quota.get(ancestor)
+            if quota is not None and quota.limit:
+                used = self._role_sorter.allocation(ancestor)
+                for kind, limit in quota.limit.items():
+                    room = max(0, limit - used.get(kind, 0))
+                    limit_room[kind] = min(room, limit_room.get(kind, room))
+        required, own = self._headroom(chain)
+        unreserved_room = {kind: max(0, self._free_unreserved[kind] - (needed - own.get(kind, 0)))
+                           for kind, needed in required.items() if needed}
+        if guarantees:
+            missing = self._missing(chain)
+            if not missing:
+                return None
+            for kind, room in missing.items():
+                unreserved_room[kind] = min(room, unreserved_room.get(kind, room))
+        return _cut(offerable, limit_room, unreserved_room)
+
+    def _missing(self, chain: list[str]) -> dict[str, int]:
+        """Per guaranteed kind, the most any quota role in `chain` still misses."""
+        missing: dict[str, int] = {}
+        for ancestor in chain:
+            quota = self._quota.get(ancestor)
+            if quota is not None:
+                for kind, milli in self._need(ancestor, quota).items():
+                    if milli > missing.get(kind, 0):
+                        missing[kind] = milli
+        return {kind: milli for kind, milli in missing.items() if milli}
+
+    def _need(self, role: str, quota: Quota) -> dict[str, int]:
+        """What the guarantee of `role` still misses, or its nearest guaranteed
+        sub-roles together miss, whichever is more, per kind."""
+        used = self._role_sorter.allocation(role)
+        need = {kind: max(0, milli - used.get(kind, 0)) for kind, milli in quota.guarantee.items()}
+        below: Counter[str] = Counter()
+        for child, child_quota in self._quota.items():
+            if child_quota.guarantee and child.startswith(role + "/") and \
+                    self._top_guaranteed(child, within=role) == child:
+                below.update(self._need(child, child_quota))
+        for kind, milli in below.items():
+            need[kind] = max(need.get(kind, 0), milli)
+        return need
+
+    def _top_guaranteed(self, role: str, within: str = "") -> str | None:
+        """The outermost role with a guarantee among `role` and its ancestors below
+        `within`."""
+        top = None
+        for ancestor in allowed_roles(role)[:-1]:
+            if within and not ancestor.startswith(within + "/"):
+                break
+            quota = self._quota.get(ancestor)
+            if quota is not None and quota.guarantee:
+                top = ancestor
+        return top
+
+    def _headroom(self, chain: list[str]) -> tuple[Counter[str], dict[str, int]]:
+        """Unmet guarantees cluster-wide, and the part of them `chain`'s own
+        outermost guaranteed role accounts for (not held back from itself)."""
+        required: Counter[str] = Counter()
+        for role, quota in self._quota.items():
+            if quota.guarantee and self._top_guaranteed(role) == role:
+                required.update(self._need(role, quota))
+        top = self._top_guaranteed(chain[0]) if chain else None
+        own = self._need(top, self._quota[top]) if top is not None else {}
+        return required, own
+
+    def _consumption_changed(self) -> None:
+        if self._quota_blocked:
+            self._dirty.update(self._quota_blocked)
+            self._quota_blocked = {}
+
+    # --------------------------------------------------------------- bookkeeping
+
+    def _charge(self, agent_id: str, agent: _Agent, framework_id: str, role: str,
+                resources: Resources) -> None:
+        try:
+            agent.free = EMPTY if resources is agent.free else agent.free - resources
+        except ResourcesError as exc:
+            raise AllocatorError(f"agent {agent_id} cannot spare {resources}: {exc}") from None
+        held = agent.allocated.get(framework_id)
+        if held is None:
+            agent.allocated[framework_id] = resources
+            agent.role_of[framework_id] = role
+            framework = self._frameworks[framework_id]
+            framework.agents.add(agent_id)
+            framework.charged[role] += 1
+        else:
+            agent.allocated[framework_id] = held + resources
+        scalars = resources.scalar_items()
+        self._free_unreserved.subtract(_unreserved_scalars(agent, resources, scalars))
+        self._role_sorter.allocated(role, scalars)
+        self._roles[role].sorter.allocated(framework_id, scalars)
+        self._consumption_changed()
+
+    def _release(self, agent_id: str, agent: _Agent, framework_id: str,
+                 resources: Resources) -> None:
+        held = agent.allocated[framework_id]
+        role = agent.role_of[framework_id]
+        left = held - resources
+        agent.free = agent.free + resources
+        scalars = resources.scalar_items()
+        self._free_unreserved.update(_unreserved_scalars(agent, resources, scalars))
+        self._role_sorter.unallocated(role, scalars)
+        self._roles[role].sorter.unallocated(framework_id, scalars)
+        if left.is_empty():
+            del agent.allocated[framework_id]
+            del agent.role_of[framework_id]
+            framework = self._frameworks[framework_id]
+            framework.agents.discard(agent_id)
+            framework.charged[role] -= 1
+            if not framework.charged[role]:
+                del framework.charged[role]
+                if role not in framework.roles:
+                    self._forget_client(role, framework_id, leaving=False)
+        else:
+            agent.allocated[framework_id] = left
+        self._dirty[agent_id] = None
+        self._consumption_changed()
+
+    # ------------------------------------------------------------ roles/clients
+
+    def _role(self, role: str) -> _Role:
+        known = self._roles.get(role)
+        if known is None:
+            sorter = self._make_sorter()
+            sorter.add_total(self._total)
+            known = self._roles[role] = _Role(sorter)
+            self._role_sorter.add(role)
+        return known
+
+    def _sync(self, framework_id: str) -> None:
+        """Make the framework active exactly in the sorters of its roles while it is
+        active and not suppressed, and a role active while it has such frameworks."""
+        framework = self._frameworks[framework_id]
+        wanted = framework.active and not framework.suppressed
+        for name in framework.roles:
+            self._set_active(name, framework, framework_id, wanted)
+        for name in list(framework.active_in):
+            if name not in framework.roles:
+                self._set_active(name, framework, framework_id, False)
+
+    def _set_active(self, name: str, framework: _Framework, framework_id: str, on: bool) -> None:
+        if on == (name in framework.active_in):
+            return
+        role = self._roles[name]
+        if on:
+            framework.active_in.add(name)
+            role.sorter.activate(framework_id)
+            role.active += 1
+            if role.active == 1:
+                self._role_sorter.activate(name)
+        else:
+            framework.active_in.discard(name)
+            role.sorter.deactivate(framework_id)
+            role.active -= 1
+            if role.active == 0:
+                self._role_sorter.deactivate(name)
+
+    def _forget_client(self, role: str, framework_id: str, leaving: bool) -> None:
+        """Drop the framework from `role`'s sorter once it neither subscribes to the
+        role (or is `leaving` altogether) nor holds anything charged to it; drop the
+        role once no framework is left in it."""
+        framework = self._frameworks[framework_id]
+        if framework.charged.get(role) or (not leaving and role in framework.roles):
+            return
+        self._set_active(role, framework, framework_id, False)
+        known = self._roles[role]
+        known.sorter.remove(framework_id)
+        known.clients -= 1
+        if not known.clients:
+            self._role_sorter.remove(role)
+            del self._roles[role]
+
+    def _agent(self, agent_id: str) -> _Agent:
+        try:
+            return self._agents[agent_id]
+        except KeyError:
+            raise AllocatorError(f"unknown agent {agent_id}") from None
+
+    def _framework(self, framework_id: str) -> _Framework:
+        try:
+            return self._frameworks[framework_id]
+        except KeyError:
+            raise AllocatorError(f"unknown framework {framework_id}") from None
+
+
+def _unreserved_scalars(agent: _Agent, resources: Resources,
+                        scalars: Mapping[str, int] | None = None) -> Mapping[str, int]:
+    """The unreserved scalar part of `resources` on `agent` (all of it when the
+    agent has no reservations, the common case)."""
+    if not agent.reserved:
+        return scalars if scalars is not None else resources.scalar_items()
+    return resources.unreserved().scalar_items()
+
+
+def _dominant(held: Mapping[str, int], total: Mapping[str, int]) -> float:
+    return max((held.get(kind, 0) / total[kind] for kind in SHARE_KINDS if total.get(kind)),
+               default=0.0)
+
+
+def _cut(resources: Resources, limit_room: Mapping[str, int],
+         unreserved_room: Mapping[str, int]) -> Resources:
+    """`resources` with each scalar kind cut to fit: the unreserved part within
+    `unreserved_room`, everything within `limit_room`. Reserved amounts are kept
+    before unreserved ones (they are the role's own); both are cut deterministically."""
+    if not limit_room and not unreserved_room:
+        return resources
+    unreserved = resources.unreserved()
+    cuts: list[str] = []
+    for kind in sorted(set(limit_room) | set(unreserved_room)):
+        have_unreserved = unreserved.get_milli(kind)
+        have_reserved = resources.get_milli(kind) - have_unreserved
+        keep_unreserved = min(have_unreserved, unreserved_room.get(kind, have_unreserved))
+        keep_reserved = have_reserved
+        if kind in limit_room:
+            keep_reserved = min(have_reserved, limit_room[kind])
+            keep_unreserved = min(keep_unreserved, limit_room[kind] - keep_reserved)
+        if keep_unreserved < have_unreserved:
+            cuts.append(f"{kind}:{_milli_text(have_unreserved - keep_unreserved)}")
+        excess = have_reserved - keep_reserved
+        for role in sorted(resources.roles() - {UNRESERVED}):
+            if excess <= 0:
+                break
+            take = min(excess, resources.reserved(role).get_milli(kind))
+            if take:
+                cuts.append(f"{kind}({role}):{_milli_text(take)}")
+                excess -= take
+    return resources - Resources.parse(";".join(cuts)) if cuts else resources
+
+
+def _milli_text(milli: int) -> str:
+    return f"{milli // 1000}.{milli % 1000:03d}"
