@@ -1,10 +1,18 @@
-"""Starting, signalling and reaping executor processes (POSIX, no isolation yet).
+"""Starting, limiting, measuring, signalling and reaping executor processes.
 
-Each run is started in a new session, so it leads its own process group: a signal
-to the group reaches the executor and everything it spawned (the command
-executor's task, a task's own children), which is how the agent stops a run without
-leaving orphans. When the run's leader exits, whatever is left of its group is
-SIGKILLed -- the run is over, as when Mesos destroys a container.
+Each run is started in a new session, so it leads its own process group: SIGTERM
+to the group reaches the executor and what it spawned in that group, which is how
+the agent asks a run to stop. SIGKILL goes further: to the group *and* every
+process the isolator knows for the run (its cgroup, or the process tree seen at
+the last sample), because the command executor starts its task in a session of
+its own. When the run's leader exits, whatever is left of it is SIGKILLed -- the
+run is over, as when Mesos destroys a container.
+
+A run is either started here (`launch`: the agent's child, reaped with its exit
+status) or *adopted* after an agent restart (`adopt`: watched through a pidfd; it
+is no longer our child, so its exit status is unknown). Adoption checks the
+process start time, so a pid reused by something else is never taken for an
+executor.
 """
 
 from __future__ import annotations
@@ -16,82 +24,193 @@ import signal
 from typing import Callable
 
 import attrs
+import psutil
 
-from agent.state import LaunchExecutor
+from agent.isolation import Isolator, IsolationError, PosixIsolator, processes
+from agent.model import UNKNOWN_EXIT, LaunchExecutor, Limits, RunKey, RunSample
 
 log = logging.getLogger(__name__)
 
 SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
+# psutil derives start times from clock ticks; the same process always reads the
+# same value, a different one almost never within this.
+START_TIME_SLACK = 0.05
 
-RunKey = tuple[str, str, str]  # (framework_id, executor_id, run_id)
+OnExit = Callable[[RunKey, int, RunSample | None], None]
 
 
 class LaunchError(Exception):
-    """The run could not be started (bad command, unwritable sandbox)."""
+    """The run could not be started (bad command, unwritable sandbox, no cgroup)."""
 
 
 @attrs.define
 class _Run:
-    process: asyncio.subprocess.Process
-    waiter: asyncio.Task[None] | None = None
+    pid: int
+    started: float
+    process: asyncio.subprocess.Process | None  # None when adopted
+    waiter: asyncio.Future[None] | None = None
+    seen: list[psutil.Process] = attrs.field(factory=list)  # at the last sample
 
 
 class Containerizer:
-    """Launches runs and calls `on_exit(framework_id, executor_id, run_id, status)`
-    once per run when its process ends (status < 0: killed by signal -status)."""
+    """Runs executors; calls `on_exit(key, status, final_sample)` once per run when
+    its process ends (status < 0: killed by signal -status; `UNKNOWN_EXIT` for an
+    adopted run). `final_sample` is the isolator's last word on the run (it says
+    whether the kernel killed it for memory), or None."""
 
-    def __init__(self, on_exit: Callable[[str, str, str, int], None],
-                 base_env: dict[str, str] | None = None) -> None:
+    def __init__(self, on_exit: OnExit, base_env: dict[str, str] | None = None,
+                 isolator: Isolator | None = None) -> None:
         self._on_exit = on_exit
         self._base_env = dict(os.environ if base_env is None else base_env)
+        self.isolator: Isolator = isolator or PosixIsolator()
         self._runs: dict[RunKey, _Run] = {}
+        self._starting: dict[RunKey, Limits] = {}  # launch in progress: latest limits
+        self._doomed: set[RunKey] = set()  # SIGKILLed while starting
 
     @property
     def pids(self) -> list[int]:
-        return [run.process.pid for run in self._runs.values()]
+        return [run.pid for run in self._runs.values()]
 
-    async def launch(self, effect: LaunchExecutor) -> int:
-        """Start the run and return its pid; raises `LaunchError`."""
+    def running(self, key: RunKey) -> bool:
+        return key in self._runs
+
+    async def launch(self, effect: LaunchExecutor) -> tuple[int, float]:
+        """Start the run; return its pid and start time. Raises `LaunchError`."""
+        key = (effect.framework_id, effect.executor_id, effect.run_id)
+        self._starting[key] = effect.limits
+        try:
+            return await self._launch(key, effect)
+        finally:
+            self._starting.pop(key, None)
+            self._doomed.discard(key)
+
+    async def _launch(self, key: RunKey, effect: LaunchExecutor) -> tuple[int, float]:
         command = effect.command
         argv = command.argv if command.argv is not None else ["/bin/sh", "-c", command.shell or ""]
         env = {**self._base_env, **effect.env}
         try:
             os.makedirs(effect.sandbox_dir, exist_ok=True)
+            await asyncio.to_thread(self.isolator.prepare, key, self._starting[key])
             with open(os.path.join(effect.sandbox_dir, "stdout"), "ab") as out, \
                     open(os.path.join(effect.sandbox_dir, "stderr"), "ab") as err:
                 process = await asyncio.create_subprocess_exec(
-                    *argv, cwd=effect.sandbox_dir, env=env, stdin=asyncio.subprocess.DEVNULL,
-                    stdout=out, stderr=err, start_new_session=True)
-        except (OSError, ValueError) as exc:
+                    *self.isolator.wrap(key, argv), cwd=effect.sandbox_dir, env=env,
+                    stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=err,
+                    start_new_session=True)
+        except (OSError, ValueError, IsolationError) as exc:
+            await asyncio.to_thread(self.isolator.cleanup, key)
             raise LaunchError(f"{argv[0]}: {exc}") from exc
-        key = (effect.framework_id, effect.executor_id, effect.run_id)
-        run = self._runs[key] = _Run(process)
+        try:
+            started = psutil.Process(process.pid).create_time()
+        except psutil.Error:
+            started = 0.0  # already gone; the reaper reports how it ended
+        run = self._runs[key] = _Run(process.pid, started, process)
         run.waiter = asyncio.ensure_future(self._reap(key, run))
-        log.info("launched executor %s of framework %s: pid %d in %s", effect.executor_id,
-                 effect.framework_id, process.pid, effect.sandbox_dir)
-        return process.pid
+        log.info("launched executor %s of framework %s: pid %d in %s (%s)", effect.executor_id,
+                 effect.framework_id, process.pid, effect.sandbox_dir, self.isolator.name)
+        if key in self._doomed:
+            self.kill(key, "KILL")
+        return process.pid, started
 
-    def kill(self, framework_id: str, executor_id: str, run_id: str, sig: str) -> None:
-        run = self._runs.get((framework_id, executor_id, run_id))
-        if run is not None:
-            _signal_group(run.process.pid, SIGNALS[sig])
+    def adopt(self, key: RunKey, pid: int, started: float) -> bool:
+        """Watch a run left by an earlier agent; False if that process is gone."""
+        try:
+            process = psutil.Process(pid)
+            alive = (abs(process.create_time() - started) < START_TIME_SLACK
+                     and process.status() != psutil.STATUS_ZOMBIE)
+            descriptor = os.pidfd_open(pid) if alive else -1
+        except (psutil.Error, OSError):
+            return False
+        if not alive:
+            return False
+        run = self._runs[key] = _Run(pid, started, None)
+        run.waiter = asyncio.ensure_future(self._reap(key, run, descriptor))
+        log.info("adopted executor %s (pid %d)", key[1], pid)
+        return True
+
+    def update(self, key: RunKey, limits: Limits) -> None:
+        if key in self._starting:
+            self._starting[key] = limits
+        elif key in self._runs:
+            self.isolator.update(key, limits)
+
+    def kill(self, key: RunKey, sig: str) -> None:
+        run = self._runs.get(key)
+        if run is None:
+            if key in self._starting and sig == "KILL":
+                self._doomed.add(key)
+            return
+        if sig == "TERM":
+            _signal_group(run.pid, signal.SIGTERM)
+            return
+        self._kill_everything(key, run, run.pid)
 
     def kill_all(self) -> None:
-        """Last resort when the agent stops: SIGKILL every group still running."""
-        for run in self._runs.values():
-            _signal_group(run.process.pid, signal.SIGKILL)
+        """Last resort when the agent stops: SIGKILL every run."""
+        for key, run in list(self._runs.items()):
+            self._kill_everything(key, run, run.pid)
 
     async def wait_all(self) -> None:
         waiters = [run.waiter for run in self._runs.values() if run.waiter is not None]
         if waiters:
             await asyncio.gather(*waiters, return_exceptions=True)
 
-    async def _reap(self, key: RunKey, run: _Run) -> None:
-        status = await run.process.wait()
-        _signal_group(run.process.pid, signal.SIGKILL)  # leftovers of a finished run
+    async def sample_all(self) -> list[RunSample]:
+        """Measure every run (in a worker thread: /proc and cgroup reads block)."""
+        runs = [(key, run) for key, run in self._runs.items()]
+        return await asyncio.to_thread(self._sample, runs)
+
+    def _sample(self, runs: list[tuple[RunKey, _Run]]) -> list[RunSample]:
+        samples = []
+        for key, run in runs:
+            run.seen = processes(self.isolator.pids(key, run.pid))
+            sample = self.isolator.sample(key, run.pid)
+            if sample is not None:
+                samples.append(sample)
+        return samples
+
+    def _kill_everything(self, key: RunKey, run: _Run, root: int | None) -> None:
+        """SIGKILL the run's group and every process known to be the run's. `root`
+        None: the leader is gone (and its pid may be reused), so only the cgroup
+        and the processes seen at the last sample count."""
+        members = processes(self.isolator.pids(key, root)) + run.seen
+        _signal_group(run.pid, signal.SIGKILL)
+        for process in members:
+            try:
+                if process.is_running():  # checks the start time: no pid reuse
+                    process.kill()
+            except psutil.Error:
+                pass
+
+    async def _reap(self, key: RunKey, run: _Run, descriptor: int = -1) -> None:
+        if run.process is not None:
+            status = await run.process.wait()
+        else:
+            status = UNKNOWN_EXIT
+            await _readable(descriptor)
+        final = await asyncio.to_thread(self.isolator.sample, key, None)
+        self._kill_everything(key, run, None)  # leftovers of a finished run
+        await asyncio.to_thread(self.isolator.cleanup, key)
         del self._runs[key]
-        log.info("executor %s (pid %d) ended with status %d", key[1], run.process.pid, status)
-        self._on_exit(*key, status)
+        log.info("executor %s (pid %d) ended with status %d", key[1], run.pid, status)
+        self._on_exit(key, status, final)
+
+
+async def _readable(descriptor: int) -> None:
+    """Wait until a pidfd says its process ended, then close it."""
+    loop = asyncio.get_running_loop()
+    ended: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        if not ended.done():
+            ended.set_result(None)
+
+    loop.add_reader(descriptor, readable)
+    try:
+        await ended
+    finally:
+        loop.remove_reader(descriptor)
+        os.close(descriptor)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

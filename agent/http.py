@@ -1,7 +1,9 @@
-"""The agent's HTTP API: `/state`, `/health`, `/metrics/snapshot` and the sandbox
+"""The agent's HTTP API: `/state`, `/health`, `/metrics/snapshot`,
+`/monitor/statistics` (what each executor uses), `POST /drain`, and the sandbox
 file API (`/files/browse`, `/files/read`, `/files/download`) with Mesos' shapes,
 so a framework can tail a task's `stdout` or fetch shuffle output by the absolute
-path `/state` shows as an executor's `directory`.
+path `/state` shows as an executor's `directory` -- also after the task ended,
+until the sandbox is garbage-collected.
 
 Only files under the sandboxes are served (`agent.sandbox.resolve`): 403 outside,
 404 missing, 400 for bad parameters, always with a JSON `{"error": reason}`. File
@@ -26,12 +28,15 @@ from agent.state import AgentState
 READ_LIMIT = 1024 * 1024  # /files/read returns at most 1 MiB per call, like Mesos
 
 
-
 class StateSource(Protocol):
     """Whatever holds the live AgentState (the AgentServer); read on each request."""
 
     @property
     def state(self) -> AgentState: ...
+
+    def metrics(self) -> dict[str, float]: ...
+
+    def drain(self) -> None: ...
 
 
 SOURCE = web.AppKey("state_source", StateSource)
@@ -49,6 +54,9 @@ def make_app(source: StateSource, work_dir: str) -> web.Application:
     app.router.add_get("/state", _state)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics/snapshot", _metrics)
+    app.router.add_get("/monitor/statistics", _statistics)
+    app.router.add_get("/monitor/statistics.json", _statistics)
+    app.router.add_post("/drain", _drain)
     app.router.add_get("/files/browse", _browse)
     app.router.add_get("/files/read", _read)
     app.router.add_get("/files/download", _download)
@@ -86,7 +94,20 @@ async def _health(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    return web.json_response(request.app[SOURCE].state.metrics())
+    return web.json_response(request.app[SOURCE].metrics())
+
+
+async def _statistics(request: web.Request) -> web.Response:
+    return web.json_response(request.app[SOURCE].state.statistics())
+
+
+async def _drain(request: web.Request) -> web.Response:
+    """Start draining (idempotent). 202: the drain goes on after the answer; watch
+    `drain_state` in `/state` go from DRAINING to DRAINED."""
+    source = request.app[SOURCE]
+    source.drain()
+    return web.json_response({"draining": True, "agent_id": source.state.agent_id},
+                             status=202)
 
 
 def _path(request: web.Request) -> str:

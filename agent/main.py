@@ -1,5 +1,8 @@
 """`dyad-agent`: run one agent until SIGTERM/SIGINT, then stop its executors and
-exit 0 (1 if its ports cannot be bound).
+exit 0 -- or 1 if its ports cannot be bound, the asked-for isolation is not
+available, or the checkpoint under ``--work-dir`` cannot be taken over (the reason
+is printed). Killed (SIGKILL) and started again with the same work dir, it takes
+its running executors back.
 
 On start it prints exactly one line, flushed, that scripts (and `dyad local`) wait
 for:  ``dyad-agent listening on http://IP:PORT executors=tcp://IP:EPORT``.
@@ -11,15 +14,19 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import signal
 import socket
 import sys
 
+import attrs
 import zmq
 
-from agent.detect import resolve_resources
-from agent.server import AgentServer
-from agent.state import AgentConfig
+from agent.checkpoint import CheckpointError
+from agent.detect import DETECTED_KINDS, resolve_resources
+from agent.isolation import Isolator, IsolationError, detect
+from agent.model import AgentConfig
+from agent.server import AgentOptions, AgentServer
 from dyad.detector import parse_http_address
 from dyad.resources import Resources, ResourcesError
 from dyad.units import parse_attributes, parse_duration
@@ -33,13 +40,40 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=_port, default=5051, help="HTTP port (0: any free port)")
     p.add_argument("--executor-port", type=_port, default=5052,
                    help="port of the executors' ZMQ socket (0: any free port)")
-    p.add_argument("--work-dir", default="./work-dir/agent", help="where sandboxes live")
+    p.add_argument("--work-dir", default="./work-dir/agent",
+                   help="sandboxes, the fetcher cache and the checkpoint a restart recovers")
     p.add_argument("--resources", default=None,
                    help='e.g. "cpus:4;mem:8192;disk:20000;ports:[31000-32000]"; '
                         "kinds left out are detected")
     p.add_argument("--attributes", type=_attributes, default={}, help='e.g. "rack:r1;zone:a"')
     p.add_argument("--executor-registration-timeout", type=_duration, default=60.0,
                    help="kill executors that do not register within this (e.g. 60s)")
+    p.add_argument("--executor-reregistration-timeout", type=_duration, default=10.0,
+                   help="after a restart, kill executors that do not re-register within this")
+    p.add_argument("--executor-shutdown-grace-period", type=_duration, default=3.0,
+                   help="time an executor gets to stop (plus its tasks' kill grace periods)")
+    p.add_argument("--recovery-timeout", type=_duration, default=15 * 60.0,
+                   help="executors shut themselves down when the agent stays away this long")
+    p.add_argument("--isolation", choices=["cgroups", "posix"], default=None,
+                   help="resource isolation (default: cgroups if writable, else posix)")
+    p.add_argument("--cgroups-root", default="dyad", help="cgroup under which runs live")
+    p.add_argument("--usage-interval", type=_duration, default=1.0,
+                   help="how often executors are measured (and, under posix, limited)")
+    p.add_argument("--usage-report-interval", type=_duration, default=5.0,
+                   help="how often usage and cached URIs are reported to the master")
+    p.add_argument("--gc-delay", type=_duration, default=7 * 86400.0,
+                   help="keep finished sandboxes this long (shorter when disk is short)")
+    p.add_argument("--gc-disk-headroom", type=_fraction, default=0.1,
+                   help="disk fraction to keep free; sandboxes go sooner as it shrinks")
+    p.add_argument("--disk-watch-interval", type=_duration, default=60.0,
+                   help="how often finished sandboxes are considered for removal")
+    p.add_argument("--log-max-size", type=_size, default=10 * 1024 * 1024,
+                   help="rotate a task's stdout/stderr past this size (e.g. 10MB)")
+    p.add_argument("--log-keep", type=_count, default=3, help="rotated log files kept per log")
+    p.add_argument("--fetcher-cache-dir", default="",
+                   help="where fetched URIs are cached (default WORK_DIR/cache)")
+    p.add_argument("--fetcher-cache-size", type=_size, default=2 * 1024 ** 3,
+                   help="bound of the fetcher cache (e.g. 2GB)")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error", "critical"])
     return p
@@ -69,6 +103,34 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)B?\s*$", re.IGNORECASE)
+
+
+def _size(text: str) -> int:
+    """'10MB', '512KB', '2GB' (binary units, as Mesos reads them) or bytes."""
+    match = _SIZE.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r} (try 10MB, 512KB, 2GB)")
+    power = "_KMGT".index(match.group(2).upper()) if match.group(2) else 0
+    return int(float(match.group(1)) * 1024 ** power)
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count (0, 1, 2, ...)")
+    return int(text)
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction in [0, 1)")
+    return value
+
+
 def _config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> AgentConfig:
     try:
         parse_http_address(args.master)
@@ -83,13 +145,32 @@ def _config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> AgentC
                        executor_port=args.executor_port, work_dir=work_dir,
                        resources=resources, python=sys.executable,
                        attributes=args.attributes,
-                       executor_registration_timeout=args.executor_registration_timeout)
+                       executor_registration_timeout=args.executor_registration_timeout,
+                       executor_reregistration_timeout=args.executor_reregistration_timeout,
+                       executor_shutdown_grace_period=args.executor_shutdown_grace_period,
+                       recovery_timeout=args.recovery_timeout,
+                       usage_report_interval=args.usage_report_interval)
 
 
-async def _serve(config: AgentConfig, master: str) -> int:
-    server = AgentServer(config, master)
+def _options(args: argparse.Namespace) -> AgentOptions:
+    given = Resources.parse(args.resources).names() if args.resources else set()
+    return AgentOptions(
+        detected_resources=frozenset(DETECTED_KINDS) - given,
+        cgroups_root=args.cgroups_root, usage_interval=args.usage_interval,
+        disk_watch_interval=args.disk_watch_interval, gc_delay=args.gc_delay,
+        gc_disk_headroom=args.gc_disk_headroom, log_max_size=args.log_max_size,
+        log_keep=args.log_keep, fetcher_cache_dir=args.fetcher_cache_dir,
+        fetcher_cache_size=args.fetcher_cache_size)
+
+
+async def _serve(config: AgentConfig, master: str, isolator: Isolator,
+                 options: AgentOptions) -> int:
+    server = AgentServer(config, master, isolator=isolator, options=options)
     try:
         await server.start()
+    except CheckpointError as exc:
+        print(f"dyad-agent: error: {exc}", file=sys.stderr)
+        return 1
     except (OSError, zmq.ZMQError) as exc:
         print(f"dyad-agent: error: cannot listen on {config.ip}: {exc}", file=sys.stderr)
         return 1
@@ -111,7 +192,16 @@ def main(argv: list[str] | None = None) -> int:
     config = _config(parser, args)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return asyncio.run(_serve(config, args.master))
+    options = _options(args)
+    try:
+        isolator = detect(args.isolation, options.cgroups_root)
+    except IsolationError as exc:
+        print(f"dyad-agent: error: {exc}", file=sys.stderr)
+        return 1
+    how = "as asked" if args.isolation else "the best available"
+    logging.getLogger(__name__).info("isolation: %s (%s)", isolator.name, how)
+    config = attrs.evolve(config, isolation=isolator.kind)
+    return asyncio.run(_serve(config, args.master, isolator, options))
 
 
 if __name__ == "__main__":

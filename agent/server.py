@@ -1,9 +1,18 @@
-"""The agent's asyncio shell: sockets, processes, timers and HTTP around `AgentState`.
+"""The agent's asyncio shell: sockets, processes, timers, disks and HTTP around
+`AgentState`.
 
-Everything that happens -- a frame from the master or an executor, a process exit,
-a timer, a detected master -- becomes an event on one queue; one task feeds the
-queue to `AgentState.handle` and performs the effects in order. Decisions live in
-the core; this file only translates.
+Everything that happens -- a frame from the master or an executor, a process
+start or exit, a timer, a usage sample, a health-check result, a detected master,
+an operator's drain -- becomes an event on one queue; one task feeds the queue to
+`AgentState.handle` and performs the effects in order. Decisions live in the core;
+this file only translates. Work that takes time (fetching, launching, probing)
+runs in tasks of its own and reports back as events, so one slow download never
+holds up the agent.
+
+On start, a checkpoint left under the work dir by a killed agent is taken back
+(`agent.checkpoint`): the same executor port is bound so executors can reconnect,
+surviving processes are adopted, and the core recovers before it looks for a
+master. A graceful stop shuts every executor down and removes the checkpoint.
 """
 
 from __future__ import annotations
@@ -11,27 +20,58 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Any, Hashable
+import shutil
+from typing import Any, Coroutine, Hashable
 
 import attrs
+import zmq
 from aiohttp import web
 
 import agent
+from agent import checkpoint, gc
+from agent.checkpoint import CheckpointError, Recover, SavedAgent
 from agent.containerizer import Containerizer, LaunchError
+from agent.fetcher import Fetcher, FetchError, FetcherCache
+from agent.health import RunHealthCheck
 from agent.http import make_app
-from agent.state import (
-    AgentConfig, AgentState, ConnectMaster, DetectMaster, Event, ExecutorLaunchFailed,
-    ExecutorMessage, ExecutorProcessExited, Exit, Invalid, KillExecutor, LaunchExecutor,
-    MasterDetected, MasterMessage, SendMaster, Shutdown,
+from agent.isolation import Isolator, detect
+from agent.model import (
+    AgentConfig, Checkpoint, ConnectMaster, DetectMaster, Drain, ExecutorLaunchFailed,
+    ExecutorMessage, ExecutorProcessExited, ExecutorStarted, Exit, Invalid, KillExecutor,
+    LaunchExecutor, MasterDetected, MasterMessage, RunKey, RunSample, Shutdown,
+    UpdateLimits, UsageSampled,
 )
+from agent.probes import probe
+from agent.state import AgentState, Event
+from agent.status_updates import SendMaster
 from dyad.clock import Clock, SystemClock
 from dyad.detector import Detector, make_detector
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired
+from dyad.messages import Reason
 from dyad.transport import Dealer, Inbound, Router
 
 log = logging.getLogger(__name__)
 
 FAREWELL_LINGER_MS = 1000
+
+
+@attrs.frozen(kw_only=True)
+class AgentOptions:
+    """How the shell looks after processes and disks (the core never sees these)."""
+
+    cgroups_root: str = "dyad"
+    usage_interval: float = 1.0  # sampling, memory enforcement (posix), log rotation
+    disk_watch_interval: float = 60.0
+    gc_delay: float = 7 * 24 * 3600.0
+    gc_disk_headroom: float = 0.1
+    log_max_size: int = 10 * 1024 * 1024
+    log_keep: int = 3
+    fetcher_cache_dir: str = ""  # default: WORK_DIR/cache
+    fetcher_cache_size: int = 2 * 1024 * 1024 * 1024
+    fetch_timeout: float = 600.0
+    # Resource kinds the agent measured itself (not given by --resources): on a
+    # restart they are taken from the checkpoint, not measured again.
+    detected_resources: frozenset[str] = frozenset()
 
 
 def executor_base_env() -> dict[str, str]:
@@ -46,26 +86,40 @@ def executor_base_env() -> dict[str, str]:
 
 
 class AgentServer:
-    """One agent. `config.port`/`config.executor_port` may be 0 (any free port);
-    after `start()`, `self.config` holds the bound ones. `master` is the master's
-    HTTP address (`host:5050`), unless a `detector` is given."""
+    """One agent. `config.port`/`config.executor_port` may be 0 (any free port, or
+    the checkpointed ones after a restart); after `start()`, `self.config` holds the
+    bound ones. `master` is the master's HTTP address (`host:5050`), unless a
+    `detector` is given. `isolator` defaults to what `config.isolation` names."""
 
     def __init__(self, config: AgentConfig, master: str = "", *,
-                 detector: Detector | None = None, clock: Clock | None = None) -> None:
+                 detector: Detector | None = None, clock: Clock | None = None,
+                 isolator: Isolator | None = None,
+                 options: AgentOptions | None = None) -> None:
         if detector is None and not master:
             raise ValueError("need a master address or a detector")
         self.config = config
+        self.options = options or AgentOptions()
         self._detector = detector or make_detector(master)
         self._clock = clock or SystemClock()
         self.state = AgentState(config)
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self._timers: dict[Hashable, asyncio.TimerHandle] = {}
         self._tasks: list[asyncio.Task[Any]] = []
+        self._jobs: set[asyncio.Task[Any]] = set()  # launches and health checks
+        self._fetching: dict[RunKey, asyncio.Task[None]] = {}
         self._detecting: asyncio.Task[None] | None = None
         self._router: Router | None = None
         self._dealer: Dealer | None = None
         self._runner: web.AppRunner | None = None
-        self._containerizer = Containerizer(self._on_process_exit, executor_base_env())
+        self._base_env = executor_base_env()
+        self._checkpoints = checkpoint.Writer(config.work_dir)
+        isolator = isolator or detect(config.isolation, self.options.cgroups_root)
+        self._containerizer = Containerizer(self._on_process_exit, self._base_env, isolator)
+        cache_dir = self.options.fetcher_cache_dir or os.path.join(config.work_dir, "cache")
+        self.fetcher = Fetcher(FetcherCache(cache_dir, self.options.fetcher_cache_size),
+                               self.options.fetch_timeout)
+        self.shell_counters = {"agent/sandboxes_removed": 0, "agent/logs_rotated": 0,
+                               "agent/checkpoints_written": 0}
         self._exited = asyncio.Event()
         self._stopped = asyncio.Event()
         self._stopping: asyncio.Future[None] | None = None
@@ -82,23 +136,84 @@ class AgentServer:
     def executor_pids(self) -> list[int]:
         return self._containerizer.pids
 
+    @property
+    def isolator(self) -> Isolator:
+        return self._containerizer.isolator
+
+    # ---------------------------------------------------------------- lifecycle
+
     async def start(self) -> None:
+        """Bind, recover, and look for the master. Raises `CheckpointError` when the
+        checkpoint cannot be taken over, `OSError`/`zmq.ZMQError` when ports are
+        taken."""
         os.makedirs(self.config.work_dir, exist_ok=True)
-        self._router = Router()
-        executor_port = self._router.bind(self.config.ip, self.config.executor_port)
-        self._runner = web.AppRunner(make_app(self, self.config.work_dir),
-                                     access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, self.config.ip, self.config.port).start()
-        http_port = self._runner.addresses[0][1]
-        self.config = attrs.evolve(self.config, port=http_port, executor_port=executor_port)
+        saved = await asyncio.to_thread(checkpoint.load, self.config.work_dir)
+        if saved is not None:
+            self.config = checkpoint.with_detected(saved, self.config,
+                                                   self.options.detected_resources)
+            problem = checkpoint.incompatibility(saved, self.config)
+            if problem:
+                raise CheckpointError(problem)
+        await self._bind(saved)
         self.state = AgentState(self.config)
+        await asyncio.to_thread(self.fetcher.cache.load)
         self._dealer = Dealer()
+        assert self._router is not None
         self._tasks = [asyncio.create_task(self._run_core(), name="agent-core"),
                        asyncio.create_task(self._receive(self._dealer, "master")),
-                       asyncio.create_task(self._receive(self._router, "executor"))]
+                       asyncio.create_task(self._receive(self._router, "executor")),
+                       asyncio.create_task(self._watch_usage(), name="agent-usage"),
+                       asyncio.create_task(self._watch_disk(), name="agent-disk")]
+        if saved is not None:
+            await self._recover(saved)
         self._detect()
-        log.info("agent on %s, executors at %s", self.http_url, self.executor_endpoint)
+        log.info("agent on %s, executors at %s, isolation %s", self.http_url,
+                 self.executor_endpoint, self.isolator.name)
+
+    async def _bind(self, saved: SavedAgent | None) -> None:
+        """Bind the executor socket and HTTP. After a restart the executor port must
+        be the old one (executors reconnect to it); the HTTP port is reused when
+        the operator left it to us, so the master's link to our /files holds."""
+        executor_port, http_port = self.config.executor_port, self.config.port
+        if saved is not None:
+            if executor_port == 0:
+                executor_port = saved.executor_port
+            elif executor_port != saved.executor_port and saved.executors:
+                raise CheckpointError(
+                    f"executors of agent {saved.agent_id} reconnect to port "
+                    f"{saved.executor_port}, not {executor_port}; restart with "
+                    f"--executor-port {saved.executor_port}")
+            http_port = http_port or saved.port
+        self._router = Router()
+        try:
+            executor_port = self._router.bind(self.config.ip, executor_port)
+        except zmq.ZMQError:
+            self._router.close()
+            raise
+        self._runner = web.AppRunner(make_app(self, self.config.work_dir), access_log=None)
+        await self._runner.setup()
+        try:
+            await web.TCPSite(self._runner, self.config.ip, http_port).start()
+        except OSError:
+            if saved is None or self.config.port:
+                raise
+            log.warning("HTTP port %d of the last run is taken; using a free one", http_port)
+            await web.TCPSite(self._runner, self.config.ip, 0).start()
+        bound = self._runner.addresses[-1][1]
+        self.config = attrs.evolve(self.config, port=bound, executor_port=executor_port,
+                                   pid=os.getpid())
+
+    async def _recover(self, saved: SavedAgent) -> None:
+        keys = [(e.framework_id, e.info.executor_id, e.run_id) for e in saved.executors]
+        alive = frozenset(
+            key for key, e in zip(keys, saved.executors)
+            if e.pid is not None and e.started is not None
+            and self._containerizer.adopt(key, e.pid, e.started))
+        for key in set(keys) - alive:  # ended while we were away: nobody removed its cgroup
+            await asyncio.to_thread(self.isolator.cleanup, key)
+        log.info("recovering agent %s: %d of %d executors still running", saved.agent_id,
+                 len(alive), len(saved.executors))
+        self._events.put_nowait(Recover(saved, alive))
 
     async def stop(self) -> None:
         """Shut down every executor (grace, SIGTERM, SIGKILL), then close. Idempotent."""
@@ -109,27 +224,30 @@ class AgentServer:
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
 
+    def drain(self) -> None:
+        """Operator call (`POST /drain`): see `AgentState`'s drain."""
+        self._events.put_nowait(Drain())
+
     async def _stop(self) -> None:
         if self._tasks:
             self._events.put_nowait(Shutdown())
-            c = self.config
-            patience = c.executor_shutdown_grace_period + c.executor_kill_delay + c.shutdown_slack
-            try:
-                await asyncio.wait_for(self._exited.wait(), patience + 5)
-            except asyncio.TimeoutError:
-                log.error("executors did not stop in time; killing what is left")
+            await self._wait_exited()
+        for job in [*self._jobs, *self._fetching.values()]:
+            job.cancel()
         self._containerizer.kill_all()
         try:
             await asyncio.wait_for(self._containerizer.wait_all(), 5)
         except asyncio.TimeoutError:
             log.error("executor processes %s did not die", self._containerizer.pids)
-        tasks = [*self._tasks, *filter(None, [self._detecting])]
+        tasks = [*self._tasks, *self._jobs, *filter(None, [self._detecting])]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         for handle in self._timers.values():
             handle.cancel()
         self._timers.clear()
+        if self._tasks:  # every executor is gone: a later start is a new agent
+            await asyncio.to_thread(checkpoint.remove, self.config.work_dir)
         if self._runner is not None:
             await self._runner.cleanup()
         if self._router is not None:
@@ -139,6 +257,22 @@ class AgentServer:
             self._dealer.close(linger_ms=FAREWELL_LINGER_MS)
         await self._detector.close()
         self._stopped.set()
+
+    async def _wait_exited(self) -> None:
+        """Wait for the core's `Exit`: its own deadline (the executors' grace periods,
+        known once it handled the Shutdown) plus a little, then give up."""
+        c = self.config
+        fallback = (self._clock.now() + c.executor_shutdown_grace_period
+                    + c.executor_kill_delay + c.shutdown_slack)
+        while not self._exited.is_set():
+            left = (self.state.exit_deadline or fallback) + 5 - self._clock.now()
+            if left <= 0:
+                log.error("executors did not stop in time; killing what is left")
+                return
+            try:
+                await asyncio.wait_for(self._exited.wait(), min(left, 0.5))
+            except asyncio.TimeoutError:
+                continue
 
     # ------------------------------------------------------------------- events
 
@@ -169,9 +303,10 @@ class AgentServer:
                 assert inbound.error is not None
                 self._events.put_nowait(Invalid(source, peer, inbound.error))
 
-    def _on_process_exit(self, framework_id: str, executor_id: str, run_id: str,
-                         status: int) -> None:
-        self._events.put_nowait(ExecutorProcessExited(framework_id, executor_id, run_id, status))
+    def _on_process_exit(self, key: RunKey, status: int, final: RunSample | None) -> None:
+        if final is not None and final.oom:  # the kernel ended it: say why first
+            self._events.put_nowait(UsageSampled((final,), tuple(self.fetcher.cache.uris)))
+        self._events.put_nowait(ExecutorProcessExited(*key, status))
 
     def _detect(self) -> None:
         if self._detecting is not None and not self._detecting.done():
@@ -187,6 +322,68 @@ class AgentServer:
         self._timers.pop(key, None)
         self._events.put_nowait(TimerFired(key))
 
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        job = asyncio.create_task(coroutine)
+        self._jobs.add(job)
+        job.add_done_callback(self._jobs.discard)
+        return job
+
+    # -------------------------------------------------------------- background
+
+    async def _watch_usage(self) -> None:
+        """Sample every run (the core enforces memory under posix and reports usage)
+        and rotate the logs of live runs."""
+        while True:
+            await asyncio.sleep(self.options.usage_interval)
+            samples = await self._containerizer.sample_all()
+            self._events.put_nowait(UsageSampled(tuple(samples),
+                                                 tuple(self.fetcher.cache.uris)))
+            live = [e.directory for f in self.state.frameworks.values()
+                    for e in f.executors.values()]
+            self.shell_counters["agent/logs_rotated"] += await asyncio.to_thread(
+                gc.rotate_logs, live, self.options.log_max_size, self.options.log_keep)
+
+    async def _watch_disk(self) -> None:
+        while True:
+            await self.collect_garbage()
+            await asyncio.sleep(self.options.disk_watch_interval)
+
+    async def collect_garbage(self) -> int:
+        """Remove finished sandboxes that are due (see `agent.gc`); how many went."""
+        work_dir = self.config.work_dir
+        sandboxes = await asyncio.to_thread(gc.scan, work_dir)
+        disk = await asyncio.to_thread(shutil.disk_usage, work_dir)
+        live = {e.directory for f in self.state.frameworks.values() for e in f.executors.values()}
+        due = gc.plan(sandboxes, live, self._clock.now(), self.options.gc_delay,
+                      disk.used / disk.total, self.options.gc_disk_headroom)
+        removed = await asyncio.to_thread(gc.remove, due, work_dir)
+        self.shell_counters["agent/sandboxes_removed"] += removed
+        return removed
+
+    async def _launch(self, effect: LaunchExecutor) -> None:
+        key = (effect.framework_id, effect.executor_id, effect.run_id)
+        try:
+            await self.fetcher.fetch(effect.uris, effect.sandbox_dir)
+        except FetchError as exc:
+            log.warning("executor %s: %s", effect.executor_id, exc)
+            self._events.put_nowait(ExecutorLaunchFailed(*key, str(exc), Reason.FETCH_FAILED))
+            return
+        except asyncio.CancelledError:
+            self._events.put_nowait(ExecutorLaunchFailed(*key, "killed while fetching"))
+            return
+        finally:
+            self._fetching.pop(key, None)
+        try:
+            pid, started = await self._containerizer.launch(effect)
+        except LaunchError as exc:
+            log.warning("could not launch executor %s: %s", effect.executor_id, exc)
+            self._events.put_nowait(ExecutorLaunchFailed(*key, str(exc)))
+            return
+        self._events.put_nowait(ExecutorStarted(*key, pid, started))
+
+    async def _check(self, effect: RunHealthCheck) -> None:
+        self._events.put_nowait(await probe(effect, self._base_env))
+
     # ------------------------------------------------------------------ effects
 
     async def _perform(self, effect: object) -> None:
@@ -195,6 +392,9 @@ class AgentServer:
             await self._dealer.send(effect.message)
         elif isinstance(effect, Send):
             await self._router.send(bytes.fromhex(effect.to), effect.message)
+        elif isinstance(effect, Checkpoint):
+            await asyncio.to_thread(self._checkpoints.write, self.state.saved())
+            self.shell_counters["agent/checkpoints_written"] += 1
         elif isinstance(effect, ArmTimer):
             old = self._timers.pop(effect.key, None)
             if old is not None:
@@ -207,15 +407,20 @@ class AgentServer:
             if handle is not None:
                 handle.cancel()
         elif isinstance(effect, LaunchExecutor):
-            try:
-                await self._containerizer.launch(effect)
-            except LaunchError as exc:
-                log.warning("could not launch executor %s: %s", effect.executor_id, exc)
-                self._events.put_nowait(ExecutorLaunchFailed(
-                    effect.framework_id, effect.executor_id, effect.run_id, str(exc)))
+            key = (effect.framework_id, effect.executor_id, effect.run_id)
+            self._fetching[key] = self._spawn(self._launch(effect))
         elif isinstance(effect, KillExecutor):
-            self._containerizer.kill(effect.framework_id, effect.executor_id, effect.run_id,
-                                     effect.signal)
+            key = (effect.framework_id, effect.executor_id, effect.run_id)
+            fetching = self._fetching.get(key)
+            if fetching is not None:
+                fetching.cancel()
+            else:
+                self._containerizer.kill(key, effect.signal)
+        elif isinstance(effect, UpdateLimits):
+            self._containerizer.update(
+                (effect.framework_id, effect.executor_id, effect.run_id), effect.limits)
+        elif isinstance(effect, RunHealthCheck):
+            self._spawn(self._check(effect))
         elif isinstance(effect, ConnectMaster):
             self._dealer.connect(effect.endpoint)
         elif isinstance(effect, DetectMaster):
@@ -224,3 +429,8 @@ class AgentServer:
             self._exited.set()
         else:
             raise TypeError(f"unknown effect {effect!r}")
+
+    # ------------------------------------------------------------- observation
+
+    def metrics(self) -> dict[str, float]:
+        return {**self.state.metrics(), **self.fetcher.metrics(), **self.shell_counters}

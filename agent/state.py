@@ -2,20 +2,30 @@
 
 `AgentState.handle(event, now) -> list[Effect]` is the only mutator. Events are what
 the shell (`agent.server`) observed -- a message from the master or an executor, a
-bad frame, a process exit, a detected master, a timer, a stop request; effects are
-what it must do -- send, launch or signal an executor process, arm a timer, follow
-a master. Nothing here touches a socket, a process or the clock, so every rule of
-docs/protocol.md is tested by feeding events and reading effects.
+bad frame, a process start or exit, a usage sample, a health-check result, a
+detected master, a timer, a drain or stop request, a checkpoint to recover from;
+effects are what it must do -- send, launch, limit or signal an executor process,
+run a health check, write the checkpoint, arm a timer, follow a master. Nothing
+here touches a socket, a process, a file or the clock, so every rule of
+docs/protocol.md and docs/agent.md is tested by feeding events and reading effects.
+The vocabulary lives in `agent.model`, health-check timing in `agent.health`,
+delivery of status updates in `agent.status_updates`, `/state` in `agent.views`.
 
-Life of an executor run: LAUNCHING (process started, tasks queued) -> RUNNING
-(registered: queued tasks sent as LaunchTask) -> TERMINATING (asked to stop; SIGTERM
-after the grace period, SIGKILL 3 s later) -> gone (process exit: its unfinished
-tasks fail, the master hears ExecutorExited, the run moves to completed_executors).
+Life of an executor run: LAUNCHING (fetching and starting; tasks queued) -> RUNNING
+(registered: queued tasks sent as LaunchTask) -> TERMINATING (asked to stop;
+SIGTERM after the grace period, SIGKILL later) -> gone (process exit: its
+unfinished tasks fail, the master hears ExecutorExited). After an agent restart,
+runs whose process survived are RECOVERING until they re-register (-> RUNNING) or
+the re-registration timeout kills them.
 
 Life of the master link: DETECTING -> REGISTERING (RegisterAgent retried with
 backoff) -> REGISTERED. Silence from the master for 3 x ping_interval sends the
 agent back to DETECTING. Status updates flow only while REGISTERED (see
 `agent.status_updates`); a (re-)registration replays every unacknowledged one.
+
+Whenever something a restarted agent would need changes, the effects of that
+event begin with `Checkpoint` (see `agent.checkpoint`), so nothing is acknowledged
+or reported before it is written down.
 
 Nothing that arrives from the network raises: bad input is answered with
 `Rejected` or a terminal status update, and counted.
@@ -25,251 +35,49 @@ from __future__ import annotations
 
 import itertools
 import logging
-import signal
 from collections import Counter, deque
-from typing import Any, Callable, Hashable, Iterator
+from typing import Any, Callable, Hashable
 
 import attrs
 
+from agent import checkpoint, limits, views
+from agent.checkpoint import Recover, SavedAgent
+from agent.health import HealthChanged, HealthChecker, HealthCheckResult, RunHealthCheck
+from agent.model import (
+    COMMAND_EXECUTOR_MODULE, DETECTING, LAUNCHING, RECOVERING, REGISTERED, REGISTERING,
+    RUNNING, TERMINATED, TERMINATING, UNKNOWN_EXIT, AgentConfig, Checkpoint, ConnectMaster,
+    DetectMaster, Drain, ExecutorLaunchFailed, ExecutorMessage, ExecutorProcessExited,
+    ExecutorRecord, ExecutorStarted, Exit, FrameworkRecord, Invalid, KillExecutor,
+    LaunchExecutor, MasterDetected, MasterMessage, Outcome, Shutdown, TaskRecord, UpdateLimits,
+    UsageSampled, describe_exit,
+)
 from agent.sandbox import InvalidId, check_id, run_directory
-from agent.status_updates import SendMaster as SendMaster
-from agent.status_updates import StatusUpdateManager
-from dyad.codec import to_json
+from agent.status_updates import SendMaster, StatusUpdateManager
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired
 from dyad.ids import new_uuid
 from dyad.messages import (
-    AgentInfo, AgentRegistered, CommandInfo, ExecutorExited, ExecutorInfo,
-    ExecutorRegistered, ExecutorToFramework, FrameworkInfo, FrameworkToExecutor, KillTask,
-    LaunchTask, MasterInfo, Message, MessageError, Ping, Pong, Reason, RegisterAgent,
-    RegisterExecutor, Rejected, ReregisterExecutor, RunTask, ShutdownExecutor,
+    AgentInfo, AgentRegistered, CommandInfo, DrainAgent, ExecutorExited, ExecutorInfo,
+    ExecutorRegistered, ExecutorToFramework, FrameworkInfo,
+    FrameworkToExecutor, KillTask, LaunchTask, MasterInfo, Message, Ping, Pong, Reason,
+    RegisterAgent, RegisterExecutor, Rejected, ReregisterExecutor, RunTask, ShutdownExecutor,
     ShutdownFramework, Source, StatusUpdate, StatusUpdateAck, Task, TaskInfo, TaskState,
-    TaskStatus,
+    TaskStatus, UsageReport,
 )
 from dyad.resources import Resources, ResourcesError
 
 log = logging.getLogger(__name__)
 
-COMMAND_EXECUTOR_MODULE = "frameworks.executors.command"
 MAX_PING_INTERVAL = 3600.0
+EXECUTOR_TIMERS = ("executor_registration", "executor_reregistration", "executor_term",
+                   "executor_kill")
+LIVE_PHASES = (LAUNCHING, RECOVERING, RUNNING)
 
-# ------------------------------------------------------------------------- events
+Event = (MasterMessage | ExecutorMessage | Invalid | ExecutorStarted | ExecutorProcessExited
+         | ExecutorLaunchFailed | MasterDetected | TimerFired | Shutdown | Drain
+         | UsageSampled | HealthCheckResult | Recover)
 
-
-@attrs.frozen
-class MasterMessage:
-    message: Message
-
-
-@attrs.frozen
-class ExecutorMessage:
-    """`peer` is the hex identity of the executor's DEALER (how replies find it)."""
-
-    peer: str
-    message: Message
-
-
-@attrs.frozen
-class Invalid:
-    """A frame that did not decode. `source` is "master" or "executor"."""
-
-    source: str
-    peer: str
-    error: MessageError
-
-
-@attrs.frozen
-class ExecutorProcessExited:
-    """`status` is the exit code, or minus the signal number that ended it."""
-
-    framework_id: str
-    executor_id: str
-    run_id: str
-    status: int
-
-
-@attrs.frozen
-class ExecutorLaunchFailed:
-    framework_id: str
-    executor_id: str
-    run_id: str
-    reason: str
-
-
-@attrs.frozen
-class MasterDetected:
-    master_info: MasterInfo
-
-
-@attrs.frozen
-class Shutdown:
-    """The agent is stopping: shut every executor down, then `Exit`."""
-
-
-Event = (MasterMessage | ExecutorMessage | Invalid | ExecutorProcessExited
-         | ExecutorLaunchFailed | MasterDetected | TimerFired | Shutdown)
-
-# ------------------------------------------------------------------------ effects
-
-
-@attrs.frozen
-class LaunchExecutor:
-    """Start `command` in a new session with cwd `sandbox_dir` (to be created) and
-    `env` on top of the agent's environment; report `ExecutorProcessExited` (or
-    `ExecutorLaunchFailed`) exactly once for this run."""
-
-    framework_id: str
-    executor_id: str
-    run_id: str
-    command: CommandInfo
-    env: dict[str, str]
-    sandbox_dir: str
-
-
-@attrs.frozen
-class KillExecutor:
-    """Signal the run's whole process group; `signal` is "TERM" or "KILL"."""
-
-    framework_id: str
-    executor_id: str
-    run_id: str
-    signal: str
-
-
-@attrs.frozen
-class ConnectMaster:
-    endpoint: str
-
-
-@attrs.frozen
-class DetectMaster:
-    """Find the leading master (the shell's detector) and answer `MasterDetected`."""
-
-
-@attrs.frozen
-class Exit:
-    """Every executor is gone (or the deadline passed): the agent may stop."""
-
-
-Effect = (SendMaster | Send | LaunchExecutor | KillExecutor | ArmTimer | CancelTimer
-          | ConnectMaster | DetectMaster | Exit)
-
-# ------------------------------------------------------------------------- config
-
-
-@attrs.frozen(kw_only=True)
-class AgentConfig:
-    """What the agent is and how patient it is. `port` (HTTP) and `executor_port`
-    are the bound ports; the shell fills them in once the sockets are bound."""
-
-    hostname: str
-    ip: str
-    port: int
-    executor_port: int
-    work_dir: str
-    resources: Resources
-    python: str  # interpreter for the command executor (the agent's own)
-    attributes: dict[str, str] = attrs.field(factory=dict)
-    version: str = "0.1.0"
-    ping_interval: float = 15.0  # assumed until the master says otherwise
-    register_backoff: float = 1.0
-    register_backoff_max: float = 30.0
-    status_update_backoff: float = 1.0
-    status_update_backoff_max: float = 30.0
-    executor_registration_timeout: float = 60.0
-    executor_shutdown_grace_period: float = 3.0
-    executor_kill_delay: float = 3.0  # SIGTERM -> SIGKILL
-    shutdown_slack: float = 2.0  # beyond grace + kill delay before exiting anyway
-    completed_limit: int = 100  # completed frameworks/executors/tasks kept for /state
-
-    @property
-    def executor_endpoint(self) -> str:
-        return f"tcp://{self.ip}:{self.executor_port}"
-
-
-# -------------------------------------------------------------------------- model
-
-DETECTING, REGISTERING, REGISTERED = "DETECTING", "REGISTERING", "REGISTERED"
-LAUNCHING, RUNNING, TERMINATING, TERMINATED = "LAUNCHING", "RUNNING", "TERMINATING", "TERMINATED"
-
-
-@attrs.define
-class TaskRecord:
-    info: TaskInfo
-    framework_id: str
-    executor_id: str
-    state: TaskState = TaskState.TASK_STAGING
-    status_uuid: str = ""
-    seen_uuids: set[str] = attrs.field(factory=set)  # executor resends are dropped
-
-    @property
-    def task_id(self) -> str:
-        return self.info.task_id
-
-
-@attrs.define
-class ExecutorRecord:
-    framework_id: str
-    info: ExecutorInfo
-    run_id: str
-    directory: str
-    is_command: bool
-    phase: str = LAUNCHING
-    peer: str | None = None
-    timer: Hashable | None = None  # registration timeout, or the next signal
-    queued: dict[str, TaskRecord] = attrs.field(factory=dict)  # until registration
-    launched: dict[str, TaskRecord] = attrs.field(factory=dict)  # non-terminal
-    terminated: dict[str, TaskRecord] = attrs.field(factory=dict)  # terminal, unacked
-    completed: deque[TaskRecord] = attrs.field(factory=deque)
-    status: int | None = None  # exit status once gone
-
-    @property
-    def executor_id(self) -> str:
-        return self.info.executor_id
-
-    def live_tasks(self) -> Iterator[TaskRecord]:
-        yield from self.queued.values()
-        yield from self.launched.values()
-
-    def find(self, task_id: str) -> TaskRecord | None:
-        return (self.queued.get(task_id) or self.launched.get(task_id)
-                or self.terminated.get(task_id))
-
-
-@attrs.define
-class FrameworkRecord:
-    info: FrameworkInfo
-    executors: dict[str, ExecutorRecord] = attrs.field(factory=dict)
-    completed_executors: deque[ExecutorRecord] = attrs.field(factory=deque)
-
-    @property
-    def id(self) -> str:
-        assert self.info.id is not None
-        return self.info.id
-
-
-def describe_exit(status: int) -> str:
-    if status >= 0:
-        return f"Executor exited with status {status}"
-    try:
-        name = signal.Signals(-status).name
-    except ValueError:
-        name = f"signal {-status}"
-    return f"Executor terminated by {name}"
-
-
-def resources_dict(resources: Resources) -> dict[str, float | str]:
-    """`{"cpus": 1.0, "ports": "[31000-32000]"}`: the shape operators know from Mesos."""
-    scalars = resources.scalar_items()
-    out: dict[str, float | str] = {}
-    for name in sorted(resources.names()):
-        if name in scalars:
-            out[name] = scalars[name] / 1000
-        else:
-            out[name] = "[" + ",".join(f"{b}-{e}" for b, e in resources.ranges(name)) + "]"
-    return out
-
-
-# -------------------------------------------------------------------------- state
+Effect = (SendMaster | Send | LaunchExecutor | KillExecutor | UpdateLimits | RunHealthCheck
+          | ArmTimer | CancelTimer | ConnectMaster | DetectMaster | Checkpoint | Exit)
 
 
 class AgentState:
@@ -286,20 +94,34 @@ class AgentState:
         self.completed_frameworks: deque[FrameworkRecord] = deque(maxlen=config.completed_limit)
         self.updates = StatusUpdateManager(config.status_update_backoff,
                                            config.status_update_backoff_max)
+        self.health = HealthChecker()
         self.used = Resources()
+        self.draining = False
+        self.cached_uris: list[str] = []
         self.shutting_down = False
         self.exited = False
+        self.exit_deadline: float | None = None
         self.counters: Counter[str] = Counter()
         self._peers: dict[str, tuple[str, str]] = {}  # executor peer -> (framework, executor)
+        self._exits: list[ExecutorExited] = []  # told to the master once registered
         self._seq = itertools.count()
         self._register_backoff = config.register_backoff
         self._register_timer: Hashable | None = None
         self._master_timer: Hashable | None = None
         self._shutdown_timer: Hashable | None = None
+        self._next_report = 0.0
+        self._dirty = False
 
     # ----------------------------------------------------------------- dispatch
 
     def handle(self, event: Event, now: float) -> list[Effect]:
+        effects = self._dispatch(event, now)
+        if self._dirty:
+            self._dirty = False
+            effects.insert(0, Checkpoint())
+        return effects
+
+    def _dispatch(self, event: Event, now: float) -> list[Effect]:
         if isinstance(event, MasterMessage):
             self.counters["messages_received"] += 1
             return self._on_master_message(event.message, now)
@@ -310,18 +132,33 @@ class AgentState:
             return self._on_invalid(event)
         if isinstance(event, TimerFired):
             return self._on_timer(event.key, now)
+        if isinstance(event, ExecutorStarted):
+            return self._on_started(event)
         if isinstance(event, ExecutorProcessExited):
             return self._on_executor_gone(event.framework_id, event.executor_id, event.run_id,
-                                          event.status, None, now)
+                                          event.status, now)
         if isinstance(event, ExecutorLaunchFailed):
             # 127 is what a shell reports when a command cannot be executed.
             return self._on_executor_gone(event.framework_id, event.executor_id, event.run_id,
-                                          127, event.reason, now)
+                                          127, now, reason=event.status_reason,
+                                          message=event.reason)
+        if isinstance(event, UsageSampled):
+            return self._on_usage(event, now)
+        if isinstance(event, HealthCheckResult):
+            return self._on_health_result(event, now)
         if isinstance(event, MasterDetected):
             return self._on_master_detected(event.master_info, now)
+        if isinstance(event, Drain):
+            return self._on_drain(now)
+        if isinstance(event, Recover):
+            return self._on_recover(event, now)
         if isinstance(event, Shutdown):
             return self._on_shutdown(now)
         raise TypeError(f"not an agent event: {event!r}")
+
+    def _changed(self) -> None:
+        """Something a restarted agent needs changed: checkpoint before acting."""
+        self._dirty = True
 
     def _on_master_message(self, msg: Message, now: float) -> list[Effect]:
         if isinstance(msg, AgentRegistered):
@@ -346,13 +183,8 @@ class AgentState:
                                    msg.TYPE)
 
     def _on_executor_message(self, peer: str, msg: Message, now: float) -> list[Effect]:
-        if isinstance(msg, RegisterExecutor):
+        if isinstance(msg, RegisterExecutor | ReregisterExecutor):
             return self._on_register_executor(peer, msg, now)
-        if isinstance(msg, ReregisterExecutor):
-            # Reattaching to executors of an earlier agent run needs checkpointing,
-            # which this agent does not do: such an executor is told to stop.
-            grace = self.config.executor_shutdown_grace_period
-            return [Send(peer, ShutdownExecutor(grace_period=grace))]
         if not isinstance(msg, StatusUpdate | ExecutorToFramework):
             return self._reject_executor(
                 peer, f"agent does not accept {msg.TYPE} from an executor", msg.TYPE)
@@ -448,11 +280,20 @@ class AgentState:
             return effects  # a duplicate answer to a retried RegisterAgent
         if self.agent_id is not None and self.agent_id != msg.agent_id:
             log.warning("master gave us a new agent id %s (was %s)", msg.agent_id, self.agent_id)
+        if self.agent_id != msg.agent_id:
+            self._changed()
         self.agent_id = msg.agent_id
         self.phase = REGISTERED
         effects += self._cancel(self._register_timer)
         self._register_timer = None
-        return effects + self.updates.resume(now)
+        effects += self.updates.resume(now)
+        if self._exits:
+            effects += [SendMaster(attrs.evolve(e, agent_id=msg.agent_id)) for e in self._exits]
+            self._exits.clear()
+            self._changed()
+        if self.draining:
+            effects.append(SendMaster(DrainAgent(agent_id=msg.agent_id)))
+        return effects
 
     def _on_ping(self, msg: Ping, now: float) -> list[Effect]:
         effects: list[Effect] = [SendMaster(Pong(agent_id=self.agent_id or msg.agent_id))]
@@ -481,6 +322,8 @@ class AgentState:
     def _on_timer(self, key: Hashable, now: float) -> list[Effect]:
         if self.updates.owns(key):
             return [*self.updates.timer_fired(key, now)]
+        if self.health.owns(key):
+            return [*self.health.timer_fired(key, now)]
         if key == self._register_timer and self.phase == REGISTERING:
             return self._send_registration(now)
         if key == self._master_timer:
@@ -488,8 +331,7 @@ class AgentState:
         if key == self._shutdown_timer:
             log.warning("executors still running after the shutdown deadline; exiting")
             return self._exit()
-        if isinstance(key, tuple) and len(key) == 4 and key[0] in (
-                "executor_registration", "executor_term", "executor_kill"):
+        if isinstance(key, tuple) and len(key) == 4 and key[0] in EXECUTOR_TIMERS:
             executor = self._executor(key[1], key[2])
             if executor is not None and executor.timer == key:
                 executor.timer = None
@@ -532,6 +374,10 @@ class AgentState:
             return self._agent_update(framework_id, task.task_id, info.executor_id,
                                       TaskState.TASK_LOST, Reason.AGENT_RESTARTED,
                                       "agent is shutting down", now)
+        if self.draining:
+            return self._agent_update(framework_id, task.task_id, info.executor_id,
+                                      TaskState.TASK_DROPPED, Reason.AGENT_DRAINING,
+                                      "agent is draining", now)
         framework = self.frameworks.get(framework_id)
         executor = framework.executors.get(info.executor_id) if framework else None
         if executor is not None and executor.phase == TERMINATING:
@@ -546,23 +392,25 @@ class AgentState:
                 f"task needs {task.resources} but the agent has only "
                 f"{self._free()} free", now)
 
+        self._changed()
         effects: list[Effect] = []
         if framework is None:
             framework = self.frameworks[framework_id] = FrameworkRecord(msg.framework)
         else:
             framework.info = msg.framework
-        if executor is None:
-            executor, effects = self._launch_executor(framework, info, task.command is not None,
-                                                      now)
         self.used = self.used + needed
-        record = TaskRecord(task, framework_id, executor.executor_id)
-        if executor.phase == LAUNCHING:
+        record = TaskRecord(task, framework_id, info.executor_id)
+        if executor is None:
+            executor = self._new_executor(framework, info, task.command is not None)
             executor.queued[task.task_id] = record
-        else:
+            return self._launch_executor(framework, executor, task, now)
+        if executor.phase == RUNNING:
             assert executor.peer is not None
             executor.launched[task.task_id] = record
             effects.append(Send(executor.peer, LaunchTask(framework=framework.info, task=task)))
-        return effects
+        else:  # LAUNCHING, or RECOVERING: sent once it (re-)registers
+            executor.queued[task.task_id] = record
+        return effects + self._update_limits(executor)
 
     def _executor_info_for(self, framework_id: str, task: TaskInfo) -> ExecutorInfo:
         if task.executor is not None:
@@ -589,19 +437,27 @@ class AgentState:
         except ResourcesError:
             return Resources()
 
-    def _launch_executor(self, framework: FrameworkRecord, info: ExecutorInfo,
-                         is_command: bool, now: float) -> tuple[ExecutorRecord, list[Effect]]:
+    def _new_executor(self, framework: FrameworkRecord, info: ExecutorInfo,
+                      is_command: bool) -> ExecutorRecord:
         run_id = self._new_id()
         directory = run_directory(self.config.work_dir, framework.id, info.executor_id, run_id)
         executor = ExecutorRecord(framework.id, info, run_id, directory, is_command)
         framework.executors[info.executor_id] = executor
+        return executor
+
+    def _launch_executor(self, framework: FrameworkRecord, executor: ExecutorRecord,
+                         task: TaskInfo, now: float) -> list[Effect]:
+        info = executor.info
         env = dict(info.command.environment)
         env.update(self._executor_env(executor))
-        effects: list[Effect] = [LaunchExecutor(framework.id, info.executor_id, run_id,
-                                                info.command, env, directory)]
-        effects += self._arm_executor_timer(
+        # A command task's URIs are fetched into its command executor's sandbox.
+        uris = (task.command if executor.is_command and task.command else info.command).uris
+        executor.limits = limits.limits(executor)
+        effects: list[Effect] = [LaunchExecutor(
+            framework.id, info.executor_id, executor.run_id, info.command, env,
+            executor.directory, tuple(uris), executor.limits)]
+        return effects + self._arm_executor_timer(
             executor, "executor_registration", now + self.config.executor_registration_timeout)
-        return executor, effects
 
     def _executor_env(self, executor: ExecutorRecord) -> dict[str, str]:
         endpoint = self.config.executor_endpoint
@@ -610,10 +466,21 @@ class AgentState:
             "DYAD_FRAMEWORK_ID": executor.framework_id,
             "DYAD_EXECUTOR_ID": executor.executor_id,
             "DYAD_SANDBOX_DIRECTORY": executor.directory,
+            "DYAD_RECOVERY_TIMEOUT": f"{self.config.recovery_timeout:g}s",
             "MESOS_AGENT_ENDPOINT": endpoint, "MESOS_FRAMEWORK_ID": executor.framework_id,
             "MESOS_EXECUTOR_ID": executor.executor_id, "MESOS_DIRECTORY": executor.directory,
             "MESOS_SANDBOX": executor.directory,
         }
+
+    def _update_limits(self, executor: ExecutorRecord) -> list[Effect]:
+        """The run's tasks changed: so may its limits (`agent.limits`)."""
+        new = limits.limits(executor)
+        if new == executor.limits:
+            return []
+        executor.limits = new
+        if executor.phase not in LIVE_PHASES:
+            return []
+        return [UpdateLimits(*executor.key, new)]
 
     def _on_kill_task(self, msg: KillTask, now: float) -> list[Effect]:
         found = self._find_task_with_executor(msg.framework_id, msg.task_id)
@@ -624,20 +491,42 @@ class AgentState:
                                       Reason.TASK_UNKNOWN, "task is unknown to the agent", now)
         executor, task = found
         if task.task_id in executor.queued:
-            effects = self._transition(executor, task, self._status_update(
+            killed = self._transition(executor, task, self._status_update(
                 task.framework_id, task.task_id, executor.executor_id, TaskState.TASK_KILLED,
                 Reason.TASK_KILLED_DURING_LAUNCH, "killed before the executor registered", now),
                 now)
-            if not any(executor.live_tasks()):
-                effects += self._shutdown_executor(executor, now)  # launched for nothing
-            return effects
-        if task.task_id in executor.launched and executor.peer is not None:
-            return [Send(executor.peer, msg)]
-        return []  # terminal already; its update is on its way
+            if executor.phase == LAUNCHING and not any(executor.live_tasks()):
+                killed += self._shutdown_executor(executor, now)  # launched for nothing
+            return killed
+        if task.task_id not in executor.launched:
+            return []  # terminal already; its update is on its way
+        effects: list[Effect] = [*self.health.stop(task.framework_id, task.task_id)]
+        if executor.phase == RECOVERING:
+            executor.pending_kills[task.task_id] = msg.kill_grace_period
+            self._changed()
+        elif executor.peer is not None:
+            effects.append(Send(executor.peer, msg))
+        return effects
+
+    def _kill_launched(self, executor: ExecutorRecord, task: TaskRecord,
+                       outcome: Outcome) -> list[Effect]:
+        """Ask the executor to kill `task` (its kill policy applies) and report the
+        end as `outcome`, whatever the executor calls it."""
+        task.kill_as = outcome
+        self._changed()
+        effects: list[Effect] = [*self.health.stop(task.framework_id, task.task_id)]
+        if executor.phase == RUNNING and executor.peer is not None:
+            effects.append(Send(executor.peer, KillTask(
+                framework_id=task.framework_id, task_id=task.task_id,
+                kill_grace_period=task.info.kill_grace_period)))
+        return effects
 
     def _on_ack(self, msg: StatusUpdateAck, now: float) -> list[Effect]:
+        acked = self.updates.acked
         effects: list[Effect] = [*self.updates.acknowledge(msg.framework_id, msg.task_id,
                                                             msg.uuid, now)]
+        if self.updates.acked != acked:
+            self._changed()
         if not self.updates.has_stream(msg.framework_id, msg.task_id):
             found = self._find_task_with_executor(msg.framework_id, msg.task_id)
             if found is not None and found[1].task_id in found[0].terminated:
@@ -662,42 +551,229 @@ class AgentState:
             return ack
         status = attrs.evolve(status, agent_id=status.agent_id or self.agent_id or "",
                               executor_id=status.executor_id or executor.executor_id)
-        return self._transition(executor, task, attrs.evolve(msg, status=status), now) + ack
+        outcome = task.kill_as
+        if status.state.is_terminal and outcome is not None:
+            told = f" ({status.message})" if status.message else ""
+            status = attrs.evolve(status, state=outcome.state, reason=outcome.reason,
+                                  message=outcome.message + told)
+        effects = self._transition(executor, task, attrs.evolve(msg, status=status), now)
+        check = task.info.health_check
+        if status.state == TaskState.TASK_RUNNING and check is not None and outcome is None:
+            effects += self.health.start(task.framework_id, task.task_id, check,
+                                         executor.directory, self._task_env(executor, task), now)
+        return effects + ack
+
+    def _task_env(self, executor: ExecutorRecord, task: TaskRecord) -> dict[str, str]:
+        """The environment a COMMAND health check of `task` runs with: its executor's,
+        its command's, and its id -- what the task itself saw."""
+        env = dict(executor.info.command.environment)
+        env.update(self._executor_env(executor))
+        if task.info.command is not None:
+            env.update(task.info.command.environment)
+        env["DYAD_TASK_ID"] = env["MESOS_TASK_ID"] = task.task_id
+        return env
 
     def _transition(self, executor: ExecutorRecord, task: TaskRecord, update: StatusUpdate,
                     now: float) -> list[Effect]:
         """Record `update` as `task`'s latest state and hand it to its stream."""
+        self._changed()
         state = update.status.state
         task.state = state
         task.status_uuid = update.status.uuid
         task.seen_uuids.add(update.status.uuid)
+        effects: list[Effect] = []
+        if state.is_terminal or state == TaskState.TASK_KILLING:
+            effects += self.health.stop(task.framework_id, task.task_id)
         if state.is_terminal:
             del (executor.queued if task.task_id in executor.queued
                  else executor.launched)[task.task_id]
             executor.terminated[task.task_id] = task
+            executor.pending_kills.pop(task.task_id, None)
             self.used = self.used - task.info.resources
             self.counters[_state_metric(state)] += 1
-        return [*self.updates.add(update, now)]
+            effects += self._update_limits(executor)
+        return effects + [*self.updates.add(update, now)]
 
     def _agent_update(self, framework_id: str, task_id: str, executor_id: str,
                       state: TaskState, reason: str, message: str,
                       now: float) -> list[Effect]:
         """A terminal update for a task the agent never ran (no record to keep)."""
+        self._changed()
         self.counters[_state_metric(state)] += 1
         update = self._status_update(framework_id, task_id, executor_id, state, reason,
                                      message, now)
         return [*self.updates.add(update, now)]
 
     def _status_update(self, framework_id: str, task_id: str, executor_id: str,
-                       state: TaskState, reason: str, message: str, now: float) -> StatusUpdate:
+                       state: TaskState, reason: str, message: str, now: float,
+                       healthy: bool | None = None) -> StatusUpdate:
         return StatusUpdate(framework_id=framework_id, status=TaskStatus(
             task_id=task_id, state=state, reason=reason, message=message,
             source=Source.AGENT, agent_id=self.agent_id or "", executor_id=executor_id,
-            uuid=self._new_id(), timestamp=now))
+            uuid=self._new_id(), healthy=healthy, timestamp=now))
+
+    # ------------------------------------------------------------------ health
+
+    def _on_health_result(self, event: HealthCheckResult, now: float) -> list[Effect]:
+        effects: list[Effect] = []
+        results, outcomes = self.health.result(event, now)
+        effects += results
+        for outcome in outcomes:
+            found = self._find_task_with_executor(outcome.framework_id, outcome.task_id)
+            if found is None or outcome.task_id not in found[0].launched:
+                continue
+            executor, task = found
+            if isinstance(outcome, HealthChanged):
+                self.counters["health_changes"] += 1
+                effects += self._transition(executor, task, self._status_update(
+                    task.framework_id, task.task_id, executor.executor_id,
+                    TaskState.TASK_RUNNING, Reason.TASK_HEALTH_CHECK_STATUS_UPDATED,
+                    outcome.message, now, healthy=outcome.healthy), now)
+            else:
+                log.warning("killing task %s: %s", task.task_id, outcome.message)
+                self.counters["tasks_killed_unhealthy"] += 1
+                effects += self._kill_launched(executor, task, Outcome(
+                    TaskState.TASK_FAILED, Reason.TASK_UNHEALTHY, outcome.message))
+        return effects
+
+    # ------------------------------------------------------------------- usage
+
+    def _on_usage(self, event: UsageSampled, now: float) -> list[Effect]:
+        self.cached_uris = sorted(event.cached_uris)
+        effects: list[Effect] = []
+        for sample in event.samples:
+            executor = self._executor(sample.framework_id, sample.executor_id)
+            if executor is None or executor.run_id != sample.run_id:
+                continue  # the run ended since the shell looked
+            executor.usage = limits.usage(executor, sample)
+            executor.last_sample = sample
+            problem = limits.memory_problem(executor, sample, self.config.isolation)
+            if problem and executor.phase in LIVE_PHASES:
+                effects += self._memory_limitation(executor, problem, now)
+        if self.phase == REGISTERED and self.agent_id and now >= self._next_report:
+            self._next_report = now + self.config.usage_report_interval
+            effects.append(SendMaster(UsageReport(
+                agent_id=self.agent_id, cached_uris=list(self.cached_uris),
+                executors=[e.usage for e in self._executors() if e.usage is not None])))
+        return effects
+
+    def _memory_limitation(self, executor: ExecutorRecord, message: str,
+                           now: float) -> list[Effect]:
+        """Fail the run's tasks with the memory reason and SIGKILL it at once."""
+        log.warning("%s: killing it", message)
+        self.counters["executors_memory_limited"] += 1
+        effects = self._cancel(executor.timer)
+        executor.timer = None
+        for task in list(executor.live_tasks()):
+            effects += self._transition(executor, task, self._status_update(
+                task.framework_id, task.task_id, executor.executor_id, TaskState.TASK_FAILED,
+                Reason.CONTAINER_LIMITATION_MEMORY, message, now), now)
+        executor.phase = TERMINATING
+        self._changed()
+        return effects + [self._kill(executor, "KILL")]
+
+    # ------------------------------------------------------------------- drain
+
+    def _on_drain(self, now: float) -> list[Effect]:
+        if self.draining:
+            return []
+        log.warning("draining: killing every task and accepting no new ones")
+        self.draining = True
+        self._changed()
+        effects: list[Effect] = []
+        if self.phase == REGISTERED and self.agent_id:
+            effects.append(SendMaster(DrainAgent(agent_id=self.agent_id)))
+        for executor in self._executors():
+            effects += self._drain_executor(executor, now)
+        return effects
+
+    def _drain_executor(self, executor: ExecutorRecord, now: float) -> list[Effect]:
+        """Kill the run's tasks through a shutdown (their kill policy applies, then the
+        executor's); they are reported TASK_KILLED with the drain reason."""
+        if executor.phase == RECOVERING:
+            return []  # drained once it re-registers (or is killed for not doing so)
+        effects: list[Effect] = []
+        for task in list(executor.queued.values()):
+            effects += self._transition(executor, task, self._status_update(
+                task.framework_id, task.task_id, executor.executor_id, TaskState.TASK_KILLED,
+                Reason.AGENT_DRAINING, "killed before launch: the agent is draining", now), now)
+        for task in executor.launched.values():
+            task.kill_as = Outcome(TaskState.TASK_KILLED, Reason.AGENT_DRAINING,
+                                   "killed: the agent is draining")
+            effects += self.health.stop(task.framework_id, task.task_id)
+        self._changed()
+        return effects + self._shutdown_executor(executor, now)
+
+    # ---------------------------------------------------------------- recovery
+
+    def saved(self) -> SavedAgent:
+        """What a restarted agent needs (see `agent.checkpoint`)."""
+        c = self.config
+        executors = [checkpoint.save_executor(e) for e in self._executors()]
+        return SavedAgent(
+            agent_id=self.agent_id, hostname=c.hostname, resources=c.resources,
+            attributes=dict(c.attributes), port=c.port, executor_port=c.executor_port,
+            draining=self.draining, frameworks=[f.info for f in self.frameworks.values()],
+            executors=executors, updates=self.updates.all_queued(), exits=list(self._exits))
+
+    def _on_recover(self, event: Recover, now: float) -> list[Effect]:
+        """Take back what a killed agent left: runs whose process is still alive
+        (`event.alive`) wait to re-register; the others are gone."""
+        saved = event.saved
+        if self.frameworks or self.agent_id is not None:
+            raise RuntimeError("recovery must come first")
+        self.agent_id = saved.agent_id
+        self.draining = saved.draining
+        infos = {f.id: f for f in saved.frameworks}
+        for save in saved.executors:
+            framework = self.frameworks.get(save.framework_id)
+            if framework is None:
+                framework = self.frameworks[save.framework_id] = FrameworkRecord(
+                    infos.get(save.framework_id) or FrameworkInfo(name=save.framework_id,
+                                                                  id=save.framework_id))
+            executor = checkpoint.load_executor(save, RECOVERING)
+            framework.executors[save.info.executor_id] = executor
+            self.used = self.used + save.info.resources
+            for task in executor.live_tasks():
+                self.used = self.used + task.info.resources
+            executor.limits = limits.limits(executor)
+        for update in saved.updates:
+            self.updates.add(update, now)  # paused: queued until a master registers us
+        self._exits = list(saved.exits)
+        self._changed()
+        effects: list[Effect] = []
+        phases = {(s.framework_id, s.info.executor_id): s.phase for s in saved.executors}
+        for executor in list(self._executors()):
+            was = phases[(executor.framework_id, executor.executor_id)]
+            if executor.key not in event.alive:
+                effects += self._on_executor_gone(
+                    *executor.key, UNKNOWN_EXIT, now, reason=Reason.EXECUTOR_TERMINATED,
+                    message="executor ended while the agent was down")
+            elif was == TERMINATING:
+                executor.phase = TERMINATING  # it was being stopped: finish the job
+                effects += [self._kill(executor, "TERM"), *self._arm_executor_timer(
+                    executor, "executor_kill", now + self.config.executor_kill_delay)]
+            else:
+                timeout = (self.config.executor_registration_timeout if was == LAUNCHING
+                           else self.config.executor_reregistration_timeout)
+                effects += [UpdateLimits(*executor.key, executor.limits),
+                            *self._arm_executor_timer(executor, "executor_reregistration",
+                                                      now + timeout)]
+        log.info("recovered agent %s: %d executors alive, %d updates to resend",
+                 self.agent_id, sum(1 for _ in self._executors()), len(saved.updates))
+        return effects
 
     # --------------------------------------------------------------- executors
 
-    def _on_register_executor(self, peer: str, msg: RegisterExecutor,
+    def _on_started(self, event: ExecutorStarted) -> list[Effect]:
+        executor = self._executor(event.framework_id, event.executor_id)
+        if executor is not None and executor.run_id == event.run_id:
+            executor.pid = event.pid
+            executor.started = event.started
+            self._changed()
+        return []
+
+    def _on_register_executor(self, peer: str, msg: RegisterExecutor | ReregisterExecutor,
                               now: float) -> list[Effect]:
         claimed = self._peers.get(peer)
         if claimed is not None and claimed != (msg.framework_id, msg.executor_id):
@@ -708,57 +784,119 @@ class AgentState:
             grace_period=self.config.executor_shutdown_grace_period))]
         if executor is None or executor.phase == TERMINATING:
             return stop
-        framework = self.frameworks[msg.framework_id]
-        registered = Send(peer, ExecutorRegistered(
-            executor=executor.info, framework=framework.info, agent=self._agent_info()))
         if executor.phase == RUNNING:
             # The same executor asking again (our answer was lost) gets it again;
             # a second process claiming the id is told to go away.
-            return [registered] if executor.peer == peer else stop
+            return [self._registered(executor)] if executor.peer == peer else stop
+        recovering = executor.phase == RECOVERING
         executor.phase = RUNNING
         executor.peer = peer
         self._peers[peer] = (executor.framework_id, executor.executor_id)
+        self._changed()
         effects = self._cancel(executor.timer)
         executor.timer = None
-        effects.append(registered)
+        effects.append(self._registered(executor))
+        if recovering:
+            effects += self._reconcile(peer, executor, msg, now)
+            effects += self._restart_health_checks(executor, now)
+        framework = self.frameworks[executor.framework_id]
         for task in list(executor.queued.values()):
             del executor.queued[task.task_id]
             executor.launched[task.task_id] = task
             effects.append(Send(peer, LaunchTask(framework=framework.info, task=task.info)))
-        if not executor.launched:
+        for task_id, grace in executor.pending_kills.items():
+            effects.append(Send(peer, KillTask(framework_id=executor.framework_id,
+                                               task_id=task_id, kill_grace_period=grace)))
+        executor.pending_kills.clear()
+        if self.draining:
+            effects += self._drain_executor(executor, now)
+        elif not executor.launched:
             effects += self._shutdown_executor(executor, now)  # its tasks were killed
+        return effects
+
+    def _registered(self, executor: ExecutorRecord) -> Send:
+        assert executor.peer is not None
+        return Send(executor.peer, ExecutorRegistered(
+            executor=executor.info, framework=self.frameworks[executor.framework_id].info,
+            agent=self._agent_info(), agent_pid=self.config.pid))
+
+    def _reconcile(self, peer: str, executor: ExecutorRecord,
+                   msg: RegisterExecutor | ReregisterExecutor, now: float) -> list[Effect]:
+        """An executor re-registered after an agent restart: take its unacknowledged
+        updates, and count as lost the launched tasks it no longer knows."""
+        effects: list[Effect] = []
+        known: set[str] = set()
+        if isinstance(msg, ReregisterExecutor):
+            known = {task.task_id for task in msg.tasks}
+            for update in msg.updates:
+                known.add(update.status.task_id)
+                if update.framework_id == executor.framework_id:
+                    effects += self._on_executor_update(peer, executor, update, now)
+        for task in list(executor.launched.values()):
+            if task.task_id not in known:
+                effects += self._transition(executor, task, self._status_update(
+                    task.framework_id, task.task_id, executor.executor_id, TaskState.TASK_LOST,
+                    Reason.AGENT_RESTARTED,
+                    "the executor no longer knew the task when it re-registered after an "
+                    "agent restart", now), now)
+        return effects
+
+    def _restart_health_checks(self, executor: ExecutorRecord, now: float) -> list[Effect]:
+        """Health is not checkpointed: checks of a recovered run start afresh."""
+        effects: list[Effect] = []
+        for task in executor.launched.values():
+            check = task.info.health_check
+            if task.state == TaskState.TASK_RUNNING and check and task.kill_as is None:
+                effects += self.health.start(task.framework_id, task.task_id, check,
+                                             executor.directory,
+                                             self._task_env(executor, task), now)
         return effects
 
     def _on_executor_timer(self, executor: ExecutorRecord, kind: str,
                            now: float) -> list[Effect]:
-        if kind == "executor_registration":
-            timeout = self.config.executor_registration_timeout
-            log.warning("executor %s did not register within %.0fs; killing it",
-                        executor.executor_id, timeout)
+        if kind in ("executor_registration", "executor_reregistration"):
+            first = kind == "executor_registration"
+            timeout = (self.config.executor_registration_timeout if first
+                       else self.config.executor_reregistration_timeout)
+            verb = "register" if first else "re-register after the agent restarted"
+            log.warning("executor %s did not %s within %.0fs; killing it",
+                        executor.executor_id, verb, timeout)
             executor.phase = TERMINATING
+            self._changed()
             effects: list[Effect] = [self._kill(executor, "KILL")]
-            for task in list(executor.queued.values()):
+            reason = (Reason.EXECUTOR_REGISTRATION_TIMEOUT if first
+                      else Reason.EXECUTOR_REREGISTRATION_TIMEOUT)
+            for task in list(executor.live_tasks()):
                 effects += self._transition(executor, task, self._status_update(
                     task.framework_id, task.task_id, executor.executor_id,
-                    TaskState.TASK_FAILED, Reason.EXECUTOR_REGISTRATION_TIMEOUT,
-                    f"executor did not register within {timeout:g}s", now), now)
+                    TaskState.TASK_FAILED, reason, f"executor did not {verb} within "
+                    f"{timeout:g}s", now), now)
             return effects
         if kind == "executor_term":
             return [self._kill(executor, "TERM")] + self._arm_executor_timer(
                 executor, "executor_kill", now + self.config.executor_kill_delay)
         return [self._kill(executor, "KILL")]
 
+    def _shutdown_grace(self, executor: ExecutorRecord) -> float:
+        """Time an executor gets to stop: its tasks' longest kill grace period (their
+        kill policy holds) plus the agent's own grace period."""
+        task_grace = max((t.info.kill_grace_period or 0.0 for t in executor.live_tasks()),
+                         default=0.0)
+        return self.config.executor_shutdown_grace_period + task_grace
+
     def _shutdown_executor(self, executor: ExecutorRecord, now: float) -> list[Effect]:
         """Ask a registered executor to stop (SIGTERM after the grace period); an
         unregistered one cannot be asked, so it gets SIGTERM at once. SIGKILL follows."""
         if executor.phase == RUNNING:
             executor.phase = TERMINATING
-            grace = self.config.executor_shutdown_grace_period
+            self._changed()
+            grace = self._shutdown_grace(executor)
             assert executor.peer is not None
             return [Send(executor.peer, ShutdownExecutor(grace_period=grace)),
                     *self._arm_executor_timer(executor, "executor_term", now + grace)]
-        if executor.phase == LAUNCHING:
+        if executor.phase in (LAUNCHING, RECOVERING):
             executor.phase = TERMINATING
+            self._changed()
             return [self._kill(executor, "TERM")] + self._arm_executor_timer(
                 executor, "executor_kill", now + self.config.executor_kill_delay)
         return []
@@ -768,24 +906,28 @@ class AgentState:
         return KillExecutor(executor.framework_id, executor.executor_id, executor.run_id, sig)
 
     def _on_executor_gone(self, framework_id: str, executor_id: str, run_id: str, status: int,
-                          launch_error: str | None, now: float) -> list[Effect]:
+                          now: float, reason: str | None = None,
+                          message: str | None = None) -> list[Effect]:
+        """The run is over. `reason`/`message` say why its unfinished tasks fail when
+        it is not a plain exit (a launch or fetch failure, a run lost in a restart)."""
         executor = self._executor(framework_id, executor_id)
         if executor is None or executor.run_id != run_id:
             return []
+        self._changed()
         framework = self.frameworks[framework_id]
         effects = self._cancel(executor.timer)
         executor.timer = None
-        if launch_error is not None:
-            reason = Reason.CONTAINER_LAUNCH_FAILED
-            message = f"executor launch failed: {launch_error}"
-        else:
+        if reason is None:
             reason = (Reason.COMMAND_EXECUTOR_FAILED if executor.is_command
                       else Reason.EXECUTOR_TERMINATED)
-            message = describe_exit(status)
+        elif reason == Reason.CONTAINER_LAUNCH_FAILED:
+            message = f"executor launch failed: {message}"
+        text = message or describe_exit(status)
         for task in list(executor.live_tasks()):
+            end = task.kill_as or Outcome(TaskState.TASK_FAILED, reason, text)
             effects += self._transition(executor, task, self._status_update(
-                framework_id, task.task_id, executor_id, TaskState.TASK_FAILED, reason,
-                message, now), now)
+                framework_id, task.task_id, executor_id, end.state, end.reason, end.message,
+                now), now)
         self.used = self.used - executor.info.resources
         executor.phase = TERMINATED
         executor.status = status
@@ -799,9 +941,12 @@ class AgentState:
         if not framework.executors:
             del self.frameworks[framework_id]
             self.completed_frameworks.append(framework)
-        effects += self._to_master(ExecutorExited(
-            agent_id=self.agent_id or "", framework_id=framework_id, executor_id=executor_id,
-            status=status))
+        exited = ExecutorExited(agent_id=self.agent_id or "", framework_id=framework_id,
+                                executor_id=executor_id, status=status)
+        if self.phase == REGISTERED:
+            effects.append(SendMaster(exited))
+        else:  # the master keeps charging the executor's resources until told
+            self._exits = [*self._exits, exited][-self.config.completed_limit:]
         if self.shutting_down and not self.frameworks:
             effects += self._exit()
         return effects
@@ -832,16 +977,16 @@ class AgentState:
             return []
         self.shutting_down = True
         effects: list[Effect] = []
-        for framework in list(self.frameworks.values()):
-            for executor in list(framework.executors.values()):
-                effects += self._shutdown_executor(executor, now)
+        graces = [self.config.executor_shutdown_grace_period]
+        for executor in list(self._executors()):
+            graces.append(self._shutdown_grace(executor))
+            effects += self._shutdown_executor(executor, now)
         if not self.frameworks:
             return effects + self._exit()
         c = self.config
         self._shutdown_timer = ("shutdown_deadline", next(self._seq))
-        deadline = (now + c.executor_shutdown_grace_period + c.executor_kill_delay
-                    + c.shutdown_slack)
-        return effects + [ArmTimer(self._shutdown_timer, deadline)]
+        self.exit_deadline = now + max(graces) + c.executor_kill_delay + c.shutdown_slack
+        return effects + [ArmTimer(self._shutdown_timer, self.exit_deadline)]
 
     def _exit(self) -> list[Effect]:
         if self.exited:
@@ -852,6 +997,9 @@ class AgentState:
         return effects + [Exit()]
 
     # ----------------------------------------------------------------- lookups
+
+    def _executors(self) -> list[ExecutorRecord]:
+        return [e for f in self.frameworks.values() for e in f.executors.values()]
 
     def _executor(self, framework_id: str, executor_id: str) -> ExecutorRecord | None:
         framework = self.frameworks.get(framework_id)
@@ -882,66 +1030,24 @@ class AgentState:
 
     # ------------------------------------------------------------ observation
 
+    @property
+    def drain_state(self) -> str | None:
+        """None, "DRAINING" (tasks still live) or "DRAINED"."""
+        if not self.draining:
+            return None
+        live = any(any(e.live_tasks()) for e in self._executors())
+        return "DRAINING" if live else "DRAINED"
+
     def snapshot(self) -> dict[str, Any]:
-        """The agent's `/state`, shaped like Mesos' so operators feel at home."""
-        c = self.config
-        return {
-            "id": self.agent_id, "hostname": c.hostname, "ip": c.ip, "port": c.port,
-            "version": c.version, "registered": self.phase == REGISTERED,
-            "master": to_json(self.master) if self.master else None,
-            "resources": resources_dict(c.resources),
-            "used_resources": resources_dict(self.used),
-            "attributes": dict(c.attributes),
-            "frameworks": [self._framework_view(f) for f in self.frameworks.values()],
-            "completed_frameworks": [self._framework_view(f) for f in self.completed_frameworks],
-        }
+        """The agent's `/state` (`agent.views`)."""
+        return views.snapshot(self)
 
-    def _framework_view(self, framework: FrameworkRecord) -> dict[str, Any]:
-        return {
-            "id": framework.id, "name": framework.info.name, "roles": framework.info.roles,
-            "executors": [self._executor_view(e) for e in framework.executors.values()],
-            "completed_executors": [self._executor_view(e)
-                                    for e in framework.completed_executors],
-        }
-
-    def _executor_view(self, executor: ExecutorRecord) -> dict[str, Any]:
-        return {
-            "id": executor.executor_id, "name": executor.info.name,
-            "framework_id": executor.framework_id, "run_id": executor.run_id,
-            "directory": executor.directory, "state": executor.phase,
-            "resources": resources_dict(executor.info.resources), "exit_status": executor.status,
-            "tasks": [self._task_dict(t) for t in (*executor.launched.values(),
-                                                   *executor.terminated.values())],
-            "queued_tasks": [self._task_dict(t) for t in executor.queued.values()],
-            "completed_tasks": [self._task_dict(t) for t in executor.completed],
-        }
-
-    def _task_dict(self, task: TaskRecord) -> dict[str, Any]:
-        return {
-            "id": task.task_id, "name": task.info.name, "framework_id": task.framework_id,
-            "executor_id": task.executor_id, "agent_id": self.agent_id, "state": task.state.name,
-            "resources": resources_dict(task.info.resources), "labels": dict(task.info.labels),
-        }
+    def statistics(self) -> list[dict[str, Any]]:
+        """The agent's `/monitor/statistics` (`agent.views`)."""
+        return views.statistics(self)
 
     def metrics(self) -> dict[str, float]:
-        executors = [e for f in self.frameworks.values() for e in f.executors.values()]
-        running = sum(t.state == TaskState.TASK_RUNNING
-                      for e in executors for t in e.launched.values())
-        out: dict[str, float] = {f"agent/{name}": 0 for name in (
-            "messages_received", "messages_invalid", "tasks_finished", "tasks_failed",
-            "tasks_killed", "tasks_lost")}
-        out.update({f"agent/{name}": value for name, value in self.counters.items()})
-        out.update({
-            "agent/registered": int(self.phase == REGISTERED),
-            "agent/executors_running": sum(e.phase != TERMINATED for e in executors),
-            "agent/tasks_running": running,
-            "agent/status_updates_sent": self.updates.sent,
-            "agent/status_updates_retried": self.updates.retried,
-            "agent/status_updates_acked": self.updates.acked,
-            "agent/status_updates_stale_acks": self.updates.stale_acks,
-            "agent/status_updates_pending": len(self.updates.pending()),
-        })
-        return out
+        return views.metrics(self)
 
     def validate(self) -> None:
         """Check the invariants; tests call this after every step."""
@@ -953,9 +1059,11 @@ class AgentState:
             for executor_id, executor in framework.executors.items():
                 assert executor.executor_id == executor_id
                 assert executor.framework_id == framework_id
-                assert executor.phase in (LAUNCHING, RUNNING, TERMINATING), executor.phase
+                assert executor.phase in (*LIVE_PHASES, TERMINATING), executor.phase
                 assert (executor.phase == RUNNING) <= (executor.peer is not None)
-                assert (executor.phase == LAUNCHING) <= (executor.timer is not None)
+                assert (executor.phase in (LAUNCHING, RECOVERING)) <= (executor.timer is not None)
+                assert executor.limits == limits.limits(executor), executor
+                assert not executor.pending_kills or executor.phase == RECOVERING
                 if executor.peer is not None:
                     assert self._peers[executor.peer] == (framework_id, executor_id)
                 if executor.phase == RUNNING:
@@ -979,7 +1087,9 @@ class AgentState:
         assert (self.phase == REGISTERED) == (not self.updates.paused)
         assert (self._register_timer is not None) == (self.phase == REGISTERING)
         assert (self._master_timer is not None) == (self.phase != DETECTING)
+        assert not self._exits or self.phase != REGISTERED
         self.updates.validate()
+        self.health.validate()
 
 
 def _state_metric(state: TaskState) -> str:

@@ -78,6 +78,11 @@ class StatusUpdateManager:
         stream = self._streams.get((framework_id, task_id))
         return list(stream.queue) if stream else []
 
+    def all_queued(self) -> list[StatusUpdate]:
+        """Every unacknowledged update, each stream in order: what a checkpoint
+        keeps. `add`ing them back to a paused manager restores the streams."""
+        return [update for stream in self._streams.values() for update in stream.queue]
+
     def owns(self, key: Hashable) -> bool:
         return isinstance(key, tuple) and bool(key) and key[0] == TIMER
 

@@ -8,10 +8,13 @@ to the `Executor`, and delivers its status updates reliably: each update keeps i
 uuid until the agent's `StatusUpdateAck`, and unacknowledged ones are resent every
 5 s.
 
-Agent loss: the driver watches its parent process (the agent started it). When the
-parent is gone it calls `disconnected`, offers `ReregisterExecutor` every second to
-whatever agent comes back on the same endpoint, and shuts the executor down if none
-answers within ``DYAD_RECOVERY_TIMEOUT`` (default 15 min).
+Agent loss: the driver watches the agent's process -- at first its parent (the
+agent started it), after a re-registration the pid the new agent sent in
+`ExecutorRegistered` (a restarted agent is no longer our parent). When that
+process is gone it calls `disconnected`, offers `ReregisterExecutor` (its
+unfinished tasks and unacknowledged updates) every second to whatever agent comes
+back on the same endpoint, and shuts the executor down if none answers within
+``DYAD_RECOVERY_TIMEOUT`` (default 15 min). Tasks keep running meanwhile.
 
 `ExecutorCore` makes every decision without I/O; `ExecutorDriver` is its shell.
 """
@@ -26,6 +29,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
 import attrs
+import psutil
 
 from dyad.effects import ArmTimer, CancelTimer, Send
 from dyad.ids import new_uuid
@@ -143,7 +147,14 @@ class _State(enum.Enum):
     DONE = "done"
 
 
-Effect = Send | ArmTimer | CancelTimer | Callback | Finish
+@attrs.frozen
+class WatchAgent:
+    """Effect: from now on the agent is process `pid` (0: unknown; watch the parent)."""
+
+    pid: int
+
+
+Effect = Send | ArmTimer | CancelTimer | Callback | Finish | WatchAgent
 
 
 def _send(message: Message) -> Send:
@@ -240,7 +251,8 @@ class ExecutorCore:
             return []  # an answer to a retried registration
         self._state = _State.REGISTERED
         effects: list[Effect] = [CancelTimer(_Timer.REGISTER), CancelTimer(_Timer.RECOVERY),
-                                 ArmTimer(_Timer.RESEND, now + RESEND_INTERVAL)]
+                                 ArmTimer(_Timer.RESEND, now + RESEND_INTERVAL),
+                                 WatchAgent(message.agent_pid)]
         if self._ever_registered:
             effects.append(Callback("reregistered", (message.agent,)))
         else:
@@ -278,6 +290,23 @@ def _parent_alive() -> Callable[[], bool]:
     return lambda: os.getppid() == parent
 
 
+def _process_alive(pid: int) -> Callable[[], bool]:
+    """A probe that is true while process `pid` -- the very one, not a later process
+    that got its pid -- runs (a zombie counts as gone)."""
+    try:
+        process = psutil.Process(pid)
+    except psutil.Error:
+        return lambda: False
+
+    def alive() -> bool:
+        try:
+            return bool(process.is_running() and process.status() != psutil.STATUS_ZOMBIE)
+        except psutil.Error:
+            return False
+
+    return alive
+
+
 class ExecutorDriver(DriverRuntime):
     """Connects an `Executor` to the agent that started this process.
 
@@ -295,6 +324,7 @@ class ExecutorDriver(DriverRuntime):
         self._core = ExecutorCore(self.environment)
         self._all_acknowledged = asyncio.Event()
         self._all_acknowledged.set()
+        self._agent_alive: Callable[[], bool] = lambda: True
 
     @property
     def framework_id(self) -> str:
@@ -325,6 +355,11 @@ class ExecutorDriver(DriverRuntime):
     def unacknowledged(self) -> int:
         """Status updates the agent has not acknowledged yet."""
         return len(self._core.pending)
+
+    @property
+    def connected(self) -> bool:
+        """Registered with a live agent (False while waiting for one to come back)."""
+        return self._core.registered
 
     def stop(self) -> DriverStatus:
         """Stop after the running callback returns. Unacknowledged updates are not
@@ -360,12 +395,24 @@ class ExecutorDriver(DriverRuntime):
     async def _open(self) -> None:
         assert self._dealer is not None
         self._dealer.connect(self.environment.agent_endpoint)
-        self._spawn(self._watch_agent(_parent_alive()))
+        self._agent_alive = _parent_alive()
+        self._spawn(self._watch_agent())
 
-    async def _watch_agent(self, alive: Callable[[], bool]) -> None:
-        while alive():
+    async def _watch_agent(self) -> None:
+        """Probe the agent every second; `agent_lost` only acts while registered, so
+        a dead agent is reported once per loss."""
+        while True:
             await asyncio.sleep(_AGENT_PROBE_INTERVAL)
-        self._apply(self._core.agent_lost(self._clock.now()))
+            if not self._agent_alive():
+                self._apply(self._core.agent_lost(self._clock.now()))
+
+    def _perform_other(self, effect: Any) -> None:
+        if not isinstance(effect, WatchAgent):
+            super()._perform_other(effect)
+        elif effect.pid > 0:
+            self._agent_alive = _process_alive(effect.pid)
+        else:
+            self._agent_alive = _parent_alive()
 
     def _apply(self, effects: Iterable[Any]) -> None:
         super()._apply(effects)

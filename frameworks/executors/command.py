@@ -13,7 +13,13 @@ A kill sends SIGTERM to the task's process group and SIGKILL after the grace per
 (the task's ``kill_grace_period``, else the kill's, else 3 s). When the command ends,
 whatever is left of its process group is SIGKILLed, so a task leaves no processes
 behind unless they started sessions of their own. The executor exits once the
-agent has acknowledged the terminal update (or after `ACK_TIMEOUT`).
+agent has acknowledged the terminal update (or after `ACK_TIMEOUT`). While the
+agent is away (restarting), the task keeps running and a terminal update waits
+for the agent to come back; the driver's recovery timeout bounds that wait.
+
+Shutdown (from the agent) kills the task with its own kill grace period, keeping
+`REPORT_MARGIN` of the agent's grace period to report TASK_KILLED before the agent
+signals the executor itself.
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ log = logging.getLogger("frameworks.executors.command")
 
 DEFAULT_KILL_GRACE_PERIOD = 3.0
 ACK_TIMEOUT = 10.0
-"""Longest wait for the agent to acknowledge the terminal update before exiting."""
+"""Longest wait for a connected agent to acknowledge the terminal update."""
+REPORT_MARGIN = 1.0
 
 
 class LaunchError(Exception):
@@ -139,9 +146,12 @@ class CommandExecutor(Executor):
         await self._exit(driver)
 
     async def _exit(self, driver: ExecutorDriver) -> None:
-        if not await driver.wait_acknowledged(ACK_TIMEOUT):
-            log.warning("terminal update not acknowledged within %.0fs; exiting anyway",
-                        ACK_TIMEOUT)
+        while not await driver.wait_acknowledged(ACK_TIMEOUT):
+            if driver.connected or self._shutting_down:
+                log.warning("terminal update not acknowledged within %.0fs; exiting anyway",
+                            ACK_TIMEOUT)
+                break
+            log.info("the agent is away; the terminal update waits for it to return")
         if not self._shutting_down:  # shutdown stops the driver itself
             driver.stop()
 
@@ -183,10 +193,10 @@ class CommandExecutor(Executor):
         if not self._running():
             return
         assert self._task is not None and self._watcher is not None
-        task_grace = self._task.kill_grace_period
-        # Leave half of the agent's grace to report TASK_KILLED before it kills us.
-        agent_grace = (driver.shutdown_grace_period or DEFAULT_KILL_GRACE_PERIOD) / 2
-        self._kill(driver, agent_grace if task_grace is None else min(task_grace, agent_grace))
+        wanted = self._task.kill_grace_period
+        agent_grace = driver.shutdown_grace_period or DEFAULT_KILL_GRACE_PERIOD
+        budget = max(agent_grace - REPORT_MARGIN, agent_grace / 2)
+        self._kill(driver, min(DEFAULT_KILL_GRACE_PERIOD if wanted is None else wanted, budget))
         await self._watcher
 
     def terminate(self, driver: ExecutorDriver) -> None:

@@ -10,11 +10,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.state import (
-    AgentConfig, AgentState, ConnectMaster, DetectMaster, ExecutorLaunchFailed,
-    ExecutorMessage, ExecutorProcessExited, Exit, Invalid, KillExecutor, LaunchExecutor,
-    MasterDetected, MasterMessage, SendMaster, Shutdown, describe_exit,
+from agent.checkpoint import Recover
+from agent.health import HealthCheckResult
+from agent.model import (
+    AgentConfig, Checkpoint, ConnectMaster, DetectMaster, Drain, ExecutorLaunchFailed,
+    ExecutorMessage, ExecutorProcessExited, ExecutorStarted, Exit, Invalid, KillExecutor,
+    LaunchExecutor, MasterDetected, MasterMessage, RunSample, Shutdown, UsageSampled,
+    describe_exit,
 )
+from agent.state import AgentState
+from agent.status_updates import SendMaster
 from dyad.clock import FakeClock
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired
 from dyad.messages import (
@@ -70,6 +75,7 @@ class Agent:
         self.state = AgentState(attrs.evolve(CONFIG, **config),
                                 new_id=lambda: f"id{next(ids)}")
         self.timers: dict[Hashable, float] = {}
+        self.saved = self.state.saved()
 
     @property
     def now(self) -> float:
@@ -78,6 +84,11 @@ class Agent:
     def __call__(self, event: Any) -> list[Any]:
         effects = self.state.handle(event, self.clock.now())
         self.state.validate()
+        # Whatever a restarted agent needs must be checkpointed before it is acted on.
+        saved = self.state.saved()
+        if saved != self.saved:
+            assert effects and effects[0] == Checkpoint(), (event, effects)
+            self.saved = saved
         for effect in effects:
             if isinstance(effect, ArmTimer):
                 self.timers[effect.key] = effect.at
@@ -256,7 +267,7 @@ def test_command_task_runs_under_the_command_executor() -> None:
     assert launch.env == {
         "DYAD_AGENT_ENDPOINT": "tcp://127.0.0.1:5052", "DYAD_AGENT_ID": "A1",
         "DYAD_FRAMEWORK_ID": "F1", "DYAD_EXECUTOR_ID": "t1",
-        "DYAD_SANDBOX_DIRECTORY": launch.sandbox_dir,
+        "DYAD_SANDBOX_DIRECTORY": launch.sandbox_dir, "DYAD_RECOVERY_TIMEOUT": "900s",
         "MESOS_AGENT_ENDPOINT": "tcp://127.0.0.1:5052", "MESOS_FRAMEWORK_ID": "F1",
         "MESOS_EXECUTOR_ID": "t1", "MESOS_DIRECTORY": launch.sandbox_dir,
         "MESOS_SANDBOX": launch.sandbox_dir}
@@ -638,7 +649,18 @@ def _messages() -> st.SearchStrategy[Any]:
         st.builds(lambda e, r, s: ExecutorProcessExited("F1", e, r, s), IDS,
                   st.sampled_from(["id0", "id1", "id2"]), st.integers(-15, 3)),
         st.builds(lambda e: ExecutorLaunchFailed("F1", e, "id0", "boom"), IDS),
+        st.builds(lambda e, r: ExecutorStarted("F1", e, r, 4242, 17.0), IDS,
+                  st.sampled_from(["id0", "id1"])),
+        st.builds(lambda p, e, t: ExecutorMessage(p, ReregisterExecutor(
+            framework_id="F1", executor_id=e, tasks=[command_task(t)])),
+            st.sampled_from([PEER, PEER2]), IDS, IDS),
+        st.builds(lambda e, r, rss, oom: UsageSampled((RunSample(
+            "F1", e, r, 1.0, 1.0, 0.5, rss, 1, oom=oom),), ("http://x/a",)),
+            IDS, st.sampled_from(["id0", "id1"]), st.sampled_from([0, 2 ** 40]), st.booleans()),
+        st.builds(lambda t, ok: HealthCheckResult(("health", "F1", t, 0), ok), IDS,
+                  st.booleans()),
         st.builds(lambda s: ("advance", s), st.floats(0, 70)),
+        st.just(Drain()),
         st.just(Shutdown()),
     )
 
@@ -653,3 +675,18 @@ def test_any_sequence_of_inputs_keeps_the_invariants(events: list[Any]) -> None:
             agent.advance(event[1])
         else:
             agent(event)
+    # Whatever state it reached, a restarted agent can take it back.
+    saved = agent.state.saved()
+    alive = frozenset(e.key for f in agent.state.frameworks.values()
+                      for e in f.executors.values())
+    fresh = Agent()
+    fresh(Recover(saved, alive))
+    fresh.register()
+    assert fresh.state.used == agent.state.used
+
+
+@pytest.mark.parametrize("core", ["agent/model.py", "agent/health.py", "agent/views.py",
+                                  "agent/state.py", "agent/status_updates.py"])
+def test_the_agents_pure_rooms_import_no_io(core: str) -> None:
+    from tests.unit.test_architecture import IO_MODULES, ROOT, _imported_top_levels
+    assert not _imported_top_levels(ROOT / core) & IO_MODULES

@@ -133,6 +133,23 @@ async def test_shutdown_kills_the_task_and_exits(agent: FakeAgent, tmp_path: Pat
         assert await asyncio.wait_for(process.wait(), 10) == 0
 
 
+async def test_shutdown_gives_the_task_its_own_kill_grace_period(agent: FakeAgent,
+                                                                 tmp_path: Path) -> None:
+    """The agent's shutdown grace covers the task's kill grace plus its own; the
+    executor uses the task's (2 s here), not a share of the agent's (7 s)."""
+    loop = asyncio.get_running_loop()
+    task = make_task(shell="trap '' TERM; sleep 30", grace=2.0)
+    async with command_executor(agent, task, tmp_path) as process:
+        await agent.wait_until(lambda: R in agent.states("t1"))
+        started = loop.time()
+        await agent.shutdown(grace_period=7.0)
+        states = await states_until_terminal(agent, "t1")
+        elapsed = loop.time() - started
+        assert states[-2:] == [TaskState.TASK_KILLING, TaskState.TASK_KILLED]
+        assert 2.0 <= elapsed < 5.0, elapsed
+        assert await asyncio.wait_for(process.wait(), 10) == 0
+
+
 def test_describe_exit_and_argv() -> None:
     assert describe_exit(0) == "Command exited with status 0"
     assert describe_exit(-signal.SIGTERM) == "Command terminated by signal SIGTERM"

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from dyad.effects import ArmTimer, Send
@@ -22,7 +25,7 @@ from frameworks import (
 from frameworks import executor as executor_module
 from frameworks._callbacks import Callback, Finish
 from frameworks.executor import (
-    RESEND_INTERVAL, ExecutorCore, ExecutorEnvironment, _Timer)
+    RESEND_INTERVAL, ExecutorCore, ExecutorEnvironment, WatchAgent, _process_alive, _Timer)
 from frameworks.testing import FakeAgent
 
 ENV = ExecutorEnvironment(agent_endpoint="tcp://127.0.0.1:1", agent_id="a1",
@@ -108,6 +111,30 @@ def test_core_reregisters_after_agent_loss_or_gives_up() -> None:
     assert core.on_timer(_Timer.RECOVERY, 64.0) == [Callback("shutdown"),
                                                     Finish(DriverStatus.ABORTED)]
     assert core.on_message(registered_message(), 65.0) == []
+
+
+def test_core_watches_whichever_agent_registered_it() -> None:
+    core = ExecutorCore(ENV)
+    core.start(0.0)
+    effects = core.on_message(attrs.evolve(registered_message(), agent_pid=4242), 0.0)
+    assert WatchAgent(4242) in effects
+    core.agent_lost(1.0)
+    # A restarted agent is not our parent: from now on we watch the pid it sent.
+    assert WatchAgent(5151) in core.on_message(
+        attrs.evolve(registered_message(), agent_pid=5151), 2.0)
+
+
+def test_the_agent_probe_follows_one_process_not_its_pid() -> None:
+    process = subprocess.Popen(["sleep", "30"])
+    alive = _process_alive(process.pid)
+    assert alive()
+    process.kill()
+    deadline = time.monotonic() + 5
+    while alive() and time.monotonic() < deadline:  # a zombie already counts as gone
+        time.sleep(0.01)
+    assert not alive()
+    process.wait()
+    assert not _process_alive(process.pid)()
 
 
 def test_core_terminal_update_ends_the_task_and_shutdown_stops() -> None:

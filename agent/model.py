@@ -1,0 +1,357 @@
+"""The agent core's vocabulary: its configuration, the events the shell feeds it,
+the effects it answers with, and the records it keeps.
+
+Kept apart from `agent.state` (the rules) so the checkpoint, the views and the
+shell can name these things without pulling in the rules, and so each module stays
+small enough to read in one sitting. Everything here is plain data.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections import deque
+from typing import Hashable, Iterator
+
+import attrs
+
+from dyad.messages import (
+    CommandInfo, ExecutorInfo, ExecutorUsage, FrameworkInfo, MasterInfo, Message,
+    MessageError, Reason, TaskInfo, TaskState, URI,
+)
+from dyad.resources import Resources
+
+COMMAND_EXECUTOR_MODULE = "frameworks.executors.command"
+# The built-in command executor is a Python process of its own (~40 MiB RSS). It is
+# not charged to the offer (docs/protocol.md), but its container's limits must
+# leave it room, or a task asking for 32 MiB could never start.
+COMMAND_EXECUTOR_CPUS = 0.1
+COMMAND_EXECUTOR_MEM_MB = 64
+MIB = 1024 * 1024
+# Exit status of an executor the agent adopted after a restart: it is not the
+# agent's child, so its real status cannot be learnt. Outside both exit codes
+# (0..255) and minus signal numbers (-1..-64).
+UNKNOWN_EXIT = -256
+
+ISOLATIONS = ("posix", "cgroups")
+
+RunKey = tuple[str, str, str]  # (framework_id, executor_id, run_id)
+
+# ------------------------------------------------------------------------- events
+
+
+@attrs.frozen
+class MasterMessage:
+    message: Message
+
+
+@attrs.frozen
+class ExecutorMessage:
+    """`peer` is the hex identity of the executor's DEALER (how replies find it)."""
+
+    peer: str
+    message: Message
+
+
+@attrs.frozen
+class Invalid:
+    """A frame that did not decode. `source` is "master" or "executor"."""
+
+    source: str
+    peer: str
+    error: MessageError
+
+
+@attrs.frozen
+class ExecutorStarted:
+    """The run's process exists: `pid`, and its start time (seconds since the
+    epoch, as the kernel says) so a recovered agent never mistakes a reused pid."""
+
+    framework_id: str
+    executor_id: str
+    run_id: str
+    pid: int
+    started: float
+
+
+@attrs.frozen
+class ExecutorProcessExited:
+    """`status` is the exit code, minus the signal number that ended it, or
+    `UNKNOWN_EXIT` for an adopted executor."""
+
+    framework_id: str
+    executor_id: str
+    run_id: str
+    status: int
+
+
+@attrs.frozen
+class ExecutorLaunchFailed:
+    """The run never started; `status_reason` is what its tasks fail with."""
+
+    framework_id: str
+    executor_id: str
+    run_id: str
+    reason: str
+    status_reason: str = Reason.CONTAINER_LAUNCH_FAILED
+
+
+@attrs.frozen
+class MasterDetected:
+    master_info: MasterInfo
+
+
+@attrs.frozen
+class Shutdown:
+    """The agent is stopping: shut every executor down, then `Exit`."""
+
+
+@attrs.frozen
+class Drain:
+    """An operator asked to drain this agent (`POST /drain`)."""
+
+
+@attrs.frozen
+class RunSample:
+    """One measurement of a run's processes (or cgroup). Times are cumulative
+    seconds; `oom` says the kernel found the cgroup out of memory; `mem_peak_bytes`
+    is the cgroup's high-water mark where the kernel keeps one (else 0)."""
+
+    framework_id: str
+    executor_id: str
+    run_id: str
+    timestamp: float
+    cpus_user_time: float
+    cpus_system_time: float
+    mem_rss_bytes: int
+    processes: int
+    cpus_nr_throttled: int = 0
+    cpus_throttled_time: float = 0.0
+    mem_peak_bytes: int = 0
+    oom: bool = False
+
+
+@attrs.frozen
+class UsageSampled:
+    """The shell sampled every run; it also says what the fetcher cache holds."""
+
+    samples: tuple[RunSample, ...]
+    cached_uris: tuple[str, ...] = ()
+
+
+# ------------------------------------------------------------------------ effects
+
+
+@attrs.frozen
+class Limits:
+    """What a run may use; 0 means no limit for that kind."""
+
+    cpus: float = 0.0
+    mem_bytes: int = 0
+
+
+@attrs.frozen
+class LaunchExecutor:
+    """Fetch `uris` into `sandbox_dir` (created), then start `command` in a new
+    session with cwd `sandbox_dir`, `env` on top of the agent's environment, and
+    `limits` enforced; report `ExecutorStarted`, then `ExecutorProcessExited` (or
+    `ExecutorLaunchFailed`) exactly once for this run."""
+
+    framework_id: str
+    executor_id: str
+    run_id: str
+    command: CommandInfo
+    env: dict[str, str]
+    sandbox_dir: str
+    uris: tuple[URI, ...] = ()
+    limits: Limits = Limits()
+
+
+@attrs.frozen
+class KillExecutor:
+    """Signal the run's whole process group; `signal` is "TERM" or "KILL"."""
+
+    framework_id: str
+    executor_id: str
+    run_id: str
+    signal: str
+
+
+@attrs.frozen
+class UpdateLimits:
+    """The run's tasks changed: enforce `limits` from now on."""
+
+    framework_id: str
+    executor_id: str
+    run_id: str
+    limits: Limits
+
+
+@attrs.frozen
+class ConnectMaster:
+    endpoint: str
+
+
+@attrs.frozen
+class DetectMaster:
+    """Find the leading master (the shell's detector) and answer `MasterDetected`."""
+
+
+@attrs.frozen
+class Checkpoint:
+    """Write `AgentState.saved()` under the work dir before performing the effects
+    that follow (acks to executors, messages to the master)."""
+
+
+@attrs.frozen
+class Exit:
+    """Every executor is gone (or the deadline passed): the agent may stop."""
+
+
+# ------------------------------------------------------------------------- config
+
+
+@attrs.frozen(kw_only=True)
+class AgentConfig:
+    """What the agent is and how patient it is. `port` (HTTP) and `executor_port`
+    are the bound ports and `pid` the agent's process; the shell fills them in."""
+
+    hostname: str
+    ip: str
+    port: int
+    executor_port: int
+    work_dir: str
+    resources: Resources
+    python: str  # interpreter for the command executor (the agent's own)
+    attributes: dict[str, str] = attrs.field(factory=dict)
+    version: str = "0.1.0"
+    pid: int = 0
+    isolation: str = attrs.field(default="posix", validator=attrs.validators.in_(ISOLATIONS))
+    ping_interval: float = 15.0  # assumed until the master says otherwise
+    register_backoff: float = 1.0
+    register_backoff_max: float = 30.0
+    status_update_backoff: float = 1.0
+    status_update_backoff_max: float = 30.0
+    executor_registration_timeout: float = 60.0
+    executor_reregistration_timeout: float = 10.0  # after an agent restart
+    executor_shutdown_grace_period: float = 3.0
+    executor_kill_delay: float = 3.0  # SIGTERM -> SIGKILL
+    recovery_timeout: float = 15 * 60.0  # executors give up on a missing agent
+    usage_report_interval: float = 5.0
+    shutdown_slack: float = 2.0  # beyond grace + kill delay before exiting anyway
+    completed_limit: int = 100  # completed frameworks/executors/tasks kept for /state
+
+    @property
+    def executor_endpoint(self) -> str:
+        return f"tcp://{self.ip}:{self.executor_port}"
+
+
+# -------------------------------------------------------------------------- records
+
+DETECTING, REGISTERING, REGISTERED = "DETECTING", "REGISTERING", "REGISTERED"
+LAUNCHING, RECOVERING, RUNNING = "LAUNCHING", "RECOVERING", "RUNNING"
+TERMINATING, TERMINATED = "TERMINATING", "TERMINATED"
+EXECUTOR_PHASES = (LAUNCHING, RECOVERING, RUNNING, TERMINATING, TERMINATED)
+
+
+@attrs.frozen
+class Outcome:
+    """How a task the agent is ending must be reported, whatever its executor says
+    (killed for failing health checks, or by a drain)."""
+
+    state: TaskState
+    reason: str
+    message: str
+
+
+@attrs.define
+class TaskRecord:
+    info: TaskInfo
+    framework_id: str
+    executor_id: str
+    state: TaskState = TaskState.TASK_STAGING
+    status_uuid: str = ""
+    seen_uuids: set[str] = attrs.field(factory=set)  # executor resends are dropped
+    kill_as: Outcome | None = None
+
+    @property
+    def task_id(self) -> str:
+        return self.info.task_id
+
+
+@attrs.define
+class ExecutorRecord:
+    framework_id: str
+    info: ExecutorInfo
+    run_id: str
+    directory: str
+    is_command: bool
+    phase: str = LAUNCHING
+    peer: str | None = None
+    timer: Hashable | None = None  # (re)registration timeout, or the next signal
+    pid: int | None = None
+    started: float | None = None
+    queued: dict[str, TaskRecord] = attrs.field(factory=dict)  # until registration
+    launched: dict[str, TaskRecord] = attrs.field(factory=dict)  # non-terminal
+    terminated: dict[str, TaskRecord] = attrs.field(factory=dict)  # terminal, unacked
+    completed: deque[TaskRecord] = attrs.field(factory=deque)
+    pending_kills: dict[str, float | None] = attrs.field(factory=dict)  # while recovering
+    limits: Limits = Limits()
+    last_sample: RunSample | None = None
+    usage: ExecutorUsage | None = None
+    status: int | None = None  # exit status once gone
+
+    @property
+    def executor_id(self) -> str:
+        return self.info.executor_id
+
+    @property
+    def key(self) -> RunKey:
+        return (self.framework_id, self.executor_id, self.run_id)
+
+    def live_tasks(self) -> Iterator[TaskRecord]:
+        yield from self.queued.values()
+        yield from self.launched.values()
+
+    def find(self, task_id: str) -> TaskRecord | None:
+        return (self.queued.get(task_id) or self.launched.get(task_id)
+                or self.terminated.get(task_id))
+
+
+@attrs.define
+class FrameworkRecord:
+    info: FrameworkInfo
+    executors: dict[str, ExecutorRecord] = attrs.field(factory=dict)
+    completed_executors: deque[ExecutorRecord] = attrs.field(factory=deque)
+
+    @property
+    def id(self) -> str:
+        assert self.info.id is not None
+        return self.info.id
+
+
+def describe_exit(status: int) -> str:
+    if status == UNKNOWN_EXIT:
+        return "Executor is gone; its exit status is unknown (adopted after an agent restart)"
+    if status >= 0:
+        return f"Executor exited with status {status}"
+    try:
+        name = signal.Signals(-status).name
+    except ValueError:
+        name = f"signal {-status}"
+    return f"Executor terminated by {name}"
+
+
+def mib(size: int) -> str:
+    return f"{size / MIB:.1f} MiB"
+
+
+def resources_dict(resources: Resources) -> dict[str, float | str]:
+    """`{"cpus": 1.0, "ports": "[31000-32000]"}`: the shape operators know from Mesos."""
+    scalars = resources.scalar_items()
+    out: dict[str, float | str] = {}
+    for name in sorted(resources.names()):
+        if name in scalars:
+            out[name] = scalars[name] / 1000
+        else:
+            out[name] = "[" + ",".join(f"{b}-{e}" for b, e in resources.ranges(name)) + "]"
+    return out

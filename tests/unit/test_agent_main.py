@@ -1,0 +1,28 @@
+"""`dyad-agent`'s flags: sizes, fractions, counts, and which resources it detects."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from agent.main import _count, _fraction, _options, _parser, _size
+
+
+def test_sizes_fractions_and_counts_are_parsed_or_refused() -> None:
+    assert [_size(t) for t in ("10MB", "512kb", "2G", "100", "1.5MB")] == [
+        10 * 2 ** 20, 512 * 2 ** 10, 2 * 2 ** 30, 100, int(1.5 * 2 ** 20)]
+    assert _fraction("0.1") == 0.1 and _count("3") == 3
+    for parse, text in ((_size, "ten"), (_size, "-1MB"), (_fraction, "1.5"), (_count, "-1")):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse(text)
+
+
+def test_what_the_operator_leaves_out_counts_as_detected() -> None:
+    args = _parser().parse_args(["--master", "m:5050", "--resources", "cpus:2;mem:512",
+                                 "--log-max-size", "1MB", "--gc-delay", "2days"])
+    options = _options(args)
+    assert options.detected_resources == {"disk", "ports"}
+    assert options.log_max_size == 2 ** 20 and options.gc_delay == 2 * 86400
+    assert _options(_parser().parse_args(["--master", "m:5050"])).detected_resources == {
+        "cpus", "mem", "disk", "ports"}
