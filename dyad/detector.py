@@ -5,26 +5,37 @@ is learned from `GET /master/info`, which returns the same MasterInfo JSON that 
 master writes into ZooKeeper. A detector's one job: `await detect()` returns the
 current leader's MasterInfo, waiting (with backoff) while there is none.
 
-`StandaloneDetector` asks one master. The high-availability work adds a ZooKeeper
-detector with the same `detect()`; `make_detector` is the seam where it plugs in.
+Detectors also announce successions: `await next_leader(current)` returns once a
+master other than `current` leads, so agents and scheduler drivers follow a
+failover as soon as it happens instead of waiting for their heartbeats to time out.
+
+`StandaloneDetector` asks one master at a fixed address. `ZooKeeperDetector`
+watches the masters' election znodes (`zk://host:2181,host2:2181/dyad`, see
+`dyad.zk`); `make_detector` picks one from the address a user typed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Protocol
 
 import aiohttp
 
 from dyad.codec import CodecError, from_json
 from dyad.messages import MasterInfo
+from dyad.zk import LeaderWatch, ZkError, ZkSession, parse_zk_url
 
 log = logging.getLogger(__name__)
 
 
 class Detector(Protocol):
-    async def detect(self) -> MasterInfo: ...
+    async def detect(self) -> MasterInfo:
+        """The current leader; waits while there is none."""
+
+    async def next_leader(self, current: MasterInfo) -> MasterInfo:
+        """Wait until a master other than `current` leads, and return it."""
 
     async def close(self) -> None: ...
 
@@ -66,15 +77,86 @@ class StandaloneDetector:
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.max_backoff)
 
+    async def next_leader(self, current: MasterInfo) -> MasterInfo:
+        """Never returns: one fixed address announces no successor. A master
+        restarted there is found when heartbeats time out and `detect()` runs again."""
+        never: asyncio.Future[MasterInfo] = asyncio.get_running_loop().create_future()
+        return await never
+
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
             self._session = None
 
 
+class ZooKeeperDetector:
+    """Follows the leading master through ZooKeeper: the contender znode with the
+    lowest sequence number under the root holds the leader's MasterInfo.
+
+    The session starts at the first `detect()` and reconnects forever; while
+    ZooKeeper is unreachable, the last known leader stays the answer (the masters
+    themselves stop leading when they lose ZooKeeper, so it cannot be stale for
+    long). Its session timeout does not affect how fast a failover is seen:
+    changes are pushed by a watch."""
+
+    def __init__(self, url: str, session_timeout: float = 10.0) -> None:
+        self.address = parse_zk_url(url)
+        self._session_timeout = session_timeout
+        self._session: ZkSession | None = None
+        self._watch: LeaderWatch | None = None
+        self._starting: asyncio.Task[None] | None = None
+        self._leader: MasterInfo | None = None
+        self._change = asyncio.Event()
+
+    async def detect(self) -> MasterInfo:
+        return await self._wait(lambda leader: True)
+
+    async def next_leader(self, current: MasterInfo) -> MasterInfo:
+        return await self._wait(lambda leader: leader.id != current.id)
+
+    async def _wait(self, wanted: Callable[[MasterInfo], bool]) -> MasterInfo:
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(self._start())
+        await asyncio.shield(self._starting)
+        while self._leader is None or not wanted(self._leader):
+            await self._change.wait()
+        return self._leader
+
+    async def _start(self) -> None:
+        self._session = ZkSession(self.address.hosts, self._session_timeout)
+        self._watch = LeaderWatch(self._session, self.address.root, self._on_leader)
+        while True:
+            try:
+                await self._session.start()
+                await self._watch.start()
+                return
+            except ZkError as exc:  # the connection dropped half-way: again
+                log.warning("cannot watch %s yet: %s", self.address.url, exc)
+                await asyncio.sleep(0.5)
+
+    def _on_leader(self, path: str | None, info: MasterInfo | None) -> None:
+        if info is None:
+            log.info("no master leads under %s right now", self.address.url)
+            return  # keep the last leader until a successor is elected
+        log.info("leading master is %s at %s", info.id, info.zmq_endpoint)
+        self._leader = info
+        # Wake every waiter; each checks whether this leader is the one it wants.
+        self._change.set()
+        self._change = asyncio.Event()
+
+    async def close(self) -> None:
+        if self._starting is not None:
+            self._starting.cancel()
+        if self._watch is not None:
+            self._watch.stop()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
 def make_detector(address: str) -> Detector:
-    """A detector for a master address as users write it."""
+    """A detector for a master address as users write it: `host:5050` or
+    `zk://host:2181[,host:2181...]/root`. Raises ValueError for a bad address."""
     if address.startswith("zk://"):
-        raise ValueError("zk:// master addresses need ZooKeeper support, which this "
-                         "build does not have yet; give the master's host:port")
+        return ZooKeeperDetector(address)
     return StandaloneDetector(address)

@@ -87,7 +87,11 @@ def agent_resources(base: str, index: int) -> str:
 
 @attrs.define
 class LocalCluster:
-    """One master and `agents` agents on 127.0.0.1, logs under `work_dir`."""
+    """One master and `agents` agents on 127.0.0.1, logs under `work_dir`.
+
+    With `zk` (a `zk://host:port/root` URL of a running ZooKeeper), `masters`
+    masters contend through it and agents follow whichever leads; `master` is
+    then the first one started, `leader()` the one leading now."""
 
     work_dir: Path
     agents: int = 3
@@ -99,16 +103,37 @@ class LocalCluster:
     attributes: Callable[[int], str] = lambda i: f"rack:r{i % 2 + 1}"
     master: Child | None = None
     agent_children: list[Child] = attrs.field(factory=list)
+    zk: str = ""
+    masters: int = 1
+    master_children: list[Child] = attrs.field(factory=list)
 
     @property
     def master_address(self) -> str:
-        """host:port of the master's HTTP API: what users and drivers are given."""
+        """What users and drivers are given: host:port of the master's HTTP API,
+        or the ZooKeeper URL when masters contend through ZooKeeper."""
         if self.master is None:
             raise ClusterError("cluster not started")
-        return self.master.url.removeprefix("http://")
+        return self.zk or self.master.url.removeprefix("http://")
+
+    def leader(self) -> Child:
+        """The master leading now (asks each running master's /health)."""
+        for child in self.master_children:
+            if child.process.poll() is not None:
+                continue
+            try:
+                if http_get_json(f"{child.url}/health", timeout=2).get("leader"):
+                    return child
+            except (urllib.error.URLError, OSError, ValueError):
+                continue
+        raise ClusterError("no master is leading")
 
     def _spawn(self, name: str, argv: list[str]) -> Child:
         log_path = self.work_dir / f"{name}.log"
+        if log_path.exists():  # a restart: keep the previous run's log beside it
+            runs = 1
+            while log_path.with_name(f"{name}.log.{runs}").exists():
+                runs += 1
+            log_path.rename(log_path.with_name(f"{name}.log.{runs}"))
         log = open(log_path, "wb")
         try:
             process = subprocess.Popen(
@@ -118,16 +143,26 @@ class LocalCluster:
             log.close()
         return Child(name, process, log_path)
 
-    def start_master(self, timeout: float = 30.0) -> Child:
+    def start_master(self, timeout: float = 30.0, index: int = 0) -> Child:
+        """Start (or restart) master `index`; masters after the first need `zk`."""
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        child = self._spawn("master", [
+        name = "master" if index == 0 else f"master{index}"
+        zk_args = ["--zk", self.zk] if self.zk else []
+        # Masters after the first share the host: they take any free ports.
+        ports = (self.port, self.zmq_port) if index == 0 else (0, 0)
+        child = self._spawn(name, [
             sys.executable, "-m", "master.main", "--ip", "127.0.0.1",
-            "--hostname", "127.0.0.1", "--port", str(self.port),
-            "--zmq-port", str(self.zmq_port), "--work-dir", str(self.work_dir / "master"),
-            *self.master_args])
+            "--hostname", "127.0.0.1", "--port", str(ports[0]),
+            "--zmq-port", str(ports[1]), "--work-dir", str(self.work_dir / name),
+            *zk_args, *self.master_args])
         match = _wait_for_line(child, _MASTER_LINE, time.monotonic() + timeout)
         child.url, child.zmq = match.group(1), match.group(2)
-        self.master = child
+        if index < len(self.master_children):
+            self.master_children[index] = child
+        else:
+            self.master_children.append(child)
+        if index == 0:
+            self.master = child
         return child
 
     def start_agent(self, index: int, timeout: float = 30.0) -> Child:
@@ -146,8 +181,11 @@ class LocalCluster:
         return child
 
     def start(self, timeout: float = 30.0) -> None:
+        if self.masters > 1 and not self.zk:
+            raise ClusterError("several masters need ZooKeeper (zk=...)")
         try:
-            self.start_master(timeout)
+            for index in range(self.masters):
+                self.start_master(timeout, index)
             for index in range(self.agents):
                 self.start_agent(index, timeout)
             self.wait_for_agents(self.agents, timeout)
@@ -156,9 +194,11 @@ class LocalCluster:
             raise
 
     def state(self) -> Any:
+        """The leading master's /state."""
         if self.master is None:
             raise ClusterError("cluster not started")
-        return http_get_json(f"{self.master.url}/state")
+        leader = self.leader() if self.zk else self.master
+        return http_get_json(f"{leader.url}/state")
 
     def wait_for_agents(self, count: int, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
@@ -167,7 +207,7 @@ class LocalCluster:
                 active = [a for a in self.state()["agents"] if a.get("active", True)]
                 if len(active) >= count:
                     return
-            except (urllib.error.URLError, OSError, ValueError, KeyError):
+            except (urllib.error.URLError, OSError, ValueError, KeyError, ClusterError):
                 pass
             time.sleep(0.1)
         raise ClusterError(f"{count} agents did not register within {timeout:.0f}s")
@@ -194,8 +234,8 @@ class LocalCluster:
                 child.process.send_signal(signal.SIGTERM)
         for child in self.agent_children:
             self.stop_child(child)
-        if self.master is not None:
-            self.stop_child(self.master)
+        for child in self.master_children:
+            self.stop_child(child)
 
     def __enter__(self) -> "LocalCluster":
         self.start()

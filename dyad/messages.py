@@ -14,7 +14,7 @@ Who sends what (see DESIGN.md §3):
 - master -> scheduler driver: Subscribed, Offers, Rescind, Update,
   ExecutorToFramework, Failure, Error, Heartbeat, Rejected
 - agent -> master: RegisterAgent, StatusUpdate, ExecutorToFramework,
-  ExecutorExited, Pong
+  ExecutorExited, Pong, UsageReport, DrainAgent
 - master -> agent: AgentRegistered, Ping, RunTask, KillTask, StatusUpdateAck,
   FrameworkToExecutor, ShutdownFramework, Rejected
 - executor -> agent: RegisterExecutor, ReregisterExecutor, StatusUpdate,
@@ -105,6 +105,12 @@ class Reason:
     TASK_KILLED_DURING_LAUNCH = "REASON_TASK_KILLED_DURING_LAUNCH"
     TASK_UNKNOWN = "REASON_TASK_UNKNOWN"
     CONTAINER_LAUNCH_FAILED = "REASON_CONTAINER_LAUNCH_FAILED"
+    CONTAINER_LIMITATION_MEMORY = "REASON_CONTAINER_LIMITATION_MEMORY"
+    EXECUTOR_REREGISTRATION_TIMEOUT = "REASON_EXECUTOR_REREGISTRATION_TIMEOUT"
+    TASK_HEALTH_CHECK_STATUS_UPDATED = "REASON_TASK_HEALTH_CHECK_STATUS_UPDATED"
+    TASK_UNHEALTHY = "REASON_TASK_UNHEALTHY"
+    FETCH_FAILED = "REASON_FETCH_FAILED"  # Dyad's own: Mesos folds it into launch failed
+    AGENT_DRAINING = "REASON_AGENT_DRAINING"
 
 
 # ----------------------------------------------------------------------- data types
@@ -287,6 +293,9 @@ class Offer:
     attributes: dict[str, str] = attrs.field(factory=dict)
     executor_ids: list[str] = attrs.field(factory=list)
     url: str = ""  # the agent's HTTP base URL (its /files API serves sandboxes)
+    # URIs the agent's fetcher cache holds: prefer agents that already have a
+    # task's packages (Borg's package locality).
+    cached_uris: list[str] = attrs.field(factory=list)
 
 
 class OperationType:
@@ -339,6 +348,27 @@ class Task:
 class ReconcileTask:
     task_id: str
     agent_id: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ExecutorUsage:
+    """What one executor (its whole process tree or cgroup) used, sampled by the
+    agent. `cpus_used` is cores over the last sampling interval; times are
+    cumulative seconds; limits are what the agent enforces (0: none)."""
+
+    framework_id: str
+    executor_id: str
+    task_ids: list[str] = attrs.field(factory=list)
+    timestamp: float = 0.0
+    cpus_used: float = 0.0
+    cpus_user_time_secs: float = 0.0
+    cpus_system_time_secs: float = 0.0
+    cpus_limit: float = 0.0
+    cpus_nr_throttled: int = 0
+    cpus_throttled_time_secs: float = 0.0
+    mem_rss_bytes: int = 0
+    mem_limit_bytes: int = 0
+    processes: int = 0
 
 
 # ------------------------------------------------------------------------- messages
@@ -585,6 +615,24 @@ class ShutdownFramework(Message):
     framework_id: str
 
 
+@message("usage_report")
+class UsageReport(Message):
+    """Agent -> master, periodically: what each executor uses, and which URIs the
+    agent's fetcher cache holds (a full list each time, so a lost report or a
+    new master costs nothing)."""
+
+    agent_id: str
+    executors: list[ExecutorUsage] = attrs.field(factory=list)
+    cached_uris: list[str] = attrs.field(factory=list)
+
+
+@message("drain_agent")
+class DrainAgent(Message):
+    """Agent -> master: this agent is draining; offer nothing more from it."""
+
+    agent_id: str
+
+
 # agent <-> executor ------------------------------------------------------------------
 
 @message("register_executor")
@@ -608,6 +656,9 @@ class ExecutorRegistered(Message):
     executor: ExecutorInfo
     framework: FrameworkInfo
     agent: AgentInfo
+    # The agent's process id: an executor that outlived one agent watches the next
+    # one by pid (it is no longer that agent's child). 0 = unknown.
+    agent_pid: int = 0
 
 
 @message("launch_task")

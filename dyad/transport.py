@@ -22,6 +22,7 @@ from dyad.messages import MAX_FRAME_BYTES, Message, MessageError, decode, encode
 # Frames above this are dropped by libzmq itself (the peer is disconnected); frames
 # between MAX_FRAME_BYTES and this reach `decode`, which rejects them with a reason.
 _HARD_FRAME_LIMIT = 4 * MAX_FRAME_BYTES
+LISTEN_BACKLOG = 4096
 
 
 @attrs.frozen
@@ -62,6 +63,10 @@ class Router:
         _configure(self._sock)
         # A restarted peer that reuses its identity takes over the old route.
         self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        # After a master failover every agent connects at once; ZMQ's default
+        # listen backlog (100) drops the excess SYNs, costing them 1-7 s of TCP
+        # retransmission. The kernel caps this at net.core.somaxconn.
+        self._sock.setsockopt(zmq.BACKLOG, LISTEN_BACKLOG)
 
     def bind(self, host: str, port: int) -> int:
         """Bind to host:port (port 0 picks a free one); return the bound port."""

@@ -164,13 +164,20 @@ class SchedulerCore:
         return [Detect()]
 
     def master_detected(self, master: MasterInfo, now: float) -> list[Effect]:
-        """The shell found a leader and connected to it: subscribe."""
-        if self._state not in (_State.DETECTING, _State.SUBSCRIBING):
+        """The shell found a leader and connected to it: subscribe. A new leader
+        while subscribed (a failover the detector saw) is a disconnection."""
+        effects: list[Effect] = []
+        if self._state is _State.SUBSCRIBED and self.master is not None \
+                and master.id != self.master.id:
+            log.info("leading master changed to %s; subscribing there", master.id)
+            effects = [CancelTimer(_Timer.HEARTBEAT), CancelTimer(_Timer.LIVENESS),
+                       Callback("disconnected")]
+        elif self._state not in (_State.DETECTING, _State.SUBSCRIBING):
             return []
         self.master = master
         self._state = _State.SUBSCRIBING
         self._attempts = 0
-        return self._subscribe(now)
+        return effects + self._subscribe(now)
 
     def _subscribe(self, now: float) -> list[Effect]:
         self._attempts += 1
@@ -499,14 +506,32 @@ class SchedulerDriver(DriverRuntime):
         await self._detector.close()
 
     async def _detect_forever(self) -> None:
-        assert self._dealer is not None
+        following: asyncio.Task[None] | None = None
+        try:
+            while True:
+                await self._detect_wanted.wait()
+                self._detect_wanted.clear()
+                master = await self._detector.detect()
+                self._use_master(master)
+                # Follow successions from here on: a failover is pushed to us by
+                # the detector, long before the master's heartbeats would be missed.
+                if following is not None:
+                    following.cancel()
+                following = asyncio.ensure_future(self._follow(master))
+        finally:
+            if following is not None:
+                following.cancel()
+
+    async def _follow(self, master: MasterInfo) -> None:
         while True:
-            await self._detect_wanted.wait()
-            self._detect_wanted.clear()
-            master = await self._detector.detect()
-            log.info("master %s at %s", master.id, master.zmq_endpoint)
-            self._dealer.connect(master.zmq_endpoint)
-            self._apply(self._core.master_detected(master, self._clock.now()))
+            master = await self._detector.next_leader(master)
+            self._use_master(master)
+
+    def _use_master(self, master: MasterInfo) -> None:
+        assert self._dealer is not None
+        log.info("master %s at %s", master.id, master.zmq_endpoint)
+        self._dealer.connect(master.zmq_endpoint)
+        self._apply(self._core.master_detected(master, self._clock.now()))
 
     def _begin(self, now: float) -> list[Any]:
         return self._core.start(now)

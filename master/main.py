@@ -1,8 +1,15 @@
-"""`dyad-master`: run one standalone master until SIGTERM or SIGINT.
+"""`dyad-master`: run one master until SIGTERM or SIGINT.
 
-On start it prints exactly one line to stdout,
-``dyad-master listening on http://IP:PORT zmq=tcp://IP:ZMQPORT`` (the real ports
-when 0 was asked for), which `dyad local` and tests parse.
+Standalone by default; with `--zk zk://HOSTS/ROOT` it is one of several masters
+contending through ZooKeeper, a standby until elected. On start it prints exactly
+one line to stdout, ``dyad-master listening on http://IP:PORT zmq=tcp://IP:ZMQPORT``
+(the real ports when 0 was asked for; a standby prints it too), which `dyad local`
+and tests parse.
+
+Exit codes: 0 after SIGTERM/SIGINT; 1 when it cannot start (port in use, work dir
+held by another master); `EXIT_NOT_LEADER` (75, "try again") when it stopped
+leading or lost its place in the election: a supervisor restarts it and it
+contends anew, as Mesos masters do.
 """
 
 from __future__ import annotations
@@ -19,10 +26,14 @@ from collections.abc import Sequence
 import zmq
 
 from dyad.units import parse_duration
-from master.server import MasterServer
+from dyad.zk import ZkAddress, parse_zk_url
+from master.registry import RegistryError
+from master.server import DEFAULT_ZK_SESSION_TIMEOUT, MasterServer
 from master.state import MasterConfig
 
 log = logging.getLogger("dyad.master")
+
+EXIT_NOT_LEADER = 75  # EX_TEMPFAIL
 
 
 def _duration(text: str) -> float:
@@ -43,6 +54,30 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be at least 1")
     return value
+
+
+def _rate(text: str) -> tuple[int, float] | None:
+    """'1/10s' -> (1, 10.0): at most 1 per 10 seconds; 'none' -> no limit."""
+    if text.strip().lower() == "none":
+        return None
+    permits, slash, per = text.partition("/")
+    try:
+        if not slash:
+            raise ValueError
+        count, seconds = int(permits), parse_duration(per)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid rate {text!r} (try 1/10s, 5/1mins or none)") from None
+    if count < 1 or seconds <= 0:
+        raise argparse.ArgumentTypeError(f"rate {text!r} must be positive")
+    return count, seconds
+
+
+def _zk_url(text: str) -> ZkAddress:
+    try:
+        return parse_zk_url(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _port(text: str) -> int:
@@ -73,18 +108,24 @@ def build_parser() -> argparse.ArgumentParser:
                         help="framework heartbeat interval (both directions)")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"])
-    parser.add_argument("--zk", metavar="URL",
-                        help="not supported yet (comes with high availability)")
+    parser.add_argument("--zk", metavar="URL", type=_zk_url,
+                        help="contend for leadership through ZooKeeper, e.g. "
+                             "zk://zk1:2181,zk2:2181/dyad (default: standalone)")
+    parser.add_argument("--zk-session-timeout", type=_duration,
+                        default=f"{DEFAULT_ZK_SESSION_TIMEOUT:g}s",
+                        help="how long ZooKeeper waits before a silent master's "
+                             "leadership ends: the floor of failover time")
+    parser.add_argument("--agent-reregister-timeout", type=_duration, default="10mins",
+                        help="after a failover, how long agents from the registry "
+                             "have to re-register before they are unreachable")
+    parser.add_argument("--agent-removal-rate-limit", type=_rate, default="1/10s",
+                        help="at most N agents marked unreachable per duration "
+                             "(N/DURATION, or none)")
     return parser
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.zk is not None:
-        parser.error("--zk is not supported yet: ZooKeeper leader election comes with "
-                     "high availability; run a standalone master without --zk")
-    return args
+    return build_parser().parse_args(argv)
 
 
 def config_from(args: argparse.Namespace) -> MasterConfig:
@@ -92,12 +133,16 @@ def config_from(args: argparse.Namespace) -> MasterConfig:
         offer_timeout=args.offer_timeout, allocation_interval=args.allocation_interval,
         agent_ping_timeout=args.agent_ping_timeout,
         max_agent_ping_timeouts=args.max_agent_ping_timeouts,
-        heartbeat_interval=args.heartbeat_interval)
+        heartbeat_interval=args.heartbeat_interval,
+        agent_reregister_timeout=args.agent_reregister_timeout,
+        agent_removal_rate=args.agent_removal_rate_limit)
 
 
 async def _serve(args: argparse.Namespace) -> int:
     server = MasterServer(ip=args.ip, hostname=args.hostname, port=args.port,
-                          zmq_port=args.zmq_port, config=config_from(args))
+                          zmq_port=args.zmq_port, config=config_from(args),
+                          work_dir=args.work_dir, zk=args.zk,
+                          zk_session_timeout=args.zk_session_timeout)
     await server.start()
     info = server.info
     print(f"dyad-master listening on {info.http_url} zmq={info.zmq_endpoint}", flush=True)
@@ -105,11 +150,16 @@ async def _serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
+    server.lost.add_done_callback(lambda _: stopping.set())
     try:
         await stopping.wait()
     finally:
         log.info("stopping")
         await server.stop()
+    if server.lost.done():
+        log.error("exiting with %d so a supervisor restarts this master: %s",
+                  EXIT_NOT_LEADER, server.lost.result())
+        return EXIT_NOT_LEADER
     return 0
 
 
@@ -126,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     try:
         return asyncio.run(_serve(args))
-    except (OSError, zmq.ZMQError) as exc:  # typically: port already in use
+    except (OSError, zmq.ZMQError, RegistryError) as exc:  # port or work dir in use
         log.error("cannot start the master: %s", exc)
         return 1
 

@@ -1,9 +1,22 @@
-"""The master's asyncio shell: sockets and timers around the pure `MasterState`.
+"""The master's asyncio shell: sockets, timers, election and registry around the
+pure `MasterState`.
 
 One task receives frames from the ZMQ ROUTER and turns them into events; timer
 callbacks turn due timers into events; one task takes events off a queue in
 order, hands each to `MasterState.handle` and performs the effects. Because a
 single task does all the handling, the core never sees concurrency.
+
+Leadership. Standalone (no ZooKeeper), the master leads from the start and keeps
+its registry in a file under the work dir. With ZooKeeper it starts as a
+*standby*: it binds its ports, serves `/health` and `/state` (saying who leads),
+enters the election (`dyad.zk`) and drops every frame until it is elected. Once
+elected it recovers the registry (which fences the previous leader), builds a
+fresh `MasterState` from it, and acts only while its `Lease` on the ZooKeeper
+session is valid: a leader that cannot confirm its session stops handling events
+at once, and gives up for good (`lost` resolves, `dyad-master` exits non-zero for
+a supervisor to restart it, as Mesos does) when the session is LOST, when it
+stays unconfirmed past one session timeout, or when a registry write is fenced.
+Two masters therefore never both make offers.
 
 This is the only place where an unexpected exception is caught wholesale: it is
 logged, counted (`master/internal_errors`) and the master keeps serving.
@@ -12,10 +25,12 @@ logged, counted (`master/internal_errors`) and the master keeps serving.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import socket
 import time
 from collections.abc import Hashable
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -23,26 +38,56 @@ import zmq.asyncio
 from aiohttp import web
 
 from dyad.clock import Clock, SystemClock
+from dyad.codec import to_json
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired
 from dyad.ids import IdGenerator
 from dyad.messages import Address, MasterInfo
 from dyad.transport import Router
+from dyad.zk import (
+    CONNECTED, LOST, SUSPENDED, LeaderWatch, Lease, SessionState, ZkAddress, ZkError,
+    ZkSession, create_contender,
+)
 from master.http import make_app
+from master.registry import (
+    FileRegistry, Registry, RegistryData, RegistryError, ZooKeeperRegistry, restore,
+    snapshot_of,
+)
 from master.state import (
     ALLOCATE, VERSION, AllocationTimed, Event, Invalid, MasterConfig, MasterState, Received,
 )
 
 log = logging.getLogger(__name__)
 
+EARLY_FRAMES_WINDOW = 2.0
+"""Seconds. Agents and drivers learn of a new leader from ZooKeeper at the same
+moment it does, so their first frames can reach it while it is still reading the
+registry, or even before its own watch has fired. A standby keeps what it
+received this recently (at most `EARLY_FRAMES_MAX` frames) and handles it once
+elected, instead of making every peer wait for its retry."""
+EARLY_FRAMES_MAX = 20_000
+
+REGISTRY_BATCH = 0.1
+"""Seconds a registry write waits for more changes: every write is the whole
+registry, so a burst of a thousand new agents must not become a thousand writes."""
+
+DEFAULT_ZK_SESSION_TIMEOUT = 4.0
+"""Seconds. ZooKeeper's own minimum with its stock tickTime (2 s): the shortest
+timeout a stock server grants, and what bounds how fast a dead leader is replaced."""
+
 
 class MasterServer:
     """A running master: ZMQ ROUTER on `zmq_port`, HTTP on `port` (0 = any free
-    port; `info` reports the real ones once `start()` returns)."""
+    port; `info` reports the real ones once `start()` returns).
+
+    `work_dir` keeps the standalone registry (None: nothing persists, for tests);
+    `zk` makes this master a contender in that ZooKeeper election instead."""
 
     def __init__(self, *, ip: str = "127.0.0.1", hostname: str | None = None,
                  port: int = 5050, zmq_port: int = 5055, config: MasterConfig | None = None,
                  clock: Clock | None = None, ids: IdGenerator | None = None,
-                 context: zmq.asyncio.Context | None = None) -> None:
+                 context: zmq.asyncio.Context | None = None, work_dir: Path | None = None,
+                 zk: ZkAddress | None = None,
+                 zk_session_timeout: float = DEFAULT_ZK_SESSION_TIMEOUT) -> None:
         self.ip = ip
         self.hostname = hostname or socket.gethostname()
         self.config = config or MasterConfig()
@@ -51,6 +96,10 @@ class MasterServer:
         self._clock = clock or SystemClock()
         self._ids = ids or IdGenerator()
         self._context = context
+        self._work_dir = work_dir
+        self._zk = zk
+        self._zk_session_timeout = zk_session_timeout
+        self._info: MasterInfo | None = None
         self._state: MasterState | None = None
         self._router: Router | None = None
         self._runner: web.AppRunner | None = None
@@ -59,10 +108,29 @@ class MasterServer:
         self._tasks: list[asyncio.Task[None]] = []
         self._internal_errors = 0
         self._dropped_sends = 0
+        # Election and registry.
+        self.leader: MasterInfo | None = None
+        self._session: ZkSession | None = None
+        self._contender: str | None = None
+        self._watch: LeaderWatch | None = None
+        self._lease: Lease | None = None
+        self._electing = False
+        self._registry: Registry | None = None
+        self._registry_dirty = asyncio.Event()
+        self._persisted = 0
+        self._counts = {"registry_writes": 0, "received_as_standby": 0, "paused": 0}
+        self._lost: asyncio.Future[str] | None = None
+        self._elected = asyncio.Event()
+        self._early: collections.deque[tuple[float, Event]] = collections.deque(
+            maxlen=EARLY_FRAMES_MAX)
 
     # ----------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
+        """Bind and serve. Standalone: also recover the registry and lead, so a
+        `RegistryError` (another master holds the work dir) is raised from here.
+        With ZooKeeper: enter the election and return as a standby."""
+        self._lost = asyncio.get_running_loop().create_future()
         router = Router(self._context)
         try:
             zmq_port = router.bind(self.ip, self._zmq_port)
@@ -71,63 +139,230 @@ class MasterServer:
             router.close()
             raise
         port = http_socket.getsockname()[1]
-        info = MasterInfo(id=self._ids.prefix, hostname=self.hostname, ip=self.ip, port=port,
-                          zmq_port=zmq_port, version=VERSION,
-                          address=Address(hostname=self.hostname, ip=self.ip, port=port))
+        self._info = MasterInfo(
+            id=self._ids.prefix, hostname=self.hostname, ip=self.ip, port=port,
+            zmq_port=zmq_port, version=VERSION,
+            address=Address(hostname=self.hostname, ip=self.ip, port=port))
         self._router = router
-        self._state = MasterState(self.config, info, self._ids, start_time=self._clock.now())
         self._runner = web.AppRunner(make_app(self), access_log=None)
         await self._runner.setup()
         await web.SockSite(self._runner, http_socket).start()
-        self._tasks = [asyncio.create_task(self._receive(), name="master-receive"),
-                       asyncio.create_task(self._process(), name="master-process")]
-        log.info("master %s up: http %s, zmq %s", info.id, info.http_url, info.zmq_endpoint)
+        self._spawn(self._receive(), "master-receive")
+        if self._zk is None:
+            registry = FileRegistry(self._work_dir) if self._work_dir is not None else None
+            try:
+                await self._lead(registry)
+            except BaseException:
+                await self.stop()
+                raise
+        else:
+            self._spawn(self._campaign(self._zk), "master-campaign")
+        log.info("master %s up: http %s, zmq %s", self.info.id, self.info.http_url,
+                 self.info.zmq_endpoint)
 
     async def stop(self) -> None:
+        """Stop acting, then end the ZooKeeper session: that deletes our contender
+        znode at once, so a clean stop is an instant failover."""
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
-        for handle in self._timers.values():
-            handle.cancel()
-        self._timers.clear()
+        self._cancel_timers()
+        if self._lease is not None:
+            self._lease.stop()
+        if self._watch is not None:
+            self._watch.stop()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
         if self._router is not None:
             self._router.close()
             self._router = None
+        if self._registry is not None:
+            await self._registry.close()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def lost(self) -> asyncio.Future[str]:
+        """Resolves (with the reason) when this master must stop for good."""
+        if self._lost is None:
+            raise RuntimeError("the master has not started")
+        return self._lost
+
+    async def elected(self) -> None:
+        """Wait until this master leads."""
+        await self._elected.wait()
+
+    def _spawn(self, coroutine: Any, name: str) -> None:
+        self._tasks.append(asyncio.create_task(coroutine, name=name))
 
     # --------------------------------------------------------------- HTTP view
 
     @property
     def state(self) -> MasterState:
         if self._state is None:
-            raise RuntimeError("the master has not started")
+            raise RuntimeError("this master is not leading")
         return self._state
 
     @property
     def info(self) -> MasterInfo:
-        return self.state.info
+        """This master's own MasterInfo (whether or not it leads)."""
+        if self._info is None:
+            raise RuntimeError("the master has not started")
+        return self._info
+
+    @property
+    def is_leader(self) -> bool:
+        return self._state is not None and not self.lost.done()
 
     def snapshot(self) -> dict[str, Any]:
-        return self.state.snapshot()
+        if self.is_leader:
+            return {**self.state.snapshot(), "elected": True}
+        leader = self.leader
+        return {
+            "id": self.info.id, "pid": f"master@{self.info.ip}:{self.info.zmq_port}",
+            "hostname": self.info.hostname, "version": self.info.version, "elected": False,
+            "leader": f"master@{leader.ip}:{leader.zmq_port}" if leader else "",
+            "leader_info": to_json(leader) if leader else None,
+            "leader_url": leader.http_url if leader else None,
+        }
 
     def metrics(self) -> dict[str, float]:
-        result = self.state.metrics()
+        result: dict[str, float] = self.state.metrics() if self.is_leader else {}
+        result["master/elected"] = 1 if self.is_leader else 0
         result["master/internal_errors"] = self._internal_errors
         result["master/dropped_sends"] = self._dropped_sends
+        result["master/registry_writes"] = self._counts["registry_writes"]
+        result["master/messages_received_as_standby"] = self._counts["received_as_standby"]
+        result["master/leadership_pauses"] = self._counts["paused"]
         return result
+
+    # --------------------------------------------------------------- election
+
+    async def _campaign(self, zk: ZkAddress) -> None:
+        """Enter the election and follow it; `_leader_changed` takes over from here."""
+        self._session = ZkSession(zk.hosts, self._zk_session_timeout, self._session_state)
+        try:
+            await self._session.start()
+            self._contender = await create_contender(self._session, zk.root, self.info)
+            log.info("contending for leadership as %s", self._contender)
+            self._watch = LeaderWatch(self._session, zk.root, self._leader_changed)
+            await self._watch.start()
+        except ZkError as exc:
+            self._give_up(f"cannot enter the election under {zk.url}: {exc}")
+
+    def _leader_changed(self, path: str | None, info: MasterInfo | None) -> None:
+        self.leader = info
+        if info is not None:
+            log.info("leading master: %s (%s)", info.id, info.http_url)
+        if (path is not None and path == self._contender and self._state is None
+                and not self._electing and not self.lost.done()):
+            self._electing = True
+            self._spawn(self._take_over(), "master-take-over")
+
+    async def _take_over(self) -> None:
+        assert self._session is not None and self._contender is not None
+        assert self._zk is not None
+        self._lease = Lease(self._session, self._contender, grace=self._zk_session_timeout,
+                            on_expired=self._give_up)
+        await self._lease.renew()
+        self._lease.start()
+        registry = ZooKeeperRegistry(self._session, self._zk.registry_path, self._contender)
+        try:
+            await self._lead(registry)
+        except RegistryError as exc:
+            self._give_up(f"cannot take over the registry: {exc}")
+
+    async def _lead(self, registry: Registry | None) -> None:
+        """Recover the registry and start acting as leader."""
+        started = time.perf_counter()
+        data = await registry.recover() if registry is not None else RegistryData()
+        now = self._clock.now()
+        state = MasterState(self.config, self.info, self._ids, start_time=now)
+        effects = restore(state, data, now)
+        self._registry = registry
+        self._state = state  # from here on `_receive` queues frames for handling
+        cutoff = time.monotonic() - EARLY_FRAMES_WINDOW
+        for received, event in self._early:  # ahead of them, in arrival order
+            if received >= cutoff:
+                self._events.put_nowait(event)
+        self._early.clear()
+        self._persisted = state.registry_changes
+        self.leader = self.info
+        for effect in effects:
+            await self._perform(effect)
+        self._spawn(self._process(), "master-process")
+        if registry is not None:
+            self._spawn(self._write_registry(), "master-registry")
+        self._elected.set()
+        log.info("leading: recovered %d agents and %d unreachable ones from the registry "
+                 "in %.0f ms", len(data.agents), len(data.unreachable),
+                 (time.perf_counter() - started) * 1000)
+
+    def _session_state(self, state: SessionState) -> None:
+        if state == SUSPENDED:
+            log.warning("ZooKeeper connection suspended; not acting as leader until it "
+                        "is confirmed")
+            if self._lease is not None:
+                self._lease.revoke()
+        elif state == LOST:
+            self._give_up("the ZooKeeper session expired")
+        elif state == CONNECTED:
+            log.info("ZooKeeper connection (re-)established")
+
+    def _give_up(self, reason: str) -> None:
+        """Stop acting as leader at once and for good: nothing more is handled or
+        sent. `lost` tells the owner, who exits so a supervisor restarts us."""
+        if self.lost.done():
+            return
+        log.error("stepping down: %s", reason)
+        current = asyncio.current_task()
+        for task in self._tasks:
+            if task is not current and task.get_name() in ("master-process", "master-registry"):
+                task.cancel()
+        self._cancel_timers()
+        if self._router is not None:
+            self._router.close()  # drops anything still queued
+            self._router = None
+        self.lost.set_result(reason)
+
+    async def _may_act(self) -> None:
+        """Wait while the lease on the ZooKeeper session is not confirmed."""
+        lease = self._lease
+        if lease is None or lease.valid():
+            return
+        self._counts["paused"] += 1
+        log.warning("paused: the ZooKeeper session is not confirmed")
+        while not lease.valid():
+            lease.renewed.clear()
+            await lease.renewed.wait()
+        log.info("resumed: the ZooKeeper session is confirmed")
+
+    async def _write_registry(self) -> None:
+        """Write the registry whenever the core's `registry_changes` moved; a burst
+        of changes (a thousand new agents) becomes a few writes. The counter is
+        checked after every event; a change made outside one (an operator's
+        `PUT /weights`) is seen at the next, at most one allocation interval later."""
+        assert self._registry is not None
+        while True:
+            await self._registry_dirty.wait()
+            await asyncio.sleep(REGISTRY_BATCH)
+            self._registry_dirty.clear()
+            changes = self.state.registry_changes
+            try:
+                await self._registry.store(snapshot_of(self.state))
+            except RegistryError as exc:
+                self._give_up(f"registry write failed: {exc}")
+                return
+            self._persisted = changes
+            self._counts["registry_writes"] += 1
 
     # ----------------------------------------------------------------- loops
 
     async def _receive(self) -> None:
-        assert self._router is not None
-        while True:
+        while self._router is not None:
             try:
                 inbound = await self._router.recv()
             except zmq.ZMQError as exc:
@@ -138,19 +373,39 @@ class MasterServer:
                 continue
             peer = inbound.identity.hex()
             if inbound.message is not None:
-                self._events.put_nowait(Received(peer, inbound.message))
+                event: Event = Received(peer, inbound.message)
             elif inbound.error is not None:
                 log.debug("bad frame from %s: %s", peer, inbound.error.reason)
-                self._events.put_nowait(Invalid(peer, inbound.error))
+                event = Invalid(peer, inbound.error)
+            else:
+                continue
+            if self._state is None:
+                # A standby acts on nothing (as Mesos' do); it keeps the last few
+                # seconds' frames in case it is about to lead (EARLY_FRAMES_WINDOW).
+                self._counts["received_as_standby"] += 1
+                now = time.monotonic()
+                while self._early and self._early[0][0] < now - EARLY_FRAMES_WINDOW:
+                    self._early.popleft()
+                self._early.append((now, event))
+            else:
+                self._events.put_nowait(event)
+            await asyncio.sleep(0)  # see _process
 
     async def _process(self) -> None:
         while True:
             event = await self._events.get()
+            await self._may_act()
             try:
                 await self._step(event)
             except Exception:
                 log.exception("master failed to handle %r", event)
                 self._internal_errors += 1
+            if self.state.registry_changes != self._persisted:
+                self._registry_dirty.set()
+            # Awaiting a ready queue or socket does not yield: without this, a
+            # burst (a thousand agents re-registering) would starve HTTP and the
+            # lease renewals until it is all handled.
+            await asyncio.sleep(0)
 
     async def _step(self, event: Event) -> None:
         started = time.perf_counter()
@@ -162,12 +417,13 @@ class MasterServer:
 
     async def _perform(self, effect: Send | ArmTimer | CancelTimer) -> None:
         if isinstance(effect, Send):
-            assert self._router is not None
-            try:
-                sent = await self._router.send(bytes.fromhex(effect.to), effect.message)
-            except zmq.ZMQError as exc:
-                log.warning("send of %s to %s failed: %s", effect.message.TYPE, effect.to, exc)
-                sent = False
+            sent = False
+            if self._router is not None:
+                try:
+                    sent = await self._router.send(bytes.fromhex(effect.to), effect.message)
+                except zmq.ZMQError as exc:
+                    log.warning("send of %s to %s failed: %s", effect.message.TYPE,
+                                effect.to, exc)
             if not sent:
                 self._dropped_sends += 1
         elif isinstance(effect, ArmTimer):
@@ -183,6 +439,11 @@ class MasterServer:
         handle = self._timers.pop(key, None)
         if handle is not None:
             handle.cancel()
+
+    def _cancel_timers(self) -> None:
+        for handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
 
     def _fire(self, key: Hashable) -> None:
         self._timers.pop(key, None)

@@ -22,13 +22,24 @@ allocator keeps its own view (allocated = offered + used per framework) and
 
 Timers (keys): `ALLOCATE`; `("offer", offer_id)` offer timeout;
 `("ping", agent_id)` agent liveness; `("heartbeat", framework_id)` heartbeats both
-ways; `("failover", framework_id)` teardown of a framework that stayed away.
+ways; `("failover", framework_id)` teardown of a framework that stayed away;
+`("recovery", "timeout")` the end of the re-registration window after a failover;
+`("removal", "next")` the next permitted unreachable-marking (rate limit).
+
+Registry (what survives failover, see master/registry.py): `recover()` hands a new
+leader the admitted and unreachable agents; admitted ones stay *recovering* (no
+offers, they are not in `_agents`) until they re-register or
+`agent_reregister_timeout` passes. Whenever the admitted or unreachable set
+changes, `registry_changes` goes up; a shell that sees it move writes
+`admitted_agents()`/`unreachable_agents()` (coalescing bursts into one write).
+It is a counter rather than an effect so that every harness matching on
+Send/ArmTimer/CancelTimer keeps working.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -45,8 +56,12 @@ from dyad.messages import (
     StatusUpdateAck, Subscribe, Subscribed, Suppress, Task, TaskInfo, TaskState,
     TaskStatus, Teardown, Unsubscribe, Update,
 )
-from dyad.resources import SHARE_KINDS, Resources, ResourcesError
-from master.allocator import Allocator, SimpleAllocator
+from dyad.messages import DrainAgent, UsageReport  # what agents report (docs/agent.md)
+from dyad.resources import SHARE_KINDS, UNRESERVED, Resources, ResourcesError
+from master.allocator import (
+    Allocator, HierarchicalAllocator, PolicyError, Quota, allowed_roles, check_quotas,
+    parse_weights, role_problem,
+)
 from master.metrics import Counters, Window
 
 EMPTY = Resources()
@@ -77,6 +92,11 @@ class MasterConfig:
     max_completed_frameworks: int = 100
     max_unreachable_agents: int = 1000
     max_task_story: int = 32
+    # After a failover: how long agents from the registry have to re-register.
+    agent_reregister_timeout: float = 600.0
+    # At most `permits` agents marked unreachable per `seconds` (a mass outage and
+    # a partition look alike); None: no limit. dyad-master defaults to 1/10s.
+    agent_removal_rate: tuple[int, float] | None = None
 
 
 @attrs.frozen
@@ -123,6 +143,7 @@ class TaskRecord:
     statuses: collections.deque[tuple[TaskState, float]]
     story: collections.deque[str]
     healthy: bool | None = None
+    usage: dict[str, Any] | None = None  # latest UsageReport of its executor
 
 
 @attrs.define(eq=False)
@@ -158,6 +179,10 @@ class AgentRecord:
     executors: dict[tuple[str, str], ExecutorInfo] = attrs.field(factory=dict)
     awaiting_pong: bool = False
     missed_pongs: int = 0
+    # Dynamic reservations (RESERVE operations), kept by the master only: the
+    # agent knows its static resources (`info.resources`), and tasks on these are
+    # sent to it as unreserved (see `_for_agent`).
+    reservations: Resources = EMPTY
 
     @property
     def id(self) -> str:
@@ -166,7 +191,10 @@ class AgentRecord:
 
     @property
     def total(self) -> Resources:
-        return self.info.resources
+        """What the master offers from: static resources with dynamic reservations."""
+        if not self.reservations:
+            return self.info.resources
+        return self.info.resources - self.reservations.flatten() + self.reservations
 
 
 @attrs.frozen
@@ -196,7 +224,7 @@ class MasterState:
         self.info = info
         self.start_time = start_time
         self._ids = ids
-        self._allocator: Allocator = allocator or SimpleAllocator(
+        self._allocator: Allocator = allocator or HierarchicalAllocator(
             {"cpus": config.min_allocatable_cpus, "mem": config.min_allocatable_mem})
         self._frameworks: dict[str, FrameworkRecord] = {}
         self._completed_frameworks: collections.OrderedDict[str, CompletedFramework] = \
@@ -204,7 +232,19 @@ class MasterState:
         self._agents: dict[str, AgentRecord] = {}
         self._agent_by_peer: dict[str, str] = {}
         self._unreachable: collections.OrderedDict[str, UnreachableAgent] = collections.OrderedDict()
+        self._recovering: dict[str, AgentInfo] = {}  # registry agents not yet back
+        self._removals: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._next_removal = float("-inf")
+        self.registry_changes = 0  # bumped whenever what the registry holds changes
         self._offers: dict[str, Offer] = {}
+        # From agents' reports: the URIs each one's fetcher cache holds (put in its
+        # offers), and the agents that are draining (offered nothing more).
+        self._cached_uris: dict[str, list[str]] = {}
+        self._drained: set[str] = set()
+        # Operator policy, plain data for the registry: change it only through
+        # `set_weights`/`set_quota`.
+        self.weights: dict[str, float] = {}
+        self.quota: dict[str, Quota] = {}
         self._allocate_at: float | None = None
         self._counters = Counters()
         self._allocation_ms = Window(1000)
@@ -228,6 +268,8 @@ class MasterState:
             StatusUpdate: self._on_status_update,
             ExecutorToFramework: self._on_executor_to_framework,
             ExecutorExited: self._on_executor_exited,
+            UsageReport: self._on_usage_report,
+            DrainAgent: self._on_drain_agent,
         }
 
     # ------------------------------------------------------------------ the mutator
@@ -465,6 +507,64 @@ class MasterState:
             framework.suppressed = True
             self._allocator.suppress(framework.id)
 
+    # ======================================================== operator policy
+
+    def set_weights(self, weights: Mapping[str, float]) -> None:
+        """Set the weights of some roles (1.0 is the default and clears an entry).
+        The one way weights change: `PUT /weights`, and the registry restoring them
+        after a failover. Raises `PolicyError` and changes nothing if any is bad.
+        Takes effect at the next allocation pass."""
+        if not weights:
+            return
+        parse_weights([{"role": role, "weight": weight} for role, weight in weights.items()])
+        for role, weight in weights.items():
+            self._allocator.set_weight(role, weight)
+            if weight == 1.0:
+                self.weights.pop(role, None)
+            else:
+                self.weights[role] = float(weight)
+        self._counters.inc("master/weights_updates")
+        self.registry_changes += 1
+
+    def set_quota(self, quotas: Mapping[str, Quota]) -> None:
+        """Set the quota of some roles (an empty `Quota` removes a role's). The one
+        way quota changes: `PUT /quota`, and the registry restoring it after a
+        failover. The resulting set must be coherent (`check_quotas`); otherwise
+        `PolicyError` is raised and nothing changes. Takes effect at the next pass."""
+        if not quotas:
+            return
+        merged = dict(self.quota)
+        for role, quota in quotas.items():
+            problem = role_problem(role)
+            if problem or role == UNRESERVED:
+                raise PolicyError(problem or f"role {UNRESERVED} cannot have quota")
+            if quota.is_empty():
+                merged.pop(role, None)
+            else:
+                merged[role] = quota
+        check_quotas(merged)
+        for role, quota in quotas.items():
+            self._allocator.set_quota(role, quota)
+        self.quota = merged
+        self._counters.inc("master/quota_updates")
+        self.registry_changes += 1
+
+    def count_invalid_operator_call(self) -> None:
+        """An operator call (a bad `PUT /weights` or `/quota` body) was refused."""
+        self._counters.inc("master/operator_calls_invalid")
+
+    def roles_json(self) -> list[dict[str, Any]]:
+        """Every role with a weight, a quota, frameworks or allocations: its weight,
+        quota, what its subtree is allocated (offered + used) and its share."""
+        shares = self._allocator.role_shares()
+        names = sorted(set(shares) | set(self.weights) | set(self.quota))
+        return [{"name": role, "weight": self.weights.get(role, 1.0),
+                 "quota": self.quota.get(role, Quota()).to_json(),
+                 "allocated": {kind: milli / 1000 for kind, milli in
+                               sorted(self._allocator.role_allocation(role).items())},
+                 "dominant_share": shares.get(role, 0.0)}
+                for role in names]
+
     # ================================================================ offers
 
     def _request_allocation(self) -> None:
@@ -482,6 +582,10 @@ class MasterState:
         self._counters.inc("allocator/allocation_runs")
         batches: dict[str, list[Offer]] = {}
         for framework_id, agent_id, resources in self._allocator.allocate(self._now):
+            if agent_id in self._drained:
+                # A draining agent is offered nothing: its resources go straight back.
+                self._allocator.close_offer(framework_id, agent_id, resources)
+                continue
             framework = self._frameworks[framework_id]
             agent = self._agents[agent_id]
             offer = Offer(
@@ -489,7 +593,7 @@ class MasterState:
                 hostname=agent.info.hostname, resources=resources,
                 attributes=dict(agent.info.attributes),
                 executor_ids=sorted(eid for fid, eid in agent.executors if fid == framework_id),
-                url=agent.info.url)
+                url=agent.info.url, cached_uris=list(self._cached_uris.get(agent_id, ())))
             self._offers[offer.id] = offer
             framework.offers.add(offer.id)
             agent.offers.add(offer.id)
@@ -564,8 +668,7 @@ class MasterState:
         seen: set[str] = set()
         for op in message.operations:
             if op.type != OperationType.LAUNCH:
-                self._reply_rejected(peer, f"operation {op.type} is not supported yet",
-                                     message.TYPE)
+                remaining = self._reservation(peer, message, framework, agent, op, remaining)
                 continue
             for task in op.tasks:
                 remaining = self._launch(framework, agent, task, seen, remaining)
@@ -575,6 +678,79 @@ class MasterState:
                 self._allocator.add_filter(framework.id, agent.id,
                                            self._now + message.filters.refuse_seconds)
             self._request_allocation()
+
+    def _reservation(self, peer: str, message: Accept, framework: FrameworkRecord,
+                     agent: AgentRecord, op: Any, remaining: Resources) -> Resources:
+        """Apply a RESERVE or UNRESERVE to the accepted offer's resources; return
+        what remains of them. An invalid one is refused and changes nothing."""
+        reserve = op.type == OperationType.RESERVE
+        problem = self._reservation_problem(framework, agent, op.resources, remaining, reserve)
+        if problem:
+            self._refuse(peer, message, f"{op.type} refused: {problem}")
+            return remaining
+        flat = op.resources.flatten()
+        consumed, produced = (flat, op.resources) if reserve else (op.resources, flat)
+        self._allocator.transform(agent.id, framework.id, consumed, produced)
+        agent.reservations = (agent.reservations + op.resources if reserve
+                              else agent.reservations - op.resources)
+        self._counters.inc("master/operations_reserve" if reserve else "master/operations_unreserve")
+        return remaining - consumed + produced
+
+    def _reservation_problem(self, framework: FrameworkRecord, agent: AgentRecord,
+                             resources: Resources, remaining: Resources, reserve: bool) -> str:
+        """Why a RESERVE (or UNRESERVE) of `resources` cannot apply ('' if it can).
+        Dynamic reservations are scalar, to the role the offer was made in (an
+        UNRESERVE may also release the role's ancestors'), and never of a (resource, role) the agent also
+        reserves statically: the agent is told about neither (see `_for_agent`)."""
+        if resources.is_empty():
+            return "no resources given"
+        if set(resources.scalar_items()) != resources.names():
+            return "only scalar resources (cpus, mem, disk, gpus, ...) can be reserved dynamically"
+        roles = resources.roles()
+        if UNRESERVED in roles:
+            return f"resources must name the role, like cpus(role):1; got {resources}"
+        role = self._allocator.allocation_role(agent.id, framework.id)
+        if role is None or (roles != {role} if reserve else not roles <= set(allowed_roles(role))):
+            return (f"the offer was made to role {role}, which cannot "
+                    f"{'reserve' if reserve else 'unreserve'} for {', '.join(sorted(roles))}")
+        if reserve:
+            if not resources.flatten() <= remaining:
+                return f"{resources.flatten()} is not unreserved in what remains of the offer"
+            for name in resources.names():
+                for reserved in roles:
+                    if agent.info.resources.reserved(reserved).get_milli(name):
+                        return (f"agent {agent.id} reserves {name} to {reserved} statically; "
+                                "a dynamic reservation of the same resource and role is not "
+                                "supported")
+            return ""
+        if not resources <= remaining:
+            return f"{resources} is not in what remains of the offer"
+        if not resources <= agent.reservations:
+            return f"{resources} is not dynamically reserved (static reservations stay)"
+        return ""
+
+    def _for_agent(self, agent: AgentRecord, task: TaskInfo) -> TaskInfo:
+        """The task as its agent must see it: the agent knows only its static
+        reservations, so dynamically reserved amounts go to it as unreserved
+        (the master alone keeps the roles of those)."""
+        if not agent.reservations:
+            return task
+        dynamic = agent.reservations.roles()
+
+        def strip(resources: Resources) -> Resources:
+            moved = Resources()
+            for role in dynamic & resources.roles():
+                part = resources.reserved(role)
+                keep = part.names() & agent.info.resources.reserved(role).names()
+                for name in part.names() - keep:
+                    milli = part.get_milli(name)
+                    moved = moved + Resources.parse(f"{name}({role}):{milli / 1000}")
+            return resources - moved + moved.flatten() if moved else resources
+
+        executor = task.executor
+        if executor is not None:
+            executor = attrs.evolve(executor, resources=strip(executor.resources))
+        return attrs.evolve(task, resources=strip(task.resources), executor=executor)
 
     def _claim_offers(self, framework: FrameworkRecord,
                       offer_ids: list[str]) -> tuple[list[Offer], str]:
@@ -625,7 +801,7 @@ class MasterState:
         framework.tasks[task.task_id] = record
         agent.tasks.add((framework.id, task.task_id))
         agent.used = agent.used + needed
-        self._send(agent.peer, RunTask(framework=framework.info, task=task))
+        self._send(agent.peer, RunTask(framework=framework.info, task=self._for_agent(agent, task)))
         return remaining - needed
 
     def _task_problem(self, framework: FrameworkRecord, agent: AgentRecord, task: TaskInfo,
@@ -701,8 +877,9 @@ class MasterState:
             return
         task = framework.tasks.get(message.task_id)
         if task is None:
-            self._to_framework(framework, Update(status=self._reconciled(
-                framework, message.task_id, message.agent_id)))
+            status = self._reconciled(framework, message.task_id, message.agent_id)
+            if status is not None:
+                self._to_framework(framework, Update(status=status))
             return
         grace = message.kill_grace_period
         self._note(task, "kill requested by the framework")
@@ -716,8 +893,9 @@ class MasterState:
             return
         if message.tasks:
             for wanted in message.tasks:
-                self._to_framework(framework, Update(status=self._reconciled(
-                    framework, wanted.task_id, wanted.agent_id)))
+                status = self._reconciled(framework, wanted.task_id, wanted.agent_id)
+                if status is not None:
+                    self._to_framework(framework, Update(status=status))
             return
         live = list(framework.tasks.values())
         if framework.info.partition_aware:
@@ -726,14 +904,24 @@ class MasterState:
             self._to_framework(framework, Update(status=self._status_of(task)))
 
     def _reconciled(self, framework: FrameworkRecord, task_id: str,
-                    agent_id: str | None) -> TaskStatus:
-        """The master's best knowledge of a task, as a reconciliation answer."""
+                    agent_id: str | None) -> TaskStatus | None:
+        """The master's best knowledge of a task, as a reconciliation answer; None
+        (no answer yet, as in Mesos) while the task may be on an agent that is
+        still re-registering after a failover."""
         task = (framework.tasks.get(task_id) or framework.unreachable_tasks.get(task_id)
                 or framework.completed.get(task_id))
         if task is not None:
             return self._status_of(task)
-        unknown = (TaskState.TASK_UNKNOWN if framework.info.partition_aware
-                   else TaskState.TASK_LOST)
+        if agent_id in self._recovering or (agent_id is None and self._recovering):
+            return None
+        aware = framework.info.partition_aware
+        if agent_id in self._unreachable:
+            return TaskStatus(task_id=task_id, state=(TaskState.TASK_UNREACHABLE if aware
+                                                      else TaskState.TASK_LOST),
+                              reason=Reason.RECONCILIATION, source=Source.MASTER,
+                              message=f"agent {agent_id} is unreachable",
+                              agent_id=agent_id or "", timestamp=self._now)
+        unknown = TaskState.TASK_UNKNOWN if aware else TaskState.TASK_LOST
         return TaskStatus(task_id=task_id, state=unknown, reason=Reason.RECONCILIATION,
                           message="task is unknown to the master", source=Source.MASTER,
                           agent_id=agent_id or "", timestamp=self._now)
@@ -786,7 +974,7 @@ class MasterState:
             self._refuse(peer, message, problem)
             return
         agent = self._agents.get(info.id)
-        if agent is not None and agent.total != info.resources:
+        if agent is not None and agent.info.resources != info.resources:
             self._refuse(peer, message,
                          f"agent {info.id} registered with {agent.total}, now reports "
                          f"{info.resources}; restart it without its id")
@@ -817,6 +1005,9 @@ class MasterState:
 
     def _add_agent(self, peer: str, info: AgentInfo) -> AgentRecord:
         agent = AgentRecord(info=info, peer=peer, registered_time=self._now)
+        if self._recovering.pop(agent.id, None) != info:  # else the registry has it
+            self.registry_changes += 1
+        self._removals.pop(agent.id, None)
         self._drop_peer(peer)
         self._agents[agent.id] = agent
         self._agent_by_peer[peer] = agent.id
@@ -832,6 +1023,7 @@ class MasterState:
         self._agent_by_peer[peer] = agent.id
         agent.awaiting_pong = False
         agent.missed_pongs = 0
+        self._removals.pop(agent.id, None)
         for offer_id in sorted(agent.offers):  # the agent's view may have changed
             self._rescind(self._offers[offer_id], notify=True)
 
@@ -896,7 +1088,7 @@ class MasterState:
                 needed = needed + executor.resources
         except ResourcesError as exc:
             return f"reported tasks and executors overlap: {exc}", _Restore()
-        if not needed <= info.resources:
+        if not needed <= (agent.total if agent is not None else info.resources):
             return (f"reported tasks and executors use {needed}, more than the agent's "
                     f"{info.resources}"), _Restore()
         return "", plan
@@ -933,12 +1125,17 @@ class MasterState:
                 self._note(record, "killed: it was reported lost while its agent was unreachable")
                 self._send(agent.peer, KillTask(framework_id=framework.id, task_id=task.task_id,
                                                 kill_grace_period=record.kill_grace_period))
+            elif kill_lost:  # it was reported TASK_UNREACHABLE: give the real state back
+                self._to_framework(framework, Update(status=self._status_of(record)))
 
     def _on_pong(self, peer: str, message: Pong) -> None:
         agent = self._sending_agent(peer, message, message.agent_id)
         if agent is not None:
             agent.awaiting_pong = False
             agent.missed_pongs = 0
+            if agent.id in self._removals:
+                del self._removals[agent.id]
+                self._counters.inc("master/agent_removals_cancelled")
 
     def _ping_due(self, agent_id: str) -> None:
         agent = self._agents.get(agent_id)
@@ -946,9 +1143,11 @@ class MasterState:
             return
         if agent.awaiting_pong:
             agent.missed_pongs += 1
-            if agent.missed_pongs >= self.config.max_agent_ping_timeouts:
+            if (agent.missed_pongs >= self.config.max_agent_ping_timeouts
+                    and self._removal_permitted(agent.id)):
                 self._agent_unreachable(agent)
                 return
+            # else: waiting for a removal permit; a pong meanwhile cancels it
         agent.awaiting_pong = True
         self._send(agent.peer, Ping(agent_id=agent.id))
         self._arm(("ping", agent.id), self._now + self.config.agent_ping_timeout)
@@ -977,11 +1176,18 @@ class MasterState:
         if self._agent_by_peer.get(agent.peer) == agent.id:
             del self._agent_by_peer[agent.peer]
         self._cancel(("ping", agent.id))
-        self._unreachable[agent.id] = UnreachableAgent(info=agent.info, since=self._now)
+        self._mark_unreachable(agent.info)
+
+    def _mark_unreachable(self, info: AgentInfo) -> None:
+        """Remember an agent as unreachable (persisted) and tell every framework."""
+        assert info.id is not None
+        self._removals.pop(info.id, None)
+        self._unreachable[info.id] = UnreachableAgent(info=info, since=self._now)
         while len(self._unreachable) > self.config.max_unreachable_agents:
             self._unreachable.popitem(last=False)
+        self.registry_changes += 1
         for framework in self._frameworks.values():
-            self._to_framework(framework, Failure(agent_id=agent.id))
+            self._to_framework(framework, Failure(agent_id=info.id))
 
     def _on_status_update(self, peer: str, message: StatusUpdate) -> None:
         agent = self._sending_agent(peer, message, message.status.agent_id or None)
@@ -1030,6 +1236,36 @@ class MasterState:
             return
         self._to_framework(framework, message)  # best effort, like Mesos
 
+    def _on_usage_report(self, peer: str, message: UsageReport) -> None:
+        """Record what each executor uses on its tasks (`/state` shows it beside what
+        they were given) and which URIs the agent's fetcher cache holds."""
+        agent = self._sending_agent(peer, message, message.agent_id)
+        if agent is None:
+            return
+        self._cached_uris[agent.id] = sorted(set(message.cached_uris))
+        for usage in message.executors:
+            framework = self._frameworks.get(usage.framework_id)
+            for task_id in usage.task_ids:
+                task = framework.tasks.get(task_id) if framework else None
+                if task is not None and task.agent_id == agent.id:
+                    task.usage = {
+                        "executor_id": usage.executor_id, "tasks_sharing": len(usage.task_ids),
+                        "timestamp": usage.timestamp, "cpus_used": usage.cpus_used,
+                        "cpus_limit": usage.cpus_limit,
+                        "mem_rss_mb": round(usage.mem_rss_bytes / 2 ** 20, 1),
+                        "mem_limit_mb": round(usage.mem_limit_bytes / 2 ** 20, 1),
+                        "cpus_throttled_time_secs": usage.cpus_throttled_time_secs}
+
+    def _on_drain_agent(self, peer: str, message: DrainAgent) -> None:
+        """The agent is draining (its tasks are being killed): offer nothing more."""
+        agent = self._sending_agent(peer, message, message.agent_id)
+        if agent is None or agent.id in self._drained:
+            return
+        self._drained.add(agent.id)
+        self._counters.inc("master/agents_drained")
+        for offer_id in sorted(agent.offers):
+            self._rescind(self._offers[offer_id], notify=True)
+
     def _on_executor_exited(self, peer: str, message: ExecutorExited) -> None:
         agent = self._sending_agent(peer, message, message.agent_id)
         if agent is None:
@@ -1044,6 +1280,85 @@ class MasterState:
             self._to_framework(framework, Failure(agent_id=agent.id,
                                                   executor_id=message.executor_id,
                                                   status=message.status))
+
+    # ====================================================== registry, recovery
+
+    def recover(self, agents: Iterable[AgentInfo], unreachable: Iterable[UnreachableAgent],
+                now: float) -> list[Effect]:
+        """Call once, before any event, with what the registry held. Admitted agents
+        become *recovering*: none of their resources are offered until they
+        re-register (with their tasks), and those still away after
+        `agent_reregister_timeout` are marked unreachable."""
+        self._now = now
+        self._out = []
+        for entry in unreachable:
+            if entry.info.id is not None:
+                self._unreachable[entry.info.id] = entry
+        for info in agents:
+            if info.id is not None and info.id not in self._unreachable:
+                self._recovering[info.id] = info
+        if self._recovering:
+            self._arm(("recovery", "timeout"), now + self.config.agent_reregister_timeout)
+        out, self._out = self._out, []
+        return out
+
+    def admitted_agents(self) -> list[AgentInfo]:
+        """The registry's admitted agents: registered ones and recovering ones."""
+        return [agent.info for agent in self._agents.values()] + list(self._recovering.values())
+
+    def unreachable_agents(self) -> list[UnreachableAgent]:
+        return list(self._unreachable.values())
+
+    def _recovery_timed_out(self) -> None:
+        for agent_id in sorted(self._recovering):
+            if self._removal_permitted(agent_id):
+                self._recovered_unreachable(agent_id)
+
+    def _recovered_unreachable(self, agent_id: str) -> None:
+        """A registry agent did not re-register in time. Its tasks were never
+        learned; frameworks find out through `agent_lost` and reconciliation."""
+        info = self._recovering.pop(agent_id)
+        self._counters.inc("master/recovery_agents_unreachable")
+        self._mark_unreachable(info)
+
+    def _removal_permitted(self, agent_id: str) -> bool:
+        """May `agent_id` be marked unreachable now? If not, it joins the queue
+        that `("removal", "next")` drains at the configured rate."""
+        rate = self.config.agent_removal_rate
+        if rate is None:
+            return True
+        if agent_id in self._removals:
+            return False
+        if self._removals or self._now < self._next_removal:
+            self._removals[agent_id] = None
+            self._counters.inc("master/agent_removals_deferred")
+            if len(self._removals) == 1:
+                self._arm(("removal", "next"), max(self._now, self._next_removal))
+            return False
+        self._spend_removal_permit(rate)
+        return True
+
+    def _spend_removal_permit(self, rate: tuple[int, float]) -> None:
+        permits, seconds = rate
+        self._next_removal = self._now + seconds / permits
+
+    def _removal_due(self) -> None:
+        """Spend one permit on the oldest queued agent that is still failing."""
+        while self._removals:
+            agent_id, _ = self._removals.popitem(last=False)
+            agent = self._agents.get(agent_id)
+            failing = (agent is not None
+                       and agent.missed_pongs >= self.config.max_agent_ping_timeouts)
+            if failing or agent_id in self._recovering:
+                assert self.config.agent_removal_rate is not None
+                self._spend_removal_permit(self.config.agent_removal_rate)
+                if agent is not None:
+                    self._agent_unreachable(agent)
+                else:
+                    self._recovered_unreachable(agent_id)
+                break
+        if self._removals:
+            self._arm(("removal", "next"), self._next_removal)
 
     # ================================================================ timers
 
@@ -1066,6 +1381,10 @@ class MasterState:
             self._heartbeat_due(name)
         elif kind == "failover":
             self._failover_due(name)
+        elif kind == "recovery":
+            self._recovery_timed_out()
+        elif kind == "removal":
+            self._removal_due()
 
     # ============================================================== checking
 
@@ -1097,6 +1416,9 @@ class MasterState:
                                   f"story: {' | '.join(task.story)}")
                 if task.state.is_terminal:
                     errors.append(f"live task {task.task_id} is {task.state.name}")
+        for agent_id in self._recovering:
+            if agent_id in self._agents:
+                errors.append(f"agent {agent_id} is both registered and recovering")
         for peer, agent_id in self._agent_by_peer.items():
             if agent_id not in self._agents or self._agents[agent_id].peer != peer:
                 errors.append(f"peer {peer} maps to agent {agent_id}, which is not on it")
@@ -1160,10 +1482,13 @@ class MasterState:
             "unreachable_slaves": len(self._unreachable),
             "agents": agents,
             "slaves": agents,
+            "recovering_agents": [
+                {"id": aid, "hostname": info.hostname} for aid, info in self._recovering.items()],
             "unreachable_agents": [
                 {"id": aid, "hostname": u.info.hostname, "since": u.since}
                 for aid, u in self._unreachable.items()],
             "frameworks": [self._framework_json(f) for f in self._frameworks.values()],
+            "roles": self.roles_json(),
             "completed_frameworks": [
                 _completed_framework_json(c) for c in self._completed_frameworks.values()],
         }
@@ -1176,10 +1501,15 @@ class MasterState:
             "used_resources": resources_json(agent.used),
             "offered_resources": resources_json(agent.offered),
             "unreserved_resources": resources_json(agent.total.unreserved()),
+            "reserved_resources": {role: resources_json(agent.total.reserved(role))
+                                   for role in sorted(agent.total.roles() - {UNRESERVED})},
+            "dynamic_reservations": str(agent.reservations),
             "attributes": dict(agent.info.attributes),
             "registered_time": agent.registered_time,
             "reregistered_time": agent.reregistered_time,
             "active": True,
+            "drained": agent.id in self._drained,
+            "cached_uris": list(self._cached_uris.get(agent.id, ())),
         }
 
     def _framework_json(self, framework: FrameworkRecord) -> dict[str, Any]:
@@ -1237,15 +1567,19 @@ class MasterState:
         result.update({
             "master/agents_active": len(self._agents),
             "master/agents_unreachable": len(self._unreachable),
+            "master/agents_recovering": len(self._recovering),
             "master/frameworks_active": connected,
             "master/frameworks_connected": connected,
             "master/frameworks_disconnected": len(self._frameworks) - connected,
             "master/frameworks_completed": len(self._completed_frameworks),
             "master/outstanding_offers": len(self._offers),
+            "allocator/agents_considered": self._allocator.last_considered,
             "allocator/allocation_run_ms": self._allocation_ms.last,
             "allocator/allocation_run_ms_p50": self._allocation_ms.percentile(50),
             "allocator/allocation_run_ms_p99": self._allocation_ms.percentile(99),
         })
+        for role, share in self._allocator.role_shares().items():
+            result[f"allocator/roles/{role}/shares/dominant"] = share
         return result
 
 
@@ -1270,7 +1604,8 @@ _ZERO_COUNTERS = (
     "master/offers_rescinded", "master/offers_accepted", "allocator/allocation_runs",
     "master/tasks_finished", "master/tasks_failed", "master/tasks_killed",
     "master/tasks_lost", "master/tasks_error", "master/tasks_dropped", "master/tasks_gone",
-    "master/tasks_unknown",
+    "master/tasks_unknown", "master/agent_removals_deferred",
+    "master/agent_removals_cancelled", "master/recovery_agents_unreachable",
 )
 
 
@@ -1352,4 +1687,5 @@ def _task_json(task: TaskRecord) -> dict[str, Any]:
         "state": task.state.name, "resources": resources_json(task.resources),
         "labels": dict(task.labels),
         "statuses": [{"state": s.name, "timestamp": t} for s, t in task.statuses],
+        "healthy": task.healthy, "usage": task.usage,
     }

@@ -178,14 +178,15 @@ async def test_agent_and_framework_get_offers_over_the_wire(
         agent.close()
 
 
-def test_cli_parses_durations_and_refuses_zk(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_parses_durations_and_checks_zk(capsys: pytest.CaptureFixture[str]) -> None:
     args = parse_args(["--port", "0", "--offer-timeout", "2m", "--allocation-interval", "200ms"])
     config = config_from(args)
     assert (args.port, config.offer_timeout, config.allocation_interval) == (0, 120.0, 0.2)
     assert config.agent_ping_timeout == 15.0 and config.max_agent_ping_timeouts == 5
+    assert parse_args(["--zk", "zk://localhost:2181/dyad"]).zk.root == "/dyad"
     with pytest.raises(SystemExit):
-        parse_args(["--zk", "zk://localhost:2181/dyad"])
-    assert "high availability" in capsys.readouterr().err
+        parse_args(["--zk", "localhost:2181"])
+    assert "zk://" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse_args(["--offer-timeout", "soon"])
     assert "invalid duration" in capsys.readouterr().err

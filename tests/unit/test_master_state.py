@@ -26,6 +26,7 @@ from dyad.messages import (
     Teardown, Unsubscribe, Update,
 )
 from dyad.resources import Resources
+from master.allocator import PolicyError, Quota
 from master.state import (
     ALLOCATE, AllocationTimed, Invalid, MasterConfig, MasterState, Received, resources_json,
 )
@@ -474,7 +475,7 @@ def test_unsupported_operation_is_rejected_but_launch_proceeds(cluster) -> None:
     sends = h.recv("f1", Accept(framework_id=fid, offer_ids=[offer.id], operations=[
         Operation(type="RESERVE", resources=Resources.parse("cpus:1")),
         Operation(type="LAUNCH", tasks=[task("t1", aid)])]))
-    assert "RESERVE is not supported" in messages(sends, Rejected)[0].reason
+    assert "RESERVE refused: resources must name the role" in messages(sends, Rejected)[0].reason
     assert messages(sends, RunTask)
 
 
@@ -786,6 +787,143 @@ def test_snapshot_shape(cluster) -> None:
 def test_resources_json() -> None:
     assert resources_json(Resources.parse("cpus:1.5;cpus(eng):1;mem:128;ports:[1-2,5-5]")) == {
         "cpus": 2.5, "mem": 128.0, "disk": 0.0, "gpus": 0.0, "ports": "[1-2,5-5]"}
+
+
+# ------------------------------------------------------- roles, reservations, policy
+
+
+def reserve(fid: str, offer: Offer, text: str, kind: str = "RESERVE",
+            *tasks: TaskInfo) -> Accept:
+    ops = [Operation(type=kind, resources=Resources.parse(text))]
+    if tasks:
+        ops.append(Operation(type="LAUNCH", tasks=list(tasks)))
+    return Accept(framework_id=fid, offer_ids=[offer.id], operations=ops,
+                  filters=Filters(refuse_seconds=0))
+
+
+def test_static_reservations_are_offered_only_to_their_role(h: Harness) -> None:
+    eng = h.subscribe("f1", "eng-fw", roles=["eng"])
+    ops = h.subscribe("f2", "ops-fw", roles=["ops"])
+    aid = h.register("a1", "cpus:2;mem:512;cpus(eng):2;mem(eng):256")
+    sends = h.allocate()
+    (offer,) = h.offers_to(sends, "f1")  # roles tie at 0: 'eng' first by name
+    assert offer.resources == Resources.parse("cpus:2;mem:512;cpus(eng):2;mem(eng):256")
+    h.recv("f1", Decline(framework_id=eng, offer_ids=[offer.id], filters=Filters(refuse_seconds=60)))
+    (other,) = h.offers_to(h.allocate(), "f2")
+    assert other.resources == Resources.parse("cpus:2;mem:512")
+    agent = h.state.snapshot()["agents"][0]
+    assert agent["reserved_resources"]["eng"]["cpus"] == 2.0
+    assert ops and aid
+
+
+def test_dynamic_reserve_launch_and_unreserve(h: Harness) -> None:
+    fid = h.subscribe("f1", roles=["eng"])
+    aid = h.register("a1")
+    (offer,) = h.offers_to(h.allocate(), "f1")
+    t1 = task("t1", aid, "cpus(eng):1;mem(eng):128")
+    sends = h.recv("f1", reserve(fid, offer, "cpus(eng):2;mem(eng):256", "RESERVE", t1))
+    assert not messages(sends, Rejected)
+    (run,) = messages(sends, RunTask)
+    # The agent knows nothing of dynamic reservations: it runs the task unreserved.
+    assert run.task.resources == Resources.parse("cpus:1;mem:128")
+    agent = h.state.snapshot()["agents"][0]
+    assert agent["dynamic_reservations"] == "cpus(eng):2;mem(eng):256"
+    assert agent["reserved_resources"]["eng"] == {**agent["reserved_resources"]["eng"],
+                                                  "cpus": 2.0, "mem": 256.0}
+    (again,) = h.offers_to(h.allocate(), "f1")
+    assert again.resources.reserved("eng") == Resources.parse("cpus(eng):1;mem(eng):128")
+    # Another role never sees them.
+    other = h.subscribe("f2", "other", roles=["ops"])
+    h.recv("f1", Decline(framework_id=fid, offer_ids=[again.id],
+                         filters=Filters(refuse_seconds=60)))
+    (theirs,) = h.offers_to(h.allocate(), "f2")
+    assert not theirs.resources.reserved("eng")
+    h.recv("f2", Decline(framework_id=other, offer_ids=[theirs.id],
+                         filters=Filters(refuse_seconds=60)))
+    h.recv("f1", Revive(framework_id=fid))
+    (back,) = h.offers_to(h.allocate(), "f1")
+    sends = h.recv("f1", reserve(fid, back, "cpus(eng):1;mem(eng):128", "UNRESERVE"))
+    assert not messages(sends, Rejected)
+    assert h.state.snapshot()["agents"][0]["dynamic_reservations"] == "cpus(eng):1;mem(eng):128"
+    assert h.metric("master/operations_reserve") == 1
+    assert h.metric("master/operations_unreserve") == 1
+
+
+@pytest.mark.parametrize("kind,text,reason", [
+    ("RESERVE", "cpus:1", "must name the role"),
+    ("RESERVE", "cpus(ops):1", "made to role eng"),
+    ("RESERVE", "cpus(eng):99", "not unreserved"),
+    ("RESERVE", "ports(eng):[31000-31000]", "only scalar"),
+    ("RESERVE", "gpus(eng):1", "not unreserved"),
+    ("UNRESERVE", "cpus(eng):1", "not in what remains"),
+])
+def test_bad_reservations_are_refused_and_change_nothing(h: Harness, kind: str, text: str,
+                                                         reason: str) -> None:
+    fid = h.subscribe("f1", roles=["eng"])
+    aid = h.register("a1")
+    (offer,) = h.offers_to(h.allocate(), "f1")
+    sends = h.recv("f1", reserve(fid, offer, text, kind, task("t1", aid)))
+    (rejected,) = messages(sends, Rejected)
+    assert reason in rejected.reason
+    assert messages(sends, RunTask)  # the rest of the accept goes on
+    assert h.state.snapshot()["agents"][0]["dynamic_reservations"] == ""
+    assert h.metric("master/messages_invalid") == 1
+
+
+def test_static_and_dynamic_reservation_of_one_resource_and_role_is_refused(h: Harness) -> None:
+    fid = h.subscribe("f1", roles=["eng"])
+    h.register("a1", "cpus:2;mem:512;cpus(eng):1")
+    (offer,) = h.offers_to(h.allocate(), "f1")
+    sends = h.recv("f1", reserve(fid, offer, "cpus(eng):1"))
+    assert "statically" in messages(sends, Rejected)[0].reason
+
+
+def test_agent_with_dynamic_reservations_reregisters_with_its_static_resources(h: Harness) -> None:
+    fid = h.subscribe("f1", roles=["eng"])
+    aid = h.register("a1")
+    (offer,) = h.offers_to(h.allocate(), "f1")
+    t1 = task("t1", aid, "cpus(eng):1;mem(eng):128")
+    h.recv("f1", reserve(fid, offer, "cpus(eng):1;mem(eng):128", "RESERVE", t1))
+    report = Task(task_id="t1", framework_id=fid, agent_id=aid, executor_id="t1", name="t1",
+                  state=TaskState.TASK_RUNNING, resources=Resources.parse("cpus:1;mem:128"))
+    sends = h.recv("a2", RegisterAgent(
+        agent=AgentInfo(id=aid, hostname="h", port=5051, resources=Resources.parse(AGENT_RES)),
+        tasks=[report], frameworks=[FrameworkInfo(name="fw", id=fid, roles=["eng"])]))
+    assert messages(sends, AgentRegistered)
+    assert h.state.snapshot()["agents"][0]["dynamic_reservations"] == "cpus(eng):1;mem(eng):128"
+
+
+def test_weights_and_quota_are_plain_data_set_in_one_place(h: Harness) -> None:
+    h.subscribe("f1", "a", roles=["eng"])
+    h.subscribe("f2", "b", roles=["ops"])
+    h.register("a1")
+    h.register("a2")
+    h.register("a3")
+    before = h.state.registry_changes
+    h.state.set_weights({"eng": 2.0})
+    h.state.set_quota({"ops": Quota(limit={"cpus": 2000})})
+    assert h.state.weights == {"eng": 2.0}
+    assert h.state.quota == {"ops": Quota(limit={"cpus": 2000})}
+    assert h.state.registry_changes == before + 2
+    sends = h.allocate()
+    offered = {peer: sum(o.resources.get("cpus") for o in h.offers_to(sends, peer))
+               for peer in ("f1", "f2")}
+    assert offered == {"f1": 10.0, "f2": 2.0}  # ops capped at its limit
+    roles = {r["name"]: r for r in h.state.snapshot()["roles"]}
+    assert roles["eng"]["weight"] == 2.0 and roles["ops"]["quota"]["limit"] == {"cpus": 2.0}
+    assert roles["ops"]["allocated"]["cpus"] == 2.0
+    assert h.metric("allocator/roles/ops/shares/dominant") == pytest.approx(1 / 3)  # mem
+    assert h.metric("allocator/agents_considered") == 3
+    with pytest.raises(PolicyError):
+        h.state.set_weights({"eng": -1.0})
+    with pytest.raises(PolicyError):  # incoherent: guarantee above the limit
+        h.state.set_quota({"ops": Quota(guarantee={"cpus": 3000}, limit={"cpus": 2000})})
+    with pytest.raises(PolicyError):
+        h.state.set_quota({"*": Quota(limit={"cpus": 1000})})
+    assert h.state.weights == {"eng": 2.0} and h.state.registry_changes == before + 2
+    h.state.set_weights({"eng": 1.0})
+    h.state.set_quota({"ops": Quota()})
+    assert h.state.weights == {} and h.state.quota == {}
 
 
 # ------------------------------------------------------------------- state machine
