@@ -1,0 +1,865 @@
+"""The batch scheduler's brain: which map or reduce task runs on which offer, and
+what happens when attempts finish, fail or vanish. Pure: no asyncio, sockets or
+files. One way in, ``BatchCore.handle(event, now) -> effects``; the shell
+(`frameworks.batch.scheduler`) turns driver callbacks into events and effects into
+driver calls.
+
+Theory of operation
+-------------------
+A job is M map tasks, one per input `Split`, and R reduce tasks. A task is a
+logical unit of work; each time it is launched it gets a new *attempt* with its
+own task id (``map-00007-2`` is the second attempt of map 7). Reduce tasks become
+eligible only once every map has an output, and each reduce attempt is told where
+every map output lives (agent URL and sandbox path) for the shuffle.
+
+**Offers and delay scheduling.** Offers are answered at once: tasks are dealt to
+the offers of a batch one at a time in turn (spreading work over agents) while
+they fit (the first task on an agent also pays for the executor); an offer that
+gets nothing is declined. Maps are picked data-local first (the offer's host is
+one of the split's preferred hosts), then maps with no preference. When only
+non-local maps are left for an offer, the job *skips* it, and remembers since when
+it has been skipping; it takes a non-local map only once it has skipped for
+`locality_wait` seconds. Every data-local launch resets that clock. This is delay
+scheduling (Zaharia et al., EuroSys 2010) at the job level. A stolen map is taken
+from the host with the longest backlog. A declined offer carries a filter as long
+as the reason lasts: the rest of the locality wait, or `refuse_seconds` when
+nothing fits or nothing is pending (the job revives when that changes).
+
+**Offer interest.** With nothing eligible to launch the job suppresses offers;
+when something becomes eligible, or one of its attempts ends (a slot is free
+again on an agent it may have filtered), it revives.
+
+**Faults.** A failed or lost attempt makes the task pending again, to run on
+another agent if there is one, until it has failed `max_attempts` times, which
+fails the job. A launch the master or agent refused (TASK_DROPPED, or TASK_ERROR
+not from the executor: the task never started, e.g. the agent's books lagged the
+master's) is not the task's failure: it is retried after a backoff (0.1 s doubling
+to 5 s), wherever offered, up to `REFUSAL_LIMIT` times. A map whose output sits on
+a lost agent runs again if any reduce still needs it. A reduce that cannot fetch a
+map's output reports which outputs it could not fetch (`FETCH_FAILED_KEY` in its
+TASK_FAILED data): those maps run again, and that reduce failure is not held
+against the reduce. Losing an output counts as a failure of the map, which bounds
+re-runs.
+
+**Speculation** (optional): when no task of the running phase is waiting for a slot,
+a task running for more than `SPECULATIVE_FACTOR` times the median duration of its
+finished peers (and at least `SPECULATIVE_MIN_RUNTIME`) gets one extra attempt on
+another agent; the first attempt to finish wins and the others are killed.
+
+**Starvation.** If tasks wait, none runs, and for `starvation_timeout` seconds no
+offer was big enough for the next task, the job fails with a message that says
+what was needed and the biggest offer seen, instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from dyad.effects import ArmTimer, TimerFired
+from dyad.messages import ExecutorInfo, Offer, Source, TaskInfo, TaskState, TaskStatus
+from dyad.resources import Resources
+
+MAP = "map"
+REDUCE = "reduce"
+
+TICK = "tick"
+"""Timer key of the periodic check (speculation, starvation)."""
+TICK_INTERVAL = 0.5
+MIN_REFUSE = 0.1
+"""Shortest filter put on a declined offer: shorter ones only add offer traffic."""
+REFUSAL_LIMIT = 10
+"""Launches of one task the master or an agent may refuse before the job fails."""
+REFUSAL_BACKOFF = 0.1
+MAX_REFUSAL_BACKOFF = 5.0
+SPECULATIVE_FACTOR = 1.5
+SPECULATIVE_MIN_RUNTIME = 1.0
+FETCH_FAILED_KEY = "fetch_failed"
+"""Key in a reduce's TASK_FAILED data: ``[{"map": i, "task_id": id}, ...]``."""
+
+
+@attrs.frozen
+class Split:
+    """One map task's input: bytes ``[start, start + length)`` of `path` (``length``
+    None: to the end), read whole lines by Hadoop's rule (see
+    `frameworks.batch.work.iter_split`). `path` is an absolute local path or an
+    ``http(s)://`` URI; `hosts` are the hostnames that hold the data."""
+
+    index: int
+    path: str
+    start: int = 0
+    length: int | None = None
+    hosts: tuple[str, ...] = ()
+
+    @property
+    def is_uri(self) -> bool:
+        return self.path.startswith(("http://", "https://"))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "start": self.start, "length": self.length}
+
+
+@attrs.frozen
+class CoreConfig:
+    """Everything the core decides with. `job_payload` is the JSON text every
+    task carries (the job's code); `output` the absolute output directory."""
+
+    splits: tuple[Split, ...]
+    reducers: int
+    executor: ExecutorInfo
+    map_resources: Resources
+    reduce_resources: Resources
+    job_payload: str
+    output: str
+    max_attempts: int = 4
+    locality_wait: float = 1.0
+    speculative: bool = False
+    refuse_seconds: float = 5.0
+    starvation_timeout: float = 60.0
+
+    def __attrs_post_init__(self) -> None:
+        if not self.splits:
+            raise ValueError("a job needs at least one split")
+        if self.reducers < 1:
+            raise ValueError("a job needs at least one reducer")
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        if self.locality_wait < 0 or self.refuse_seconds < 0:
+            raise ValueError("locality_wait and refuse_seconds must not be negative")
+
+
+# ------------------------------------------------------------------------ events
+
+
+@attrs.frozen
+class Started:
+    """The framework is registered: the job begins."""
+
+
+@attrs.frozen
+class Reregistered:
+    """The driver subscribed again after losing the master: updates may be missing."""
+
+
+@attrs.frozen
+class OffersMade:
+    offers: tuple[Offer, ...]
+
+
+@attrs.frozen
+class TaskUpdate:
+    status: TaskStatus
+
+
+@attrs.frozen
+class AgentLost:
+    agent_id: str
+
+
+Event = Started | Reregistered | OffersMade | TaskUpdate | AgentLost | TimerFired
+
+
+# ----------------------------------------------------------------------- effects
+
+
+@attrs.frozen
+class Launch:
+    """Accept `offer_id` with these tasks; the unused rest is refused for
+    `refuse_seconds`."""
+
+    offer_id: str
+    tasks: tuple[TaskInfo, ...]
+    refuse_seconds: float
+
+
+@attrs.frozen
+class DeclineOffer:
+    offer_id: str
+    refuse_seconds: float
+
+
+@attrs.frozen
+class SuppressOffers:
+    pass
+
+
+@attrs.frozen
+class ReviveOffers:
+    pass
+
+
+@attrs.frozen
+class KillAttempt:
+    task_id: str
+
+
+@attrs.frozen
+class Reconcile:
+    """Ask the master for the state of these (task id, agent id) attempts."""
+
+    attempts: tuple[tuple[str, str], ...]
+
+
+@attrs.frozen
+class JobDone:
+    succeeded: bool
+    error: str = ""
+
+
+Effect = (Launch | DeclineOffer | SuppressOffers | ReviveOffers | KillAttempt | Reconcile
+          | ArmTimer | JobDone)
+
+
+# ------------------------------------------------------------------------- state
+
+
+class TaskPhase(enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+
+
+class _Why(enum.Enum):
+    """Why no task was picked for an offer: decides how long it is refused."""
+
+    NOTHING = "nothing"
+    LOCALITY = "locality"
+
+
+@attrs.frozen
+class MapOutput:
+    """Where a finished map attempt left its R partition files."""
+
+    task_id: str
+    agent_id: str
+    hostname: str
+    url: str
+    paths: tuple[str, ...]
+    local: bool | None
+
+
+@attrs.define(eq=False)
+class _Fill:
+    """An offer being answered: what is left of it and what it got."""
+
+    offer: Offer
+    left: Resources
+    executor_here: bool
+    tasks: list[TaskInfo] = attrs.field(factory=list)
+    refuse: float = 0.0
+
+
+@attrs.define(eq=False)
+class _Attempt:
+    task_id: str
+    task: _Task
+    agent_id: str
+    hostname: str
+    url: str
+    launched_at: float
+    local: bool | None
+    killed: bool = False  # we asked for the kill: its end is no failure
+    ended: bool = False
+
+
+@attrs.define(eq=False)
+class _Task:
+    kind: str
+    index: int
+    phase: TaskPhase = TaskPhase.PENDING
+    launches: int = 0
+    failures: list[str] = attrs.field(factory=list)
+    avoid: set[str] = attrs.field(factory=set)  # agent ids where it failed
+    live: list[_Attempt] = attrs.field(factory=list)
+    output: MapOutput | None = None
+    result: str = ""  # a reduce's committed part file
+    duration: float | None = None
+    wants_copy: bool = False
+    refusals: int = 0
+    not_before: float = 0.0  # refused launches back off until then
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind} {self.index}"
+
+
+@attrs.frozen
+class Progress:
+    """What `dyad-batch` shows and `JobResult` reports. `locality` is the share of
+    finished maps with preferred hosts that ran on one (None: no map had any)."""
+
+    maps_total: int
+    maps_done: int
+    maps_running: int
+    reduces_total: int
+    reduces_done: int
+    reduces_running: int
+    failed_attempts: int
+    refused_launches: int
+    maps_rerun: int
+    speculative_attempts: int
+    local_maps: int
+    preferred_maps: int
+    records_in: int
+    records_out: int
+    invalid_updates: int
+
+    @property
+    def locality(self) -> float | None:
+        return self.local_maps / self.preferred_maps if self.preferred_maps else None
+
+
+class BatchCore:
+    """See the module docstring. Create it, feed it `Started` once the framework is
+    registered, then every offer, update and timer; carry out what it returns."""
+
+    def __init__(self, config: CoreConfig) -> None:
+        self.config = config
+        self._maps = [_Task(MAP, s.index) for s in config.splits]
+        self._reduces = [_Task(REDUCE, i) for i in range(config.reducers)]
+        self._splits = {s.index: s for s in config.splits}
+        if sorted(self._splits) != list(range(len(config.splits))):
+            raise ValueError("split indexes must be 0..M-1")
+        self._pending: dict[str, dict[int, None]] = {
+            MAP: dict.fromkeys(range(len(self._maps))),
+            REDUCE: dict.fromkeys(range(len(self._reduces)))}
+        self._copies: dict[tuple[str, int], None] = {}
+        self._maps_done = 0
+        self._attempts: dict[str, _Attempt] = {}
+        self._agents: dict[str, str] = {}  # live agent id -> hostname
+        self._lost_hosts: set[str] = set()  # preferring these would wait in vain
+        self._cached: dict[str, set[str]] = {}  # URI -> hosts whose executor fetched it
+        self._waiting_since: float | None = None
+        self._suppressed = False
+        self._new_work = False  # something became eligible since `_interest` last ran
+        self._started = False
+        self._done: JobDone | None = None
+        self._last_launch = 0.0
+        self._too_small: Resources | None = None  # biggest offer a task did not fit
+        self.failed_attempts = 0
+        self.refused_launches = 0
+        self._backoff_until: float | None = None  # the earliest end of a refusal backoff
+        self.maps_rerun = 0
+        self.speculative_attempts = 0
+        self.invalid_updates = 0
+        self.records_in = 0
+        self.records_out = 0
+
+    # ------------------------------------------------------------------ entry
+
+    @property
+    def done(self) -> JobDone | None:
+        return self._done
+
+    def handle(self, event: Event, now: float) -> list[Effect]:
+        if self._done is not None:
+            return []
+        if isinstance(event, Started):
+            return self._start(now)
+        if isinstance(event, Reregistered):
+            return [Reconcile(tuple((a.task_id, a.agent_id) for a in self._live()))]
+        if isinstance(event, OffersMade):
+            return self._answer_offers(event.offers, now)
+        if isinstance(event, TaskUpdate):
+            return self._on_update(event.status, now)
+        if isinstance(event, AgentLost):
+            return self._on_agent_lost(event.agent_id, now)
+        if isinstance(event, TimerFired) and event.key == TICK:
+            return self._tick(now)
+        return []
+
+    def _start(self, now: float) -> list[Effect]:
+        if self._started:
+            return []
+        self._started = True
+        self._last_launch = now
+        return [ArmTimer(TICK, now + TICK_INTERVAL)]
+
+    # ----------------------------------------------------------------- offers
+
+    def _answer_offers(self, offers: Sequence[Offer], now: float) -> list[Effect]:
+        """Deal tasks to the offers one at a time in turn, so a batch of offers
+        spreads the work (and the risk of losing an agent) over the agents."""
+        fills = []
+        for offer in offers:
+            self._agents[offer.agent_id] = offer.hostname
+            self._lost_hosts.discard(offer.hostname)
+            fills.append(_Fill(offer, offer.resources, self.config.executor.executor_id
+                               in offer.executor_ids))
+        dealing = list(fills)
+        while dealing:
+            dealing = [fill for fill in dealing if self._deal_one(fill, now)]
+        effects: list[Effect] = []
+        for fill in fills:
+            if fill.tasks:
+                effects.append(Launch(fill.offer.id, tuple(fill.tasks), fill.refuse))
+            else:
+                effects.append(DeclineOffer(fill.offer.id, fill.refuse))
+        return effects + self._interest(freed=False)
+
+    def _deal_one(self, fill: _Fill, now: float) -> bool:
+        """Give the offer one more task if one is eligible and fits. When not, note
+        how long the offer should be refused and return False."""
+        pick = self._pick(fill.offer, now)
+        if isinstance(pick, _Why):
+            fill.refuse = self.config.refuse_seconds
+            if pick is _Why.LOCALITY and self._waiting_since is not None:
+                left = self._waiting_since + self.config.locality_wait - now
+                fill.refuse = max(MIN_REFUSE, left)  # back when the wait is over
+            return False
+        task, speculative, local = pick
+        need = self._resources(task.kind)
+        if not fill.executor_here:
+            need = need + self.config.executor.resources
+        if not need <= fill.left:
+            if not fill.tasks:
+                self._note_too_small(fill.offer.resources)
+            fill.refuse = self.config.refuse_seconds
+            return False
+        fill.left = fill.left - need
+        fill.executor_here = True
+        fill.tasks.append(self._launch(task, fill.offer, speculative, local, now))
+        return True
+
+    def _note_too_small(self, resources: Resources) -> None:
+        if self._too_small is None or self._too_small <= resources:
+            self._too_small = resources
+
+    def _resources(self, kind: str) -> Resources:
+        return self.config.map_resources if kind == MAP else self.config.reduce_resources
+
+    def _pick(self, offer: Offer, now: float) -> tuple[_Task, bool, bool | None] | _Why:
+        """The next task for this offer: (task, speculative copy?, data-local?)."""
+        if not self._all_maps_done():
+            candidates = [self._maps[i] for i in self._pending[MAP]
+                          if self._may_run(self._maps[i], offer.agent_id, now)]
+            for task in candidates:
+                if offer.hostname in self._preferred(task):
+                    return task, False, True
+            for task in candidates:
+                if not self._preferred(task):
+                    return task, False, None
+            if candidates:
+                if self._may_go_remote(now):
+                    return self._steal(candidates), False, False
+                if self._waiting_since is None:
+                    self._waiting_since = now
+                return _Why.LOCALITY
+            return self._copy_for(MAP, offer)
+        for index in self._pending[REDUCE]:
+            task = self._reduces[index]
+            if self._may_run(task, offer.agent_id, now):
+                return task, False, None
+        return self._copy_for(REDUCE, offer)
+
+    def _copy_for(self, kind: str, offer: Offer) -> tuple[_Task, bool, bool | None] | _Why:
+        for copy_kind, index in self._copies:
+            task = self._task(copy_kind, index)
+            if copy_kind == kind and offer.agent_id not in {a.agent_id for a in task.live}:
+                preferred = self._preferred(task)
+                return task, True, (offer.hostname in preferred) if preferred else None
+        return _Why.NOTHING
+
+    def _preferred(self, task: _Task) -> set[str]:
+        """Hosts where the map's data is, less those known to be lost."""
+        if task.kind != MAP:
+            return set()
+        split = self._splits[task.index]
+        hosts = self._cached.get(split.path, set()) if split.is_uri else set(split.hosts)
+        return hosts - self._lost_hosts
+
+    def _may_run(self, task: _Task, agent_id: str, now: float) -> bool:
+        """Not during a refusal backoff; not where it failed before, unless it
+        failed on every agent we know."""
+        if now < task.not_before:
+            return False
+        if agent_id not in task.avoid:
+            return True
+        return all(known in task.avoid for known in self._agents)
+
+    def _may_go_remote(self, now: float) -> bool:
+        wait = self.config.locality_wait
+        return wait <= 0 or (self._waiting_since is not None
+                             and now - self._waiting_since >= wait)
+
+    def _steal(self, candidates: list[_Task]) -> _Task:
+        """A non-local map from the host with the longest backlog of pending maps,
+        so the steal shortens the job's longest queue."""
+        backlog: dict[str, int] = {}
+        for task in candidates:
+            for host in self._preferred(task):
+                backlog[host] = backlog.get(host, 0) + 1
+        return max(candidates, key=lambda t: (
+            max((backlog[h] for h in self._preferred(t)), default=0), -t.index))
+
+    def _launch(self, task: _Task, offer: Offer, speculative: bool, local: bool | None,
+                now: float) -> TaskInfo:
+        task.launches += 1
+        task_id = f"{task.kind}-{task.index:05d}-{task.launches}"
+        attempt = _Attempt(task_id=task_id, task=task, agent_id=offer.agent_id,
+                           hostname=offer.hostname, url=offer.url, launched_at=now,
+                           local=local)
+        self._attempts[task_id] = attempt
+        task.live.append(attempt)
+        if local:
+            self._waiting_since = None  # delay scheduling: a local launch resets the wait
+        if speculative:
+            self.speculative_attempts += 1
+            task.wants_copy = False
+            del self._copies[(task.kind, task.index)]
+        else:
+            task.phase = TaskPhase.RUNNING
+            del self._pending[task.kind][task.index]
+        self._last_launch = now
+        self._too_small = None
+        return TaskInfo(task_id=task_id, name=f"dyad-batch {task.kind} {task.index}",
+                        agent_id=offer.agent_id, resources=self._resources(task.kind),
+                        executor=self.config.executor, data=self._task_data(task, task_id))
+
+    def _task_data(self, task: _Task, task_id: str) -> bytes:
+        spec: dict[str, Any] = {"type": task.kind, "index": task.index, "task_id": task_id,
+                                "reducers": self.config.reducers, "output": self.config.output}
+        if task.kind == MAP:
+            spec["split"] = self._splits[task.index].to_json()
+        else:
+            spec["inputs"] = [{"map": m.index, "task_id": m.output.task_id, "url": m.output.url,
+                               "path": m.output.paths[task.index]}
+                              for m in self._maps if m.output is not None]
+        # The job payload (the user's code) is already JSON text: splice it in rather
+        # than decode and re-encode it for every task.
+        return ('{"job":' + self.config.job_payload + ',"task":' + json.dumps(spec)
+                + "}").encode()
+
+    # ---------------------------------------------------------------- updates
+
+    def _on_update(self, status: TaskStatus, now: float) -> list[Effect]:
+        attempt = self._attempts.get(status.task_id)
+        if attempt is None:
+            self.invalid_updates += 1
+            return []
+        if attempt.ended or not status.state.is_terminal:
+            return []  # a duplicate (at-least-once delivery) or progress
+        attempt.ended = True
+        attempt.task.live.remove(attempt)
+        if status.state is TaskState.TASK_FINISHED:
+            effects = self._succeeded(attempt, status, now)
+        elif _refused(status):
+            effects = self._refused(attempt, status, now)
+        else:
+            effects = self._failed(attempt, status)
+        if self._done is not None:
+            return effects
+        return effects + self._interest(freed=True)
+
+    def _succeeded(self, attempt: _Attempt, status: TaskStatus, now: float) -> list[Effect]:
+        task = attempt.task
+        if attempt.killed or task.phase is TaskPhase.DONE:
+            return []  # a speculative loser that finished anyway
+        try:
+            result = _parse_result(task.kind, status.data, self.config.reducers)
+        except ValueError as exc:
+            self.invalid_updates += 1
+            return self._failed(attempt, attrs.evolve(
+                status, message=f"finished without a valid result ({exc})"))
+        task.phase = TaskPhase.DONE
+        task.duration = now - attempt.launched_at
+        if task.kind == MAP:
+            self._maps_done += 1
+        self.records_in += int(result.get("records_in", 0))
+        self.records_out += int(result.get("records_out", 0))
+        self._drop_copy(task)
+        effects: list[Effect] = []
+        for other in task.live:
+            other.killed = True
+            effects.append(KillAttempt(other.task_id))
+        if task.kind == MAP:
+            task.output = MapOutput(
+                task_id=attempt.task_id, agent_id=attempt.agent_id, hostname=attempt.hostname,
+                url=attempt.url, paths=tuple(result["outputs"]), local=attempt.local)
+            split = self._splits[task.index]
+            if split.is_uri and result.get("cached"):
+                self._cached.setdefault(split.path, set()).add(attempt.hostname)
+            if self._all_maps_done():
+                self._new_work = True  # the reduces are eligible now
+        else:
+            task.result = str(result["output"])
+            if all(r.phase is TaskPhase.DONE for r in self._reduces):
+                self._done = JobDone(True)
+                effects.append(self._done)
+        return effects
+
+    def _failed(self, attempt: _Attempt, status: TaskStatus) -> list[Effect]:
+        task = attempt.task
+        if attempt.killed or task.phase is TaskPhase.DONE:
+            return []
+        if task.kind == REDUCE and status.state is TaskState.TASK_FAILED:
+            lost = _parse_fetch_failures(status.data)
+            if lost:
+                effects = self._lose_outputs(lost, attempt.hostname)
+                if not task.live and self._done is None:
+                    self._make_pending(task)
+                return effects
+        self.failed_attempts += 1
+        task.avoid.add(attempt.agent_id)
+        why = status.message or status.reason or "no reason given"
+        task.failures.append(f"{status.state.name} on {attempt.hostname}: {why}")
+        if task.live:
+            return []  # another attempt of it is still running
+        if len(task.failures) >= self.config.max_attempts:
+            return [self._fail(f"{task.name} failed {len(task.failures)} times; "
+                               f"last: {task.failures[-1]}")]
+        self._make_pending(task)
+        return []
+
+    def _refused(self, attempt: _Attempt, status: TaskStatus, now: float) -> list[Effect]:
+        task = attempt.task
+        if attempt.killed or task.phase is TaskPhase.DONE:
+            return []
+        task.refusals += 1
+        self.refused_launches += 1
+        if task.refusals >= REFUSAL_LIMIT:
+            return [self._fail(
+                f"{task.name} was refused at launch {task.refusals} times; last: "
+                f"{status.state.name} on {attempt.hostname}: {status.message or status.reason}")]
+        if not task.live:
+            backoff = min(MAX_REFUSAL_BACKOFF, REFUSAL_BACKOFF * 2 ** (task.refusals - 1))
+            task.not_before = now + backoff
+            if self._backoff_until is None or task.not_before < self._backoff_until:
+                self._backoff_until = task.not_before
+            self._make_pending(task)
+        return []
+
+    def _lose_outputs(self, lost: list[tuple[int, str]], reporter: str) -> list[Effect]:
+        """A reduce could not fetch these (map index, attempt id) outputs."""
+        effects: list[Effect] = []
+        for index, task_id in lost:
+            if not 0 <= index < len(self._maps):
+                self.invalid_updates += 1
+                continue
+            task = self._maps[index]
+            if task.output is not None and task.output.task_id == task_id:
+                effects += self._rerun_map(
+                    task, f"output on {task.output.hostname} could not be fetched "
+                          f"by a reduce on {reporter}")
+        return effects
+
+    def _rerun_map(self, task: _Task, why: str) -> list[Effect]:
+        task.output = None
+        self._maps_done -= 1
+        task.failures.append(why)
+        self.maps_rerun += 1
+        if len(task.failures) >= self.config.max_attempts:
+            return [self._fail(f"{task.name} failed {len(task.failures)} times; last: {why}")]
+        self._make_pending(task)
+        return []
+
+    def _make_pending(self, task: _Task) -> None:
+        task.phase = TaskPhase.PENDING
+        self._pending[task.kind][task.index] = None
+        self._new_work = True
+        self._drop_copy(task)
+
+    def _drop_copy(self, task: _Task) -> None:
+        task.wants_copy = False
+        self._copies.pop((task.kind, task.index), None)
+
+    def _fail(self, error: str) -> JobDone:
+        self._done = JobDone(False, error)
+        return self._done
+
+    def _on_agent_lost(self, agent_id: str, now: float) -> list[Effect]:
+        """Its attempts end through the TASK_LOST updates the master sends; here
+        only the map outputs it held matter, if a reduce still needs them."""
+        hostname = self._agents.pop(agent_id, agent_id)
+        if hostname not in self._agents.values():
+            self._lost_hosts.add(hostname)
+        effects: list[Effect] = []
+        if all(r.phase is TaskPhase.DONE for r in self._reduces):
+            return effects
+        for task in self._maps:
+            if task.output is not None and task.output.agent_id == agent_id:
+                effects += self._rerun_map(task, f"output lost with agent {hostname}")
+                if self._done is not None:
+                    return effects
+        return effects + self._interest(freed=False)
+
+    # ------------------------------------------------------------------ ticks
+
+    def _tick(self, now: float) -> list[Effect]:
+        effects: list[Effect] = []
+        if self._backoff_until is not None and self._backoff_until <= now:
+            self._new_work = True  # refused tasks may launch again: offers back
+            waiting = [t.not_before for t in (*self._maps, *self._reduces)
+                       if t.phase is TaskPhase.PENDING and t.not_before > now]
+            self._backoff_until = min(waiting, default=None)
+        if self.config.speculative:
+            self._speculate(now)
+        if self._starving(now):
+            return [self._fail(self._starvation_message())]
+        effects += self._interest(freed=False)
+        effects.append(ArmTimer(TICK, now + TICK_INTERVAL))
+        return effects
+
+    def _speculate(self, now: float) -> None:
+        kind = REDUCE if self._all_maps_done() else MAP
+        tasks = self._maps if kind == MAP else self._reduces
+        if self._pending[kind]:
+            return
+        durations = [t.duration for t in tasks if t.duration is not None]
+        if not durations:
+            return
+        limit = max(SPECULATIVE_MIN_RUNTIME, SPECULATIVE_FACTOR * statistics.median(durations))
+        budget = max(1, len(tasks) // 10) - len(self._copies)
+        for task in tasks:
+            if budget <= 0:
+                return
+            if (task.phase is TaskPhase.RUNNING and len(task.live) == 1
+                    and not task.wants_copy and now - task.live[0].launched_at > limit):
+                task.wants_copy = True
+                self._copies[(task.kind, task.index)] = None
+                self._new_work = True
+                budget -= 1
+
+    def _starving(self, now: float) -> bool:
+        return (self._too_small is not None and self._eligible()
+                and not any(True for _ in self._live())
+                and now - self._last_launch >= self.config.starvation_timeout)
+
+    def _starvation_message(self) -> str:
+        kind = REDUCE if self._all_maps_done() else MAP
+        need = self._resources(kind) + self.config.executor.resources
+        return (f"no offer had room for a {kind} task for "
+                f"{self.config.starvation_timeout:g}s: it needs {self._resources(kind)} "
+                f"plus {self.config.executor.resources} for the executor on a new agent "
+                f"({need} in all); the biggest offer seen was {self._too_small}")
+
+    # --------------------------------------------------------------- interest
+
+    def _interest(self, freed: bool) -> list[Effect]:
+        """Suppress offers when nothing can launch. Revive when something can and
+        offers may be held back: suppressed, or filtered by declines made before a
+        slot was freed or before this work appeared."""
+        new_work, self._new_work = self._new_work, False
+        if self._eligible():
+            if self._suppressed or freed or new_work:
+                self._suppressed = False
+                return [ReviveOffers()]
+            return []
+        if not self._suppressed:
+            self._suppressed = True
+            return [SuppressOffers()]
+        return []
+
+    def _eligible(self) -> bool:
+        if self._copies:
+            return True
+        return bool(self._pending[MAP] if not self._all_maps_done() else self._pending[REDUCE])
+
+    # ---------------------------------------------------------------- queries
+
+    def _all_maps_done(self) -> bool:
+        return self._maps_done == len(self._maps)
+
+    def _task(self, kind: str, index: int) -> _Task:
+        return self._maps[index] if kind == MAP else self._reduces[index]
+
+    def _live(self) -> list[_Attempt]:
+        return [a for t in (*self._maps, *self._reduces) for a in t.live]
+
+    def progress(self) -> Progress:
+        finished = [m.output for m in self._maps if m.output is not None]
+        preferred = [o for o in finished if o.local is not None]
+        return Progress(
+            maps_total=len(self._maps),
+            # A map re-run after the last reduce had fetched from it is not needed:
+            # once the job succeeded, every map's output has been consumed.
+            maps_done=len(self._maps) if self._done == JobDone(True) else self._maps_done,
+            maps_running=sum(1 for m in self._maps if m.phase is TaskPhase.RUNNING),
+            reduces_total=len(self._reduces),
+            reduces_done=sum(1 for r in self._reduces if r.phase is TaskPhase.DONE),
+            reduces_running=sum(1 for r in self._reduces if r.phase is TaskPhase.RUNNING),
+            failed_attempts=self.failed_attempts, refused_launches=self.refused_launches,
+            maps_rerun=self.maps_rerun,
+            speculative_attempts=self.speculative_attempts,
+            local_maps=sum(1 for o in preferred if o.local), preferred_maps=len(preferred),
+            records_in=self.records_in, records_out=self.records_out,
+            invalid_updates=self.invalid_updates)
+
+    def outputs_by_host(self) -> dict[str, int]:
+        """How many current map outputs each host holds."""
+        counts: dict[str, int] = {}
+        for task in self._maps:
+            if task.output is not None:
+                counts[task.output.hostname] = counts.get(task.output.hostname, 0) + 1
+        return counts
+
+    def output_files(self) -> list[str]:
+        """The committed part files, by reduce index (complete once the job is done)."""
+        return [r.result for r in self._reduces if r.result]
+
+    def validate(self) -> None:
+        """Check the invariants; tests call it after every step."""
+        if self._done is not None:
+            return  # a failed job stops mid-step: its tasks stay as they were
+        assert self._maps_done == sum(1 for m in self._maps if m.phase is TaskPhase.DONE)
+        for kind, tasks in ((MAP, self._maps), (REDUCE, self._reduces)):
+            for task in tasks:
+                pending = task.index in self._pending[kind]
+                assert pending == (task.phase is TaskPhase.PENDING), (task, pending)
+                assert all(not a.ended and a.task is task for a in task.live), task
+                if task.phase is TaskPhase.RUNNING:
+                    assert task.live, f"{task.name} running without an attempt"
+                if kind == MAP:
+                    assert (task.output is not None) == (task.phase is TaskPhase.DONE), task
+                wants = (kind, task.index) in self._copies
+                assert wants == task.wants_copy, task
+                if wants:
+                    assert task.phase is TaskPhase.RUNNING, task
+
+
+def _parse_result(kind: str, data: bytes, reducers: int) -> Mapping[str, Any]:
+    """A finished attempt's result: a map names R partition files, a reduce its
+    part file. Raises ValueError for anything else."""
+    try:
+        result = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"result is not JSON: {exc}") from None
+    if not isinstance(result, dict):
+        raise ValueError("result is not a JSON object")
+    if kind == MAP:
+        outputs = result.get("outputs")
+        if (not isinstance(outputs, list) or len(outputs) != reducers
+                or not all(isinstance(p, str) and p.startswith("/") for p in outputs)):
+            raise ValueError(f"a map must name {reducers} absolute output paths")
+    elif not isinstance(result.get("output"), str):
+        raise ValueError("a reduce must name its output file")
+    for key in ("records_in", "records_out"):
+        if not isinstance(result.get(key, 0), int):
+            raise ValueError(f"{key} must be an integer")
+    return result
+
+
+def _parse_fetch_failures(data: bytes) -> list[tuple[int, str]]:
+    """The (map index, attempt id) pairs a failed reduce could not fetch; empty if
+    its data says nothing of the kind."""
+    try:
+        found = json.loads(data).get(FETCH_FAILED_KEY) if data else None
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        return []
+    if not isinstance(found, list):
+        return []
+    return [(item["map"], item["task_id"]) for item in found
+            if isinstance(item, dict) and isinstance(item.get("map"), int)
+            and isinstance(item.get("task_id"), str)]
+
+
+def _refused(status: TaskStatus) -> bool:
+    """Whether the master or agent refused to start the attempt (so its code
+    never ran): TASK_DROPPED, or TASK_ERROR not from the executor."""
+    return status.state is TaskState.TASK_DROPPED or (
+        status.state is TaskState.TASK_ERROR and status.source != Source.EXECUTOR)
