@@ -19,6 +19,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from dyad import apps_cli
 from dyad.local import DEFAULT_AGENT_RESOURCES, PROJECT_ROOT, ClusterError, LocalCluster
 from dyad.resources import Resources, ResourcesError
 
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="extra argument for dyad-master (repeatable)")
     local.add_argument("--run", nargs=argparse.REMAINDER, metavar="PROGRAM",
                        help="run PROGRAM [ARGS] against the cluster, then stop")
+    apps_cli.add_parser(commands)
     return parser
 
 
@@ -112,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "local":
         return run_local(args)
+    if args.command == "apps":
+        return apps_cli.run(args)
     return 2
 
 

@@ -1,0 +1,159 @@
+"""The asyncio shell around `ServiceCore`: scheduler callbacks and API commands in,
+driver calls, store writes and the wake-up timer out.
+
+Everything runs on one event loop (the driver's callbacks, the aiohttp handlers and
+the timer), so the core needs no locks. Store writes for a batch of effects go out
+before the first driver call that follows them: a task is on disk before its launch
+is sent, so a framework that dies in between finds it and asks the master about it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from dyad.clock import Clock
+from dyad.effects import ArmTimer, CancelTimer
+from dyad.messages import Filters, MasterInfo, Offer, TaskStatus
+from frameworks.scheduler import Scheduler
+from frameworks.service.core import (
+    AgentLost, Command, DeclineOffers, Disconnected, Effect, Event, KillTask, LaunchTasks,
+    OffersReceived, Outcome, Persist, ReconcileTasks, Registered, Reregistered,
+    ReviveOffers, ServiceCore, StatusReceived, SuppressOffers, Tick)
+from frameworks.service.store import Store, StoreError
+
+log = logging.getLogger(__name__)
+
+
+class ServiceRuntime:
+    """Performs the core's effects. ``driver`` is a `SchedulerDriver` (or a
+    `FakeSchedulerDriver` in tests); ``on_fatal`` is called once if the store fails."""
+
+    def __init__(self, core: ServiceCore, store: Store, clock: Clock,
+                 on_fatal: Callable[[Exception], None] | None = None) -> None:
+        self.core = core
+        self.store = store
+        self.clock = clock
+        self.driver: Any = None
+        self.on_fatal = on_fatal
+        self.failed: Exception | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def handle(self, event: Event) -> None:
+        """Feed a driver or timer event. After a store failure every event raises
+        (an update then goes unacknowledged and reaches the next leader)."""
+        self._check()
+        self._perform(self.core.handle(event, self.clock.now()))
+
+    def execute(self, command: Command) -> Outcome:
+        """Run an API command; raises `ServiceError` (nothing done) or `StoreError`."""
+        self._check()
+        outcome = self.core.execute(command, self.clock.now())
+        self._perform(outcome.effects)
+        return outcome
+
+    def _check(self) -> None:
+        if self.failed is not None:
+            raise StoreError(f"the service stopped after a store failure: {self.failed}")
+
+    def _perform(self, effects: Sequence[Effect]) -> None:
+        pending: list[Persist] = []
+        for effect in effects:
+            if isinstance(effect, Persist):
+                pending.append(effect)
+                continue
+            self._write(pending)
+            pending = []
+            self._act(effect)
+        self._write(pending)
+
+    def _write(self, changes: list[Persist]) -> None:
+        if not changes:
+            return
+        try:
+            self.store.apply(changes)
+        except StoreError as exc:
+            if self.failed is None:
+                self.failed = exc
+                log.error("store failure, stopping: %s", exc)
+                if self.on_fatal is not None:
+                    self.on_fatal(exc)
+            raise
+
+    def _act(self, effect: Effect) -> None:
+        driver = self.driver
+        if isinstance(effect, LaunchTasks):
+            driver.launch_tasks([effect.offer_id], list(effect.tasks),
+                                Filters(refuse_seconds=effect.refuse_seconds))
+        elif isinstance(effect, DeclineOffers):
+            driver.decline_offers(list(effect.offer_ids),
+                                  Filters(refuse_seconds=effect.refuse_seconds))
+        elif isinstance(effect, KillTask):
+            driver.kill_task(effect.task_id, effect.grace_period)
+        elif isinstance(effect, ReviveOffers):
+            driver.revive_offers()
+        elif isinstance(effect, SuppressOffers):
+            driver.suppress_offers()
+        elif isinstance(effect, ReconcileTasks):
+            driver.reconcile_tasks(list(effect.tasks))
+        elif isinstance(effect, ArmTimer):
+            self._cancel_timer()
+            delay = max(0.0, effect.at - self.clock.now())
+            self._timer = asyncio.get_running_loop().call_later(delay, self._fire)
+        elif isinstance(effect, CancelTimer):
+            self._cancel_timer()
+        else:
+            raise TypeError(f"unknown effect {effect!r}")
+
+    def _fire(self) -> None:
+        self._timer = None
+        try:
+            self.handle(Tick())
+        except StoreError:
+            pass  # already reported through on_fatal
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def close(self) -> None:
+        self._cancel_timer()
+
+
+class ServiceScheduler(Scheduler):
+    """The framework's `Scheduler`: every callback becomes a core event. Offers are
+    answered within the callback, so a rescinded offer needs nothing from us."""
+
+    def __init__(self, runtime: ServiceRuntime) -> None:
+        self.runtime = runtime
+        self.errors = 0
+        self.last_error = ""
+
+    def registered(self, driver: Any, framework_id: str, master_info: MasterInfo) -> None:
+        log.info("registered as framework %s with master %s", framework_id, master_info.id)
+        self.runtime.handle(Registered(framework_id))
+
+    def reregistered(self, driver: Any, master_info: MasterInfo) -> None:
+        log.info("re-registered with master %s", master_info.id)
+        self.runtime.handle(Reregistered())
+
+    def disconnected(self, driver: Any) -> None:
+        log.warning("disconnected from the master")
+        self.runtime.handle(Disconnected())
+
+    def resource_offers(self, driver: Any, offers: list[Offer]) -> None:
+        self.runtime.handle(OffersReceived(tuple(offers)))
+
+    def status_update(self, driver: Any, status: TaskStatus) -> None:
+        self.runtime.handle(StatusReceived(status))
+
+    def agent_lost(self, driver: Any, agent_id: str) -> None:
+        self.runtime.handle(AgentLost(agent_id))
+
+    def error(self, driver: Any, message: str) -> None:
+        self.errors += 1
+        self.last_error = message
+        log.error("driver reported: %s", message)

@@ -1,0 +1,232 @@
+"""The REST API against a real aiohttp server on loopback, with a real core, a
+real file store and a fake driver: status codes, Marathon's fields, bad input."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from dyad.clock import FakeClock
+from dyad.messages import TaskState, TaskStatus
+from frameworks.service.api import ServiceApi
+from frameworks.service.core import (
+    OffersReceived, Registered, ServiceConfig, ServiceCore, StatusReceived)
+from frameworks.service.runtime import ServiceRuntime
+from frameworks.service.store import FileStore
+from frameworks.testing import FakeSchedulerDriver, make_offer
+
+WEB = {"id": "/web", "cmd": "python3 -m http.server $PORT0", "instances": 2, "cpus": 0.1,
+       "mem": 64, "ports": [0], "constraints": [["hostname", "UNIQUE"]],
+       "healthChecks": [{"protocol": "HTTP", "path": "/", "portIndex": 0,
+                         "gracePeriodSeconds": 10, "intervalSeconds": 5,
+                         "maxConsecutiveFailures": 3}],
+       "upgradeStrategy": {"minimumHealthCapacity": 1.0, "maximumOverCapacity": 0.5},
+       "env": {"MODE": "test"}, "labels": {"team": "web"}}
+
+
+class Client:
+    """Talks to the API; `call` returns (status, decoded JSON or text)."""
+
+    def __init__(self, session: aiohttp.ClientSession, base: str, api: ServiceApi,
+                 runtime: ServiceRuntime, store_dir: Path) -> None:
+        self.session, self.base, self.api, self.runtime = session, base, api, runtime
+        self.store_dir = store_dir
+
+    async def call(self, method: str, path: str, body: Any = None,
+                   raw: bytes | None = None) -> tuple[int, Any]:
+        data = io.BytesIO(raw) if raw is not None else (None if body is None else json.dumps(body))
+        async with self.session.request(method, self.base + path, data=data) as resp:
+            text = await resp.text()
+            try:
+                return resp.status, json.loads(text) if text else None
+            except ValueError:
+                return resp.status, text
+
+    def offer(self, *hosts: str) -> None:
+        offers = tuple(make_offer(agent_id=f"agent-{h}", hostname=h, url="http://127.0.0.9:5051",
+                                  resources="cpus:2;mem:1024;ports:[31000-31009]")
+                       for h in hosts)
+        self.runtime.handle(OffersReceived(offers))
+
+    def run_tasks(self, healthy: bool = True) -> None:
+        for task in list(self.runtime.core.tasks.values()):
+            self.runtime.handle(StatusReceived(TaskStatus(
+                task_id=task.task_id, state=TaskState.TASK_RUNNING, agent_id=task.agent_id,
+                healthy=healthy)))
+
+    def stored(self) -> Any:
+        return json.loads((self.store_dir / "state.json").read_text())
+
+
+@pytest.fixture
+async def client(tmp_path: Path) -> AsyncIterator[Client]:
+    store = FileStore(tmp_path)
+    core = ServiceCore(ServiceConfig(), iter(f"{i:04d}" for i in range(1, 10**6)).__next__,
+                       store.load())
+    runtime = ServiceRuntime(core, store, FakeClock())
+    runtime.driver = FakeSchedulerDriver()
+
+    async def leader() -> str:
+        return "127.0.0.1:8080"
+
+    api = ServiceApi(leader)
+    api.runtime = runtime
+    runtime.handle(Registered("framework-1"))
+    server = TestServer(api.app)
+    await server.start_server()
+    async with aiohttp.ClientSession() as session:
+        yield Client(session, f"http://127.0.0.1:{server.port}", api, runtime, tmp_path)
+    runtime.close()
+    await server.close()
+    store.close()
+
+
+async def test_create_show_and_list_an_app(client: Client) -> None:
+    status, body = await client.call("POST", "/v2/apps", WEB)
+    assert status == 201
+    assert body["id"] == "/web" and body["instances"] == 2 and body["deployments"]
+    assert body["healthChecks"][0]["portIndex"] == 0 and body["env"] == {"MODE": "test"}
+    assert body["tasksRunning"] == 0 and body["waitingReason"] == "2 task(s) waiting for offers"
+    client.offer("agent0", "agent1")
+    client.run_tasks()
+    status, body = await client.call("GET", "/v2/apps/web")
+    assert status == 200
+    app = body["app"]
+    assert (app["tasksRunning"], app["tasksHealthy"], app["tasksStaged"],
+            app["tasksUnhealthy"]) == (2, 2, 0, 0)
+    assert {t["host"] for t in app["tasks"]} == {"agent0", "agent1"}
+    assert app["tasks"][0]["ipAddresses"] == [{"ipAddress": "127.0.0.9", "protocol": "IPv4"}]
+    assert app["deployments"] == [] and app["waitingReason"] is None
+    status, listing = await client.call("GET", "/v2/apps")
+    assert [a["id"] for a in listing["apps"]] == ["/web"] and "tasks" not in listing["apps"][0]
+    assert (await client.call("GET", "/v2/apps?embed=apps.tasks"))[1]["apps"][0]["tasks"]
+    assert "web" in client.stored()["apps"]
+
+
+async def test_double_slashes_and_relative_ids_are_tolerated(client: Client) -> None:
+    status, body = await client.call("POST", "//v2//apps/", {**WEB, "id": "web//api"})
+    assert status == 201 and body["id"] == "/web/api"
+    assert (await client.call("GET", "/v2/apps//web/api/"))[0] == 200
+    assert (await client.call("GET", "//v2/apps/web//api//tasks"))[0] == 200
+
+
+async def test_bad_definitions_are_refused_with_reasons_and_leave_nothing(client: Client) -> None:
+    cases = [
+        ({**WEB, "cpus": -1}, "/cpus"),
+        ({**WEB, "instances": "three"}, "/instances"),
+        ({**WEB, "instance": 3}, "/instance"),
+        ({**WEB, "id": "/Web_App"}, "/id"),
+        ({**WEB, "id": "/web/tasks"}, "/id"),
+        ({**WEB, "constraints": [["hostname", "SOMETIMES"]]}, "/constraints"),
+        ({**WEB, "constraints": [["rack", "LIKE", "("]]}, "/constraints"),
+        ({**WEB, "constraints": [["hostname", "CLUSTER", "a"], ["hostname", "UNIQUE"]]},
+         "/constraints"),
+        ({**WEB, "healthChecks": [{"protocol": "HTTP", "portIndex": 3}]}, "/healthChecks"),
+        ({**WEB, "env": {"A": 1}}, "/env"),
+        ({**WEB, "mem": float("1e300")}, "/mem"),
+        ({k: v for k, v in WEB.items() if k != "cmd"}, "/cmd"),
+        ({**WEB, "upgradeStrategy": {"minimumHealthCapacity": 1, "maximumOverCapacity": 0}},
+         "/upgradeStrategy"),
+    ]
+    for definition, path in cases:
+        status, body = await client.call("POST", "/v2/apps", definition)
+        assert status == 422, definition
+        assert body["message"] == "Object is not valid"
+        assert path in [d["path"] for d in body["details"]], body
+    for raw in (b"{not json", b'{"id": NaN}', b"\xff\xfe", b"[1, 2]"):
+        status, body = await client.call("POST", "/v2/apps", raw=raw)
+        assert status in (400, 422) and body["message"], raw
+    assert (await client.call("GET", "/v2/apps"))[1] == {"apps": []}
+    assert not (client.store_dir / "state.json").exists() or client.stored()["apps"] == {}
+    metrics = (await client.call("GET", "/metrics"))[1]["counters"]
+    assert metrics["invalid_app_definitions"] == len(cases) + 1
+    assert metrics["http_responses_4xx"] == len(cases) + 4
+
+
+async def test_locked_apps_conflict_unless_forced(client: Client) -> None:
+    await client.call("POST", "/v2/apps", WEB)
+    status, body = await client.call("POST", "/v2/apps", WEB)
+    assert status == 409 and "already exists" in body["message"]
+    status, body = await client.call("PUT", "/v2/apps/web", {"instances": 3})
+    assert status == 409 and body["deployments"][0]["id"]
+    assert "force=true" in body["message"]
+    status, body = await client.call("PUT", "/v2/apps/web?force=true", {"instances": 3})
+    assert status == 200 and body["deploymentId"] and body["version"]
+    assert (await client.call("GET", "/v2/apps/web"))[1]["app"]["instances"] == 3
+    assert (await client.call("PUT", "/v2/apps/web?force=maybe", {}))[0] == 400
+
+
+async def test_update_scale_restart_and_delete(client: Client) -> None:
+    await client.call("POST", "/v2/apps", WEB)
+    client.offer("agent0", "agent1")
+    client.run_tasks()
+    app = (await client.call("GET", "/v2/apps/web"))[1]["app"]
+    app["cmd"] = "python3 -m http.server $PORT0 --bind 0.0.0.0"
+    status, body = await client.call("PUT", "/v2/apps/web", app)   # GET's JSON goes back
+    assert status == 200
+    (deployment,) = (await client.call("GET", "/v2/deployments"))[1]
+    assert deployment["id"] == body["deploymentId"] and deployment["kind"] == "upgrade"
+    assert deployment["affectedApps"] == ["/web"] and deployment["autoRollback"]
+    assert deployment["currentActions"][0]["action"] == "RestartApplication"
+    status, body = await client.call("DELETE", f"/v2/deployments/{deployment['id']}")
+    assert status == 200 and body["deploymentId"] != deployment["id"]
+    client.runtime.core.deployments.clear()
+    assert (await client.call("POST", "/v2/apps/web/restart"))[0] == 200
+    status, body = await client.call("DELETE", "/v2/apps/web?force=true")
+    assert status == 200 and body["deploymentId"]
+    assert (await client.call("GET", "/v2/apps/web"))[0] == 404
+    assert (await client.call("DELETE", "/v2/apps/web"))[0] == 404
+    assert (await client.call("DELETE", "/v2/deployments/nope"))[0] == 404
+    status, body = await client.call("PUT", "/v2/apps/other", {**WEB, "id": "/other"})
+    assert status == 201
+
+
+async def test_tasks_kill_and_discovery(client: Client) -> None:
+    await client.call("POST", "/v2/apps", WEB)
+    client.offer("agent0", "agent1")
+    client.run_tasks()
+    status, body = await client.call("GET", "/v2/tasks?format=txt")
+    assert status == 200
+    lines = body.splitlines()
+    assert len(lines) == 2 and all(line.startswith("/web 127.0.0.9:3100") for line in lines)
+    tasks = (await client.call("GET", "/v2/apps/web/tasks"))[1]["tasks"]
+    assert len(tasks) == 2 and (await client.call("GET", "/v2/tasks"))[1]["tasks"] == tasks
+    victim = tasks[0]["id"]
+    status, body = await client.call("DELETE", f"/v2/apps/web/tasks/{victim}?scale=false")
+    assert status == 200 and body["task"]["id"] == victim
+    assert client.runtime.driver.killed == [victim]
+    assert (await client.call("DELETE", "/v2/apps/web/tasks/web.nope"))[0] == 404
+    assert (await client.call("GET", "/v2/tasks?format=xml"))[0] == 400
+
+
+async def test_queue_shows_why_tasks_wait(client: Client) -> None:
+    await client.call("POST", "/v2/apps", {**WEB, "instances": 3})
+    client.offer("agent0", "agent1")
+    client.offer("agent0", "agent1")
+    (entry,) = (await client.call("GET", "/v2/queue"))[1]["queue"]
+    assert entry["count"] == 1 and entry["app"]["id"] == "/web"
+    assert "UnfulfilledConstraint" in entry["waitingReason"]
+    assert (await client.call("DELETE", "/v2/queue/web/delay"))[0] == 204
+    assert (await client.call("DELETE", "/v2/queue/nope/delay"))[0] == 404
+
+
+async def test_unknown_routes_methods_and_standby(client: Client) -> None:
+    assert (await client.call("GET", "/v3/things"))[0] == 404
+    status, body = await client.call("PATCH", "/v2/apps")
+    assert status == 405 and "GET" in body["message"]
+    assert (await client.call("GET", "/ping"))[1] == "pong\n"
+    info = (await client.call("GET", "/v2/info"))[1]
+    assert info["frameworkId"] == "framework-1" and info["elected"]
+    big = json.dumps({**WEB, "labels": {"x": "y" * (2 * 1024 * 1024)}}).encode()
+    assert (await client.call("POST", "/v2/apps", raw=big))[0] == 413
+    client.api.runtime = None
+    status, body = await client.call("GET", "/v2/apps")
+    assert status == 503 and body["leader"] == "127.0.0.1:8080"
+    assert (await client.call("GET", "/v2/leader"))[1] == {"leader": "127.0.0.1:8080"}
