@@ -297,17 +297,23 @@ def _processes_under(path: str) -> list[int]:
     return sorted(set(found) - {os.getpid()})
 
 
-async def test_dyad_local_runs_hello_and_leaves_nothing(tmp_path: Any) -> None:
+@pytest.mark.parametrize("program, expected", [
+    ("examples/hello.py", "TASK_FINISHED"),
+    # The main demo: the service and batch frameworks sharing the cluster.
+    ("examples/demo.py", "top words"),
+])
+async def test_dyad_local_runs_a_program_and_leaves_nothing(
+        tmp_path: Any, program: str, expected: str) -> None:
     import sys
 
     work = tmp_path / "local"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "dyad.cli", "local", "--agents", "2", "--port", "0",
-        "--work-dir", str(work), "--run", "examples/hello.py",
+        sys.executable, "-m", "dyad.cli", "local", "--agents", "3", "--port", "0",
+        "--work-dir", str(work), "--run", program,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    out, _ = await asyncio.wait_for(proc.communicate(), 90)
+    out, _ = await asyncio.wait_for(proc.communicate(), 110)
     text = out.decode()
     assert proc.returncode == 0, text
-    assert "TASK_FINISHED" in text
+    assert expected in text
     assert _processes_under(str(work)) == []
