@@ -10,9 +10,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 IO_MODULES = {"asyncio", "zmq", "aiohttp", "kazoo", "socket", "subprocess"}
-PURE_CORES = ["master/state.py", "master/allocator", "agent/state.py",
-              "agent/status_updates.py", "dyad/resources.py", "dyad/messages.py",
-              "dyad/codec.py"]
+PURE_CORES = [
+    "dyad/resources.py", "dyad/messages.py", "dyad/codec.py",
+    "master/state.py", "master/allocator", "master/metrics.py",
+    "agent/state.py", "agent/model.py", "agent/status_updates.py", "agent/health.py",
+    "agent/limits.py", "agent/views.py",
+    "frameworks/batch/core.py",
+    "frameworks/service/core.py", "frameworks/service/deployment.py",
+    "frameworks/service/placement.py", "frameworks/service/constraints.py",
+    "frameworks/service/appdef.py", "frameworks/service/records.py",
+]
 ROLES = ["master", "agent", "frameworks"]
 
 
