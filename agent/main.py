@@ -27,6 +27,7 @@ from agent.detect import DETECTED_KINDS, resolve_resources
 from agent.isolation import Isolator, IsolationError, detect
 from agent.model import AgentConfig
 from agent.server import AgentOptions, AgentServer
+from dyad import logs
 from dyad.detector import parse_http_address
 from dyad.resources import Resources, ResourcesError
 from dyad.units import parse_attributes, parse_duration
@@ -76,6 +77,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="bound of the fetcher cache (e.g. 2GB)")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error", "critical"])
+    p.add_argument("--log-format", default="text", choices=logs.FORMATS,
+                   help="json: one JSON object per log line (default text)")
     return p
 
 
@@ -190,8 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     config = _config(parser, args)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(args.log_level, args.log_format)
     options = _options(args)
     try:
         isolator = detect(args.isolation, options.cgroups_root)

@@ -6,6 +6,10 @@
 With `--run`, the program gets the master's address in `DYAD_MASTER`, its output
 goes to this terminal, and `dyad local` exits with the program's exit code after
 stopping the cluster. Logs and sandboxes stay in the work directory.
+
+`dyad apps ...` manages the service framework's apps (dyad.apps_cli); `dyad state`,
+`agents`, `frameworks`, `tasks`, `offers`, `roles`, `logs`, `kill`, `quota` and
+`weights` look at and act on a running cluster (dyad.operator_cli).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from dyad import apps_cli
+from dyad import apps_cli, operator_cli
 from dyad.local import DEFAULT_AGENT_RESOURCES, PROJECT_ROOT, ClusterError, LocalCluster
 from dyad.resources import Resources, ResourcesError
 
@@ -49,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     local.add_argument("--run", nargs=argparse.REMAINDER, metavar="PROGRAM",
                        help="run PROGRAM [ARGS] against the cluster, then stop")
     apps_cli.add_parser(commands)
+    operator_cli.add_parsers(commands)
     return parser
 
 
@@ -116,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_local(args)
     if args.command == "apps":
         return apps_cli.run(args)
+    if args.command in operator_cli.COMMANDS:
+        return operator_cli.run(args)
     return 2
 
 

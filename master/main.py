@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 import zmq
 
+from dyad import logs
 from dyad.units import parse_duration
 from dyad.zk import ZkAddress, parse_zk_url
 from master.registry import RegistryError
@@ -108,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="framework heartbeat interval (both directions)")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-format", default="text", choices=logs.FORMATS,
+                        help="json: one JSON object per log line (default text)")
     parser.add_argument("--zk", metavar="URL", type=_zk_url,
                         help="contend for leadership through ZooKeeper, e.g. "
                              "zk://zk1:2181,zk2:2181/dyad (default: standalone)")
@@ -165,8 +168,7 @@ async def _serve(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(args.log_level, args.log_format)
     try:
         # The registry will live here; creating it now surfaces permission problems
         # at start rather than at the first failover.

@@ -229,6 +229,11 @@ class MasterServer:
             "leader_url": leader.http_url if leader else None,
         }
 
+    def submit(self, event: Event) -> None:
+        """Queue an operator event (`OperatorKill`) for the core, in turn with the
+        messages and timers, so operator calls change state the same one way."""
+        self._events.put_nowait(event)
+
     def metrics(self) -> dict[str, float]:
         result: dict[str, float] = self.state.metrics() if self.is_leader else {}
         result["master/elected"] = 1 if self.is_leader else 0

@@ -4,8 +4,10 @@ Theory of operation
 -------------------
 `MasterState.handle(event, now)` is the only mutator. Events are `Received` (a
 decoded message from a peer), `Invalid` (a frame that failed to decode),
-`TimerFired` (a timer this core armed came due) and `AllocationTimed` (the shell's
-measurement of the last allocation run). The result is a list of effects for the
+`TimerFired` (a timer this core armed came due), `AllocationTimed` (the shell's
+measurement of the last allocation run) and `OperatorKill` (`POST /tasks/kill`).
+Changes worth an operator's attention also go to `events`, a bounded log
+(master/events.py) served as `GET /events`. The result is a list of effects for the
 shell: `Send` a message to a peer, `ArmTimer`, `CancelTimer`. Nothing here does
 I/O or reads a clock, so every behaviour is testable by feeding events.
 
@@ -62,6 +64,7 @@ from master.allocator import (
     Allocator, HierarchicalAllocator, PolicyError, Quota, allowed_roles, check_quotas,
     parse_weights, role_problem,
 )
+from master.events import DEFAULT_CAPACITY as DEFAULT_EVENTS, EventLog
 from master.metrics import Counters, Window
 
 EMPTY = Resources()
@@ -97,6 +100,7 @@ class MasterConfig:
     # At most `permits` agents marked unreachable per `seconds` (a mass outage and
     # a partition look alike); None: no limit. dyad-master defaults to 1/10s.
     agent_removal_rate: tuple[int, float] | None = None
+    max_events: int = DEFAULT_EVENTS  # entries kept in the events log (GET /events)
 
 
 @attrs.frozen
@@ -119,7 +123,15 @@ class AllocationTimed:
     seconds: float
 
 
-Event = Received | Invalid | TimerFired | AllocationTimed
+@attrs.frozen
+class OperatorKill:
+    """An operator asked to kill a live task (`POST /tasks/kill`)."""
+
+    framework_id: str
+    task_id: str
+
+
+Event = Received | Invalid | TimerFired | AllocationTimed | OperatorKill
 
 
 class InvariantError(AssertionError):
@@ -247,6 +259,7 @@ class MasterState:
         self.quota: dict[str, Quota] = {}
         self._allocate_at: float | None = None
         self._counters = Counters()
+        self.events = EventLog(config.max_events)
         self._allocation_ms = Window(1000)
         self._now = start_time
         self._out: list[Effect] = []
@@ -290,6 +303,8 @@ class MasterState:
             self._timer(event.key)
         elif isinstance(event, AllocationTimed):
             self._allocation_ms.add(event.seconds * 1000.0)
+        elif isinstance(event, OperatorKill):
+            self._operator_kill(event)
         else:
             raise TypeError(f"MasterState cannot handle {event!r}")
         out, self._out = self._out, []
@@ -384,6 +399,8 @@ class MasterState:
             else:
                 self._resubscribe(framework, peer, info)
         self._connect(framework, peer)
+        self.events.record(self._now, "framework_subscribed", framework_id=framework.id,
+                           name=info.name, roles=list(info.roles), reregistered=reregistered)
         self._send(peer, Subscribed(framework_id=framework.id,
                                     heartbeat_interval=self.config.heartbeat_interval,
                                     master_info=self.info, reregistered=reregistered))
@@ -476,6 +493,7 @@ class MasterState:
                                             kill_grace_period=task.kill_grace_period))
             self._note(task, f"killed: framework {reason}")
             self._end_task(framework, task, TaskState.TASK_KILLED)
+            self._task_event(task, "master")
         for agent in self._agents.values():
             for key in [k for k in agent.executors if k[0] == fid]:
                 agent.used = agent.used - agent.executors.pop(key).resources
@@ -492,6 +510,7 @@ class MasterState:
             tasks=tuple(framework.completed.values()))
         while len(self._completed_frameworks) > self.config.max_completed_frameworks:
             self._completed_frameworks.popitem(last=False)
+        self.events.record(self._now, "framework_removed", framework_id=fid, reason=reason)
         self._request_allocation()
 
     def _on_revive(self, peer: str, message: Revive) -> None:
@@ -626,6 +645,8 @@ class MasterState:
     def _rescind(self, offer: Offer, notify: bool, refuse_seconds: float = 0.0) -> None:
         self._return_offer(offer, refuse_seconds)
         self._counters.inc("master/offers_rescinded")
+        self.events.record(self._now, "offer_rescinded", offer_id=offer.id,
+                           framework_id=offer.framework_id, agent_id=offer.agent_id)
         if notify:
             self._to_framework(self._frameworks[offer.framework_id], Rescind(offer_id=offer.id))
 
@@ -798,6 +819,7 @@ class MasterState:
             statuses=collections.deque([(TaskState.TASK_STAGING, self._now)], maxlen=_MAX_STATUSES),
             story=collections.deque(maxlen=self.config.max_task_story))
         self._note(record, f"launched on agent {agent.id} with {task.resources}")
+        self._task_event(record, "master")
         framework.tasks[task.task_id] = record
         agent.tasks.add((framework.id, task.task_id))
         agent.used = agent.used + needed
@@ -842,6 +864,9 @@ class MasterState:
         """A status the master makes up itself: no uuid, so no acknowledgement."""
         if state.is_terminal:
             self._counters.inc(_task_counter(state))
+        self.events.record(self._now, "task_state", framework_id=framework.id,
+                           task_id=task_id, state=state.name, agent_id=agent_id,
+                           source="master", reason=reason, message=message)
         self._to_framework(framework, Update(status=TaskStatus(
             task_id=task_id, state=state, reason=reason, message=message,
             source=Source.MASTER, agent_id=agent_id, executor_id=executor_id,
@@ -849,6 +874,12 @@ class MasterState:
 
     def _note(self, task: TaskRecord, text: str) -> None:
         task.story.append(f"{self._now:.3f} {text}")
+
+    def _task_event(self, task: TaskRecord, source: str, reason: str = "") -> None:
+        """Log `task`'s current state in the events log."""
+        self.events.record(self._now, "task_state", framework_id=task.framework_id,
+                           task_id=task.task_id, state=task.state.name,
+                           agent_id=task.agent_id, source=source, reason=reason)
 
     def _end_task(self, framework: FrameworkRecord, task: TaskRecord, state: TaskState,
                   timestamp: float = 0.0) -> None:
@@ -886,6 +917,27 @@ class MasterState:
         self._send(self._agents[task.agent_id].peer, KillTask(
             framework_id=framework.id, task_id=task.task_id,
             kill_grace_period=grace if grace is not None else task.kill_grace_period))
+
+    def live_task_frameworks(self, task_id: str) -> list[str]:
+        """The frameworks with a live task called `task_id` (ids are unique only
+        per framework), so an operator call can refuse an unknown or ambiguous id."""
+        return sorted(fid for fid, framework in self._frameworks.items()
+                      if task_id in framework.tasks)
+
+    def _operator_kill(self, event: OperatorKill) -> None:
+        """Like a framework's Kill, for an operator: the agent kills the task and
+        the framework hears TASK_KILLED from it. Gone meanwhile: nothing to do."""
+        framework = self._frameworks.get(event.framework_id)
+        task = framework.tasks.get(event.task_id) if framework else None
+        if task is None:
+            return
+        self._counters.inc("master/operator_kills")
+        self._note(task, "kill requested by an operator")
+        self.events.record(self._now, "task_kill_requested", framework_id=task.framework_id,
+                           task_id=task.task_id, agent_id=task.agent_id, by="operator")
+        self._send(self._agents[task.agent_id].peer, KillTask(
+            framework_id=task.framework_id, task_id=task.task_id,
+            kill_grace_period=task.kill_grace_period))
 
     def _on_reconcile(self, peer: str, message: Reconcile) -> None:
         framework = self._owned_framework(peer, message)
@@ -1013,6 +1065,8 @@ class MasterState:
         self._agent_by_peer[peer] = agent.id
         self._allocator.add_agent(agent.id, info.resources)
         self._arm(("ping", agent.id), self._now)
+        self.events.record(self._now, "agent_registered", agent_id=agent.id,
+                           hostname=info.hostname, url=info.url)
         return agent
 
     def _rebind_agent(self, agent: AgentRecord, peer: str) -> None:
@@ -1183,6 +1237,8 @@ class MasterState:
         assert info.id is not None
         self._removals.pop(info.id, None)
         self._unreachable[info.id] = UnreachableAgent(info=info, since=self._now)
+        self.events.record(self._now, "agent_unreachable", agent_id=info.id,
+                           hostname=info.hostname)
         while len(self._unreachable) > self.config.max_unreachable_agents:
             self._unreachable.popitem(last=False)
         self.registry_changes += 1
@@ -1223,6 +1279,7 @@ class MasterState:
             else:
                 task.state = status.state
                 task.statuses.append((status.state, status.timestamp or self._now))
+            self._task_event(task, status.source or "agent", status.reason)
         # Forwarded even for tasks no longer live: a retried terminal update must
         # reach the framework again, or the agent never gets its acknowledgement.
         self._to_framework(framework, Update(status=status))
@@ -1602,6 +1659,7 @@ _ZERO_COUNTERS = (
     "master/messages_received", "master/messages_invalid", "master/messages_rejected",
     "master/status_updates", "master/offers_sent", "master/offers_declined",
     "master/offers_rescinded", "master/offers_accepted", "allocator/allocation_runs",
+    "master/operator_kills",
     "master/tasks_finished", "master/tasks_failed", "master/tasks_killed",
     "master/tasks_lost", "master/tasks_error", "master/tasks_dropped", "master/tasks_gone",
     "master/tasks_unknown", "master/agent_removals_deferred",

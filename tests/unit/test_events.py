@@ -1,0 +1,139 @@
+"""The master's events log: the pure ring (master.events), what MasterState feeds
+it, the operator kill event, and `GET /events` / `POST /tasks/kill` over HTTP."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from dyad.messages import KillTask, StatusUpdate, Teardown, TaskState
+from master.events import EventLog
+from master.http import make_app
+from master.state import Event, MasterConfig, OperatorKill
+from tests.unit.test_master_state import Harness, launch, messages, status, task
+
+
+def kinds(harness: Harness) -> list[str]:
+    return [entry.kind for entry in harness.state.events.since(0, 100_000)]
+
+
+def test_log_numbers_entries_and_keeps_only_the_newest() -> None:
+    log = EventLog(capacity=3)
+    assert log.page(0) == {"first": 1, "last": 0, "next": 0, "events": []}
+    for n in range(5):
+        log.record(float(n), "tick", n=n)
+    assert [e.seq for e in log.since(0)] == [3, 4, 5]  # 1 and 2 fell off
+    assert [e.seq for e in log.since(3)] == [4, 5]
+    assert [e.seq for e in log.since(3, limit=1)] == [4]
+    assert log.since(5) == [] and log.since(99) == []
+    page = log.page(3, limit=1)
+    assert page["first"] == 3 and page["last"] == 5 and page["next"] == 4
+    assert page["events"] == [{"seq": 4, "time": 3.0, "type": "tick", "n": 3}]
+    # A reader ahead of the log (a new leader's log restarted) is sent back to it.
+    assert log.page(99)["next"] == 5
+    with pytest.raises(ValueError):
+        EventLog(capacity=0)
+
+
+def test_master_logs_the_life_of_agents_frameworks_offers_and_tasks() -> None:
+    h = Harness()
+    agent = h.register("a1")
+    fid = h.subscribe("d1")
+    offers = h.offers_to(h.allocate(), "d1")
+    h.recv("d1", launch(fid, offers, task("t1", agent), refuse=0))
+    h.recv("a1", StatusUpdate(framework_id=fid, status=status("t1", TaskState.TASK_RUNNING,
+                                                                 agent_id=agent)))
+    h.recv("a1", StatusUpdate(framework_id=fid, status=status(
+        "t1", TaskState.TASK_FINISHED, uuid="u2", agent_id=agent)))
+    offers = h.offers_to(h.allocate(), "d1")
+    assert offers
+    h.recv("d1", Teardown(framework_id=fid))
+    assert kinds(h) == ["agent_registered", "framework_subscribed", "task_state", "task_state",
+                        "task_state", "offer_rescinded", "framework_removed"]
+    states = [e.fields["state"] for e in h.state.events.since(0) if e.kind == "task_state"]
+    assert states == ["TASK_STAGING", "TASK_RUNNING", "TASK_FINISHED"]
+    removed = h.state.events.since(0)[-1]
+    assert removed.fields == {"framework_id": fid, "reason": "torn down by the framework"}
+    assert removed.time == h.clock.now()
+
+
+def test_master_logs_invalid_tasks_and_unreachable_agents() -> None:
+    h = Harness(MasterConfig(agent_ping_timeout=1.0, max_agent_ping_timeouts=1))
+    agent = h.register("a1")
+    fid = h.subscribe("d1")
+    offers = h.offers_to(h.allocate(), "d1")
+    h.recv("d1", launch(fid, offers, task("bad", agent, resources="cpus:99")))
+    entry = [e for e in h.state.events.since(0) if e.kind == "task_state"][-1]
+    assert entry.fields["state"] == "TASK_ERROR" and entry.fields["source"] == "master"
+    h.silent_agents.add(agent)
+    h.advance(5.0)
+    assert "agent_unreachable" in kinds(h)
+
+
+def test_log_is_bounded_by_config() -> None:
+    h = Harness(MasterConfig(max_events=2))
+    for n in range(4):
+        h.subscribe(f"d{n}", name=f"fw{n}")
+    assert [e.seq for e in h.state.events.since(0)] == [3, 4]
+
+
+def test_operator_kill_goes_to_the_agent_and_is_logged() -> None:
+    h = Harness()
+    agent = h.register("a1")
+    fid = h.subscribe("d1")
+    h.recv("d1", launch(fid, h.offers_to(h.allocate(), "d1"), task("t1", agent)))
+    assert h.state.live_task_frameworks("t1") == [fid]
+    assert h.state.live_task_frameworks("nope") == []
+    (kill,) = messages(h.handle(OperatorKill(framework_id=fid, task_id="t1")), KillTask, "a1")
+    assert kill.task_id == "t1" and kill.framework_id == fid
+    assert kinds(h)[-1] == "task_kill_requested"
+    assert h.metric("master/operator_kills") == 1
+    # Gone by the time the event is handled: nothing happens.
+    assert h.handle(OperatorKill(framework_id=fid, task_id="gone")) == []
+
+
+class _View:
+    """`MasterView` over a Harness (no sockets); `submit` runs the event at once."""
+
+    def __init__(self, harness: Harness) -> None:
+        self.harness = harness
+        self.state = harness.state
+        self.info = harness.state.info
+        self.leader = self.info
+        self.is_leader = True
+
+    def snapshot(self) -> dict[str, Any]:
+        return self.state.snapshot()
+
+    def metrics(self) -> dict[str, float]:
+        return self.state.metrics()
+
+    def submit(self, event: Event) -> None:
+        self.harness.handle(event)
+
+
+async def test_events_and_kill_over_http() -> None:
+    h = Harness()
+    agent = h.register("a1")
+    fid = h.subscribe("d1")
+    h.recv("d1", launch(fid, h.offers_to(h.allocate(), "d1"), task("t1", agent)))
+    async with TestClient(TestServer(make_app(_View(h)))) as client:
+        page = await (await client.get("/events", params={"since": "1"})).json()
+        assert [e["type"] for e in page["events"]] == ["framework_subscribed", "task_state"]
+        assert page["next"] == 3 and page["first"] == 1
+        assert (await (await client.get("/events?since=3")).json())["events"] == []
+        bad = await client.get("/events?since=-1")
+        assert bad.status == 400 and "since" in (await bad.json())["error"]
+
+        response = await client.post("/tasks/kill", json={"task_id": "t1"})
+        assert response.status == 202
+        assert await response.json() == {"killing": True, "task_id": "t1", "framework_id": fid}
+        assert isinstance(h.log[-1].message, KillTask)
+        missing = await client.post("/tasks/kill", json={"task_id": "nope"})
+        assert missing.status == 404 and "no live task" in (await missing.json())["error"]
+        for body in ({"task": "t1"}, [1], {"task_id": "t1", "framework_id": 3}):
+            assert (await client.post("/tasks/kill", json=body)).status == 400
+        assert (await client.post("/tasks/kill", data=b"{")).status == 400
+        assert h.metric("master/operator_calls_invalid") == 4

@@ -1,0 +1,80 @@
+"""`dyad.prometheus` and the `/metrics` routes: the same figures as
+`/metrics/snapshot`, in text that prometheus_client's own parser reads back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from hypothesis import given
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.http import make_app as agent_app
+from dyad import prometheus
+from master.http import make_app as master_app
+from tests.unit.test_events import _View
+from tests.unit.test_master_state import Harness
+
+
+def parse(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def test_names_and_role_labels() -> None:
+    text = prometheus.render({"master/tasks_running": 3, "agent/fetcher-cache.bytes": 1.5,
+                              "allocator/roles/eng/ml/shares/dominant": 0.25,
+                              "allocator/roles/*/shares/dominant": 0.5}).decode()
+    assert parse(text) == {
+        ("dyad_master_tasks_running", ()): 3.0,
+        ("dyad_agent_fetcher_cache_bytes", ()): 1.5,
+        ("dyad_allocator_role_dominant_share", (("role", "eng/ml"),)): 0.25,
+        ("dyad_allocator_role_dominant_share", (("role", "*"),)): 0.5,
+    }
+    assert "# TYPE dyad_master_tasks_running gauge" in text
+
+
+def test_keys_that_collide_are_an_error_not_a_silent_loss() -> None:
+    with pytest.raises(ValueError, match="both map to dyad_a_b"):
+        prometheus.render({"a/b": 1, "a.b": 2})
+
+
+@given(st.dictionaries(st.from_regex(r"[a-z]{1,8}(/[a-z_]{1,8}){0,2}", fullmatch=True),
+                       st.floats(allow_nan=False, allow_infinity=False) | st.integers(-10**9, 10**9)))
+def test_every_figure_survives_the_round_trip(figures: dict[str, float]) -> None:
+    parsed = parse(prometheus.render(figures).decode())
+    assert parsed == {(prometheus.metric_name(k), ()): float(v) for k, v in figures.items()}
+
+
+async def test_master_metrics_route_matches_the_snapshot() -> None:
+    harness = Harness()
+    harness.register("a1")
+    harness.subscribe("d1")
+    harness.allocate()
+    async with TestClient(TestServer(master_app(_View(harness)))) as client:
+        snapshot = await (await client.get("/metrics/snapshot")).json()
+        response = await client.get("/metrics")
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        parsed = parse(await response.text())
+    plain = {k: v for k, v in snapshot.items() if not k.startswith("allocator/roles/")}
+    assert {(prometheus.metric_name(k), ()): float(v) for k, v in plain.items()}.items() \
+        <= parsed.items()
+    assert parsed[("dyad_allocator_role_dominant_share", (("role", "*"),))] == \
+        snapshot["allocator/roles/*/shares/dominant"]
+    assert parsed[("dyad_master_agents_active", ())] == 1
+
+
+class _AgentSource:
+    """Only what `/metrics` reads from the agent's StateSource."""
+
+    def metrics(self) -> dict[str, Any]:
+        return {"agent/tasks_running": 2, "agent/registered": 1}
+
+
+async def test_agent_metrics_route(tmp_path: Any) -> None:
+    async with TestClient(TestServer(agent_app(_AgentSource(), str(tmp_path)))) as client:  # type: ignore[arg-type]
+        parsed = parse(await (await client.get("/metrics")).text())
+    assert parsed == {("dyad_agent_tasks_running", ()): 2.0, ("dyad_agent_registered", ()): 1.0}
