@@ -1,4 +1,5 @@
-"""The agent's HTTP API: `/state`, `/health`, `/metrics/snapshot`,
+"""The agent's HTTP API: `/state`, `/health`, `/metrics/snapshot` (and the same
+figures as Prometheus text at `/metrics`),
 `/monitor/statistics` (what each executor uses), `POST /drain`, and the sandbox
 file API (`/files/browse`, `/files/read`, `/files/download`) with Mesos' shapes,
 so a framework can tail a task's `stdout` or fetch shuffle output by the absolute
@@ -23,6 +24,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from agent import sandbox
+from dyad import prometheus
 from agent.state import AgentState
 
 READ_LIMIT = 1024 * 1024  # /files/read returns at most 1 MiB per call, like Mesos
@@ -48,12 +50,13 @@ class BadRequest(Exception):
 
 
 def make_app(source: StateSource, work_dir: str) -> web.Application:
-    app = web.Application(middlewares=[_errors_as_json])
+    app = web.Application(middlewares=[_cors, _errors_as_json])
     app[SOURCE] = source
     app[WORK_DIR] = work_dir
     app.router.add_get("/state", _state)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics/snapshot", _metrics)
+    app.router.add_get("/metrics", _prometheus)
     app.router.add_get("/monitor/statistics", _statistics)
     app.router.add_get("/monitor/statistics.json", _statistics)
     app.router.add_post("/drain", _drain)
@@ -61,6 +64,23 @@ def make_app(source: StateSource, work_dir: str) -> web.Application:
     app.router.add_get("/files/read", _read)
     app.router.add_get("/files/download", _download)
     return app
+
+
+# Read-only endpoints any web page may read: the master's web UI is served from
+# another origin (the master's port) and tails task logs straight from the agent.
+# Nothing that changes state (`POST /drain`) and no downloads are opened up.
+CORS_PATHS = frozenset({"/state", "/health", "/monitor/statistics", "/monitor/statistics.json",
+                        "/files/browse", "/files/read"})
+
+
+@web.middleware
+async def _cors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """`Access-Control-Allow-Origin: *` on GETs of `CORS_PATHS`, errors included,
+    so the browser shows the agent's JSON reason instead of an opaque failure."""
+    response = await handler(request)
+    if request.method == "GET" and request.path in CORS_PATHS:
+        response.headers["Access-Control-Allow-Origin"] = "*"
+    return response
 
 
 def _error(status: int, reason: str) -> web.Response:
@@ -95,6 +115,11 @@ async def _health(request: web.Request) -> web.Response:
 
 async def _metrics(request: web.Request) -> web.Response:
     return web.json_response(request.app[SOURCE].metrics())
+
+
+async def _prometheus(request: web.Request) -> web.Response:
+    return web.Response(body=prometheus.render(request.app[SOURCE].metrics()),
+                        headers={"Content-Type": prometheus.CONTENT_TYPE})
 
 
 async def _statistics(request: web.Request) -> web.Response:

@@ -3,7 +3,9 @@
 `GET /master/info` returns the MasterInfo JSON that `dyad.detector` parses (the
 same document a master writes into ZooKeeper), so its shape is fixed by
 `dyad.codec.to_json`. `/state` (alias `/master/state`) is the Mesos-like state
-document; `/metrics/snapshot` the flat metrics; `/health` a liveness probe;
+document; `/metrics/snapshot` the flat metrics (`/metrics`: the same figures in
+Prometheus text); `/events?since=N` the events log (master/events.py);
+`POST /tasks/kill` an operator's kill; `/health` a liveness probe;
 `/redirect` (alias `/master/redirect`) a 307 to the leading master.
 
 A standby master (HA mode, not elected) answers `/health`, `/state` (which says it
@@ -17,16 +19,18 @@ have to parse HTML.
 from __future__ import annotations
 
 import asyncio
+import importlib.resources
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
 
+from dyad import prometheus
 from dyad.codec import to_json
 from dyad.messages import MasterInfo
 from master.allocator import PolicyError, parse_quota, parse_weights
-from master.state import MasterState
+from master.state import Event, MasterState, OperatorKill
 
 
 class MasterView(Protocol):
@@ -47,6 +51,9 @@ class MasterView(Protocol):
 
     def metrics(self) -> dict[str, float]: ...
 
+    def submit(self, event: Event) -> None:
+        """Hand an operator event to the leader's core, in turn with the rest."""
+
     @property
     def state(self) -> MasterState:
         """The leader's core; operator calls (`/weights`, `/quota`) change it."""
@@ -56,7 +63,7 @@ MASTER = web.AppKey("master", MasterView)
 
 # What a standby answers itself; everything else needs the leader.
 _STANDBY_PATHS = frozenset({"/health", "/state", "/master/state", "/metrics/snapshot",
-                            "/redirect", "/master/redirect"})
+                            "/metrics", "/redirect", "/master/redirect"})
 
 
 async def _info(request: web.Request) -> web.Response:
@@ -80,6 +87,61 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.json_response(request.app[MASTER].metrics())
 
 
+async def _prometheus(request: web.Request) -> web.Response:
+    return web.Response(body=prometheus.render(request.app[MASTER].metrics()),
+                        headers={"Content-Type": prometheus.CONTENT_TYPE})
+
+
+def _query_int(request: web.Request, name: str, default: int) -> int:
+    text = request.query.get(name, "")
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise web.HTTPBadRequest(reason=f"{name} must be a whole number >= 0, got {text!r}")
+    return value
+
+
+async def _events(request: web.Request) -> web.Response:
+    """``?since=N&limit=L``: up to L (default 1000) entries numbered above N
+    (default 0), plus `first`/`last`/`next` (pass `next` as `since` to go on)."""
+    since = _query_int(request, "since", 0)
+    limit = _query_int(request, "limit", 1000)
+    return web.json_response(request.app[MASTER].state.events.page(since, limit))
+
+
+async def _kill_task(request: web.Request) -> web.Response:
+    """Body ``{"task_id": "...", "framework_id": "..."}`` (framework_id needed only
+    when two frameworks use the id). 202: the agent kills it; watch its state."""
+    master = request.app[MASTER]
+    state = master.state
+    try:
+        body = await request.json()
+    except ValueError:
+        body = None
+    task_id = body.get("task_id") if isinstance(body, dict) else None
+    framework_id = body.get("framework_id") if isinstance(body, dict) else None
+    if not isinstance(task_id, str) or not task_id or \
+            not isinstance(framework_id, (str, type(None))):
+        state.count_invalid_operator_call()
+        raise web.HTTPBadRequest(reason='the body must be {"task_id": "<id>"} '
+                                        '(and "framework_id" if ambiguous)')
+    owners = [f for f in state.live_task_frameworks(task_id)
+              if framework_id in (None, f)]
+    if not owners:
+        raise web.HTTPNotFound(reason=f"no live task {task_id}"
+                                      + (f" in framework {framework_id}" if framework_id else ""))
+    if len(owners) > 1:
+        raise web.HTTPConflict(reason=f"task id {task_id} is live in frameworks "
+                                      f"{', '.join(owners)}; give framework_id")
+    master.submit(OperatorKill(framework_id=owners[0], task_id=task_id))
+    return web.json_response({"killing": True, "task_id": task_id,
+                              "framework_id": owners[0]}, status=202)
+
+
 def _leader_url(master: MasterView) -> str:
     leader = master.leader
     if leader is None:
@@ -89,6 +151,13 @@ def _leader_url(master: MasterView) -> str:
 
 async def _redirect(request: web.Request) -> web.Response:
     raise web.HTTPTemporaryRedirect(location=_leader_url(request.app[MASTER]))
+
+
+async def _webui(request: web.Request) -> web.Response:
+    """The web UI: one self-contained page shipped as package data (no build step).
+    A standby never serves it: `_leader_only` sends the browser to the leader."""
+    page = importlib.resources.files("master").joinpath("webui/index.html").read_text("utf-8")
+    return web.Response(text=page, content_type="text/html", charset="utf-8")
 
 
 async def _get_weights(request: web.Request) -> web.Response:
@@ -184,11 +253,16 @@ async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse
 def make_app(master: MasterView) -> web.Application:
     app = web.Application(middlewares=[_json_errors, _leader_only])
     app[MASTER] = master
+    app.router.add_get("/", _webui)
+    app.router.add_get("/index.html", _webui)
     app.router.add_get("/master/info", _info)
     app.router.add_get("/state", _state)
     app.router.add_get("/master/state", _state)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics/snapshot", _metrics)
+    app.router.add_get("/metrics", _prometheus)
+    app.router.add_get("/events", _events)
+    app.router.add_post("/tasks/kill", _kill_task)
     app.router.add_get("/redirect", _redirect)
     app.router.add_get("/master/redirect", _redirect)
     app.router.add_get("/weights", _get_weights)
