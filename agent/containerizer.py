@@ -26,6 +26,8 @@ from typing import Callable
 import attrs
 import psutil
 
+from dyad.processes import signal_group
+
 from agent.isolation import Isolator, IsolationError, PosixIsolator, processes
 from agent.model import UNKNOWN_EXIT, LaunchExecutor, Limits, RunKey, RunSample
 
@@ -141,7 +143,7 @@ class Containerizer:
                 self._doomed.add(key)
             return
         if sig == "TERM":
-            _signal_group(run.pid, signal.SIGTERM)
+            signal_group(run.pid, signal.SIGTERM)
             return
         self._kill_everything(key, run, run.pid)
 
@@ -174,7 +176,7 @@ class Containerizer:
         None: the leader is gone (and its pid may be reused), so only the cgroup
         and the processes seen at the last sample count."""
         members = processes(self.isolator.pids(key, root)) + run.seen
-        _signal_group(run.pid, signal.SIGKILL)
+        signal_group(run.pid, signal.SIGKILL)
         for process in members:
             try:
                 if process.is_running():  # checks the start time: no pid reuse
@@ -211,14 +213,3 @@ async def _readable(descriptor: int) -> None:
     finally:
         loop.remove_reader(descriptor)
         os.close(descriptor)
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass  # the group is already gone
-    except PermissionError:
-        # The pid of a group whose members all exited was reused by a process that
-        # is not ours; nothing of this run is left to signal.
-        log.debug("not allowed to signal group %d", pgid)

@@ -8,12 +8,12 @@ small enough to read in one sitting. Everything here is plain data.
 
 from __future__ import annotations
 
-import signal
 from collections import deque
 from typing import Hashable, Iterator
 
 import attrs
 
+from dyad import processes
 from dyad.messages import (
     CommandInfo, ExecutorInfo, ExecutorUsage, FrameworkInfo, MasterInfo, Message,
     MessageError, Reason, TaskInfo, TaskState, URI,
@@ -332,13 +332,7 @@ class FrameworkRecord:
 def describe_exit(status: int) -> str:
     if status == UNKNOWN_EXIT:
         return "Executor is gone; its exit status is unknown (adopted after an agent restart)"
-    if status >= 0:
-        return f"Executor exited with status {status}"
-    try:
-        name = signal.Signals(-status).name
-    except ValueError:
-        name = f"signal {-status}"
-    return f"Executor terminated by {name}"
+    return processes.describe_exit(status, "Executor")
 
 
 def mib(size: int) -> str:

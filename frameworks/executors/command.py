@@ -31,6 +31,8 @@ import pwd
 import signal
 import sys
 
+from dyad import processes
+from dyad.processes import signal_group
 from dyad.messages import Reason, TaskInfo, TaskState, TaskStatus
 from frameworks._callbacks import DriverStatus
 from frameworks.executor import Executor, ExecutorDriver, ExecutorEnvironmentError
@@ -48,14 +50,8 @@ class LaunchError(Exception):
 
 
 def describe_exit(returncode: int) -> str:
-    """'Command exited with status 3' or 'Command terminated by signal SIGKILL'."""
-    if returncode >= 0:
-        return f"Command exited with status {returncode}"
-    try:
-        name = signal.Signals(-returncode).name
-    except ValueError:
-        name = f"signal {-returncode}"
-    return f"Command terminated by signal {name}"
+    """'Command exited with status 3' or 'Command terminated by SIGKILL'."""
+    return processes.describe_exit(returncode, "Command")
 
 
 def command_argv(task: TaskInfo) -> list[str]:
@@ -78,16 +74,6 @@ def command_environment(task: TaskInfo) -> dict[str, str]:
         environment.update(task.command.environment)
     environment["DYAD_TASK_ID"] = environment["MESOS_TASK_ID"] = task.task_id
     return environment
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass  # the group is already empty
-    except PermissionError:
-        # Every member exited and the pgid now names someone else's group.
-        log.debug("not allowed to signal process group %d", pgid)
 
 
 class CommandExecutor(Executor):
@@ -131,7 +117,7 @@ class CommandExecutor(Executor):
     async def _watch(self, driver: ExecutorDriver, task: TaskInfo,
                      process: asyncio.subprocess.Process) -> None:
         returncode = await process.wait()
-        _signal_group(process.pid, signal.SIGKILL)  # whatever the command left behind
+        signal_group(process.pid, signal.SIGKILL)  # whatever the command left behind
         for escalation in self._escalations:
             escalation.cancel()
         outcome = describe_exit(returncode)
@@ -178,7 +164,7 @@ class CommandExecutor(Executor):
             self._killing = True
             self._update(driver, self._task, TaskState.TASK_KILLING)
             log.info("killing task %s (SIGKILL in %.1fs)", self._task.task_id, grace)
-            _signal_group(self._process.pid, signal.SIGTERM)
+            signal_group(self._process.pid, signal.SIGTERM)
         self._escalations.append(asyncio.create_task(self._escalate(self._process, grace)))
 
     async def _escalate(self, process: asyncio.subprocess.Process, grace: float) -> None:
@@ -186,7 +172,7 @@ class CommandExecutor(Executor):
             await asyncio.wait_for(process.wait(), grace)
         except asyncio.TimeoutError:
             log.warning("task still running %.1fs after SIGTERM; sending SIGKILL", grace)
-            _signal_group(process.pid, signal.SIGKILL)
+            signal_group(process.pid, signal.SIGKILL)
 
     async def shutdown(self, driver: ExecutorDriver) -> None:
         self._shutting_down = True
@@ -202,7 +188,7 @@ class CommandExecutor(Executor):
     def terminate(self, driver: ExecutorDriver) -> None:
         """We were signalled: kill the task outright and end the driver."""
         if self._process is not None and self._process.returncode is None:
-            _signal_group(self._process.pid, signal.SIGKILL)
+            signal_group(self._process.pid, signal.SIGKILL)
         driver.abort()
 
 

@@ -483,7 +483,7 @@ def test_stale_exit_and_launch_failure() -> None:
 
 def test_exit_messages_name_signals() -> None:
     assert describe_exit(0) == "Executor exited with status 0"
-    assert describe_exit(-9) == "Executor terminated by SIGKILL"
+    assert describe_exit(-9) == "Executor terminated by signal SIGKILL"
     assert describe_exit(-99) == "Executor terminated by signal 99"
 
 
