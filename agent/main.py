@@ -35,7 +35,7 @@ from dyad.units import parse_attributes, parse_duration
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dyad-agent", description="Run a Dyad agent.")
-    p.add_argument("--master", required=True, help="the master's HTTP address, host:5050")
+    p.add_argument("--master", required=True, help="the master: its HTTP address host:5050, or zk://HOSTS/dyad")
     p.add_argument("--ip", default="127.0.0.1", help="address to bind and advertise")
     p.add_argument("--hostname", default=socket.gethostname(), help="name to advertise")
     p.add_argument("--port", type=_port, default=5051, help="HTTP port (0: any free port)")
