@@ -7,14 +7,14 @@ what is tested is what an operator runs, only faster.
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
 from dyad.local import LocalCluster
 from frameworks import Scheduler, SchedulerDriver, FrameworkInfo, TaskStatus
+from tests.helpers import wait_for
 
 FAST_MASTER = ["--allocation-interval", "0.1s", "--offer-timeout", "30s",
                "--agent-ping-timeout", "0.5s", "--max-agent-ping-timeouts", "3",
@@ -37,21 +37,6 @@ def make_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
     yield make
     for cluster in started:
         cluster.stop()
-
-
-async def wait_for(predicate: Callable[[], Any], timeout: float = 15.0,
-                   what: str = "condition") -> Any:
-    """Poll `predicate` (sync or async) until truthy, or fail after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if isinstance(value, Awaitable):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 class Recorder(Scheduler):

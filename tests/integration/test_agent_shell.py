@@ -13,7 +13,7 @@ import sys
 import time
 import urllib.parse
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import psutil
@@ -32,6 +32,7 @@ from dyad.messages import (
 )
 from dyad.resources import Resources
 from dyad.transport import Router
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -88,20 +89,6 @@ async def main():
 
 asyncio.run(main())
 '''
-
-
-async def wait_for(predicate: Callable[[], Any], timeout: float = 10.0,
-                   what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if isinstance(value, Awaitable):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 class FakeMaster:

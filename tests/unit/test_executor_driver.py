@@ -4,7 +4,6 @@ sockets against `frameworks.testing.FakeAgent` (a ROUTER on loopback)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -27,6 +26,7 @@ from frameworks._callbacks import Callback, Finish
 from frameworks.executor import (
     RESEND_INTERVAL, ExecutorCore, ExecutorEnvironment, WatchAgent, _process_alive, _Timer)
 from frameworks.testing import FakeAgent
+from tests.helpers import running
 
 ENV = ExecutorEnvironment(agent_endpoint="tcp://127.0.0.1:1", agent_id="a1",
                           framework_id="f1", executor_id="e1", sandbox_directory="/tmp",
@@ -219,17 +219,6 @@ class Recording(Executor):
 
     def error(self, driver: Any, message: str) -> None:
         self._note("error", message)
-
-
-@contextlib.asynccontextmanager
-async def running(driver: ExecutorDriver) -> AsyncIterator[asyncio.Task[DriverStatus]]:
-    task = asyncio.create_task(driver.run_async())
-    try:
-        yield task
-    finally:
-        if not task.done():
-            driver.abort()
-        await asyncio.wait_for(task, 5)
 
 
 @pytest.fixture

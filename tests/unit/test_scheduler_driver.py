@@ -4,7 +4,6 @@ sockets against `frameworks.testing.FakeMaster` (a ROUTER plus /master/info)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -24,6 +23,7 @@ from frameworks._callbacks import Callback, Finish
 from frameworks.scheduler import (
     MISSED_HEARTBEATS, REASON_MASTER_DISCONNECTED, Detect, SchedulerCore, _Timer)
 from frameworks.testing import FakeMaster, make_master_info, make_offer, make_status
+from tests.helpers import running
 
 # ----------------------------------------------------------------- helpers
 
@@ -254,17 +254,6 @@ class Recording(Scheduler):
 async def master() -> AsyncIterator[FakeMaster]:
     async with FakeMaster(heartbeat_interval=0.2) as fake:
         yield fake
-
-
-@contextlib.asynccontextmanager
-async def running(driver: SchedulerDriver) -> AsyncIterator[asyncio.Task[DriverStatus]]:
-    task = asyncio.create_task(driver.run_async())
-    try:
-        yield task
-    finally:
-        if not task.done():
-            driver.abort()
-        await asyncio.wait_for(task, 5)
 
 
 def make_driver(scheduler: Scheduler, master: FakeMaster, **framework: Any) -> SchedulerDriver:
