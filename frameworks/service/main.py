@@ -102,8 +102,10 @@ class Service:
         self.api = ServiceApi(self._leader, name=args.name)
 
     async def _leader(self) -> str | None:
+        if self.args.zk is None:
+            return self.advertised  # without ZooKeeper there is no other instance
         if self.leadership is None:
-            return self.advertised
+            return None  # still connecting to ZooKeeper: who leads is not known yet
         return await self.leadership.leader()
 
     async def run(self) -> int:

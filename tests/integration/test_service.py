@@ -220,7 +220,8 @@ async def test_a_standby_takes_over_through_zookeeper(
     def roles() -> tuple[Service, Service] | None:
         infos = [service.get("/v2/info") for service in pair]
         leading = [s for s, i in zip(pair, infos) if i["elected"] and i["connected"]]
-        waiting = [s for s, i in zip(pair, infos) if not i["elected"]]
+        # A standby stands by once it knows, through ZooKeeper, who leads.
+        waiting = [s for s, i in zip(pair, infos) if not i["elected"] and i["leader"]]
         return (leading[0], waiting[0]) if len(leading) == len(waiting) == 1 else None
 
     leader, standby = await wait_for(roles, 30, "one leader and one standby")
