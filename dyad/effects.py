@@ -35,6 +35,23 @@ class CancelTimer:
     key: Hashable
 
 
+class TimerKey:
+    """Base of every typed timer key (`OfferTimeout(offer_id)`, `PingDue(agent_id)`,
+    ...): small frozen attrs classes, one per kind of timer, which a core matches
+    exhaustively. A key a core does not know raises `UnknownTimer`: it is a bug,
+    never input, so tests must see it."""
+
+    __slots__ = ()
+
+
+class UnknownTimer(Exception):
+    """A core was handed a `TimerFired` whose key it never arms."""
+
+    def __init__(self, core: str, key: Hashable) -> None:
+        super().__init__(f"{core} does not arm timers keyed {key!r}")
+        self.key = key
+
+
 @attrs.frozen
 class TimerFired:
     """The event a shell feeds back when an `ArmTimer` comes due."""
