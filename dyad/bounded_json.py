@@ -1,0 +1,128 @@
+"""JSON from strangers, with limits: the one parser every boundary uses.
+
+`json.loads` on untrusted bytes has three ways to escape a handler that catches
+only `ValueError`: `RecursionError` from deep nesting, `ValueError` (not a
+`JSONDecodeError`) from integers beyond Python's 4,300-digit conversion limit,
+and `OverflowError` later, when a float such as `1e999` or a 309-digit integer
+meets arithmetic. `loads` turns every one of them into `JsonInputError` with a
+reason, and enforces limits a sender cannot talk its way past:
+
+- `max_bytes`: checked before parsing;
+- `max_depth`: arrays and objects nested deeper are refused (a cheap bracket
+  count skips the walk for typical frames);
+- `max_number_chars`: integer and float literals longer than this are refused,
+  so no number can be too large to convert, and `NaN`/`Infinity` are refused;
+- `max_string_chars`: no single string (key or value) longer than this;
+- strings must be valid Unicode: lone surrogates (`"\\ud800"`) are refused, so
+  nothing decoded here can fail later when it is encoded again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+import attrs
+
+
+class JsonInputError(ValueError):
+    """The input is not JSON within the limits; `reason` says why, for the sender."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@attrs.frozen
+class JsonLimits:
+    max_bytes: int = 4 * 1024 * 1024
+    max_depth: int = 32
+    max_number_chars: int = 40
+    max_string_chars: int = 1024 * 1024
+
+
+DEFAULT_LIMITS = JsonLimits()
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def loads(data: bytes | bytearray | str, limits: JsonLimits = DEFAULT_LIMITS) -> Any:
+    """Parse `data` or raise `JsonInputError` naming the first broken limit."""
+    if len(data) > limits.max_bytes:
+        raise JsonInputError(f"{len(data)} bytes exceeds the limit of {limits.max_bytes}")
+    if not isinstance(data, str):
+        try:
+            data = bytes(data).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise JsonInputError(f"not UTF-8: {exc.reason} at byte {exc.start}") from None
+    try:
+        value = json.loads(data, parse_int=_int_parser(limits), parse_float=_float_parser(limits),
+                           parse_constant=_no_constant)
+    except RecursionError:
+        raise JsonInputError(f"nested deeper than {limits.max_depth} levels") from None
+    except json.JSONDecodeError as exc:
+        raise JsonInputError(f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+                             ) from None
+    except ValueError as exc:  # from the hooks below, or int conversion limits
+        raise JsonInputError(str(exc)) from None
+    # The walk is needed only when a cheap look at the text says a limit may be
+    # broken: more brackets than the depth limit, a string that could be too
+    # long, or an escaped surrogate (raw UTF-8 cannot carry one).
+    if (data.count("[") + data.count("{") > limits.max_depth
+            or len(data) > limits.max_string_chars or _SURROGATE_ESCAPE.search(data)):
+        _check_tree(value, limits)
+    return value
+
+
+def _int_parser(limits: JsonLimits) -> Any:
+    def parse_int(text: str) -> int:
+        if len(text) > limits.max_number_chars:
+            raise ValueError(f"number of {len(text)} digits exceeds the limit of "
+                             f"{limits.max_number_chars}")
+        return int(text)
+    return parse_int
+
+
+def _float_parser(limits: JsonLimits) -> Any:
+    def parse_float(text: str) -> float:
+        if len(text) > limits.max_number_chars:
+            raise ValueError(f"number of {len(text)} characters exceeds the limit of "
+                             f"{limits.max_number_chars}")
+        value = float(text)
+        if not math.isfinite(value):
+            raise ValueError(f"number {text} is out of range")
+        return value
+    return parse_float
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _check_tree(value: Any, limits: JsonLimits) -> None:
+    """Walk without recursion: depth, string sizes and Unicode validity."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            if len(item) > limits.max_string_chars:
+                raise JsonInputError(f"string of {len(item)} characters exceeds the limit "
+                                     f"of {limits.max_string_chars}")
+            if not _encodable(item):
+                raise JsonInputError("string is not valid Unicode (lone surrogate)")
+        elif isinstance(item, (dict, list)):
+            if depth >= limits.max_depth:
+                raise JsonInputError(f"nested deeper than {limits.max_depth} levels")
+            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+
+
+def _encodable(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
