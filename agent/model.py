@@ -9,11 +9,12 @@ small enough to read in one sitting. Everything here is plain data.
 from __future__ import annotations
 
 from collections import deque
-from typing import Hashable, Iterator
+from typing import Iterator
 
 import attrs
 
 from dyad import processes
+from dyad.effects import TimerKey
 from dyad.messages import (
     CommandInfo, ExecutorInfo, ExecutorUsage, FrameworkInfo, MasterInfo, Message,
     MessageError, Reason, TaskInfo, TaskState, URI,
@@ -207,6 +208,61 @@ class Exit:
     """Every executor is gone (or the deadline passed): the agent may stop."""
 
 
+# --------------------------------------------------------------------- timer keys
+# `AgentState` arms these; its status-update and health-check parts arm their own
+# (`agent.status_updates.UpdateRetry`, `agent.health.HealthRound`). `seq` makes
+# each arming a new key, so a firing already queued when the timer was re-armed
+# is recognised as stale.
+
+
+@attrs.frozen
+class RegisterRetry(TimerKey):
+    """No answer to RegisterAgent yet: send it again."""
+
+    seq: int
+
+
+@attrs.frozen
+class MasterSilent(TimerKey):
+    """3 x ping_interval without a word from the master: detect it again."""
+
+    seq: int
+
+
+@attrs.frozen
+class ShutdownDeadline(TimerKey):
+    """Executors still run this long after `Shutdown`: exit anyway."""
+
+
+@attrs.frozen
+class ExecutorTimer(TimerKey):
+    """Base of the timers of one executor run (at most one armed per run)."""
+
+    framework_id: str
+    executor_id: str
+    seq: int
+
+
+@attrs.frozen
+class RegistrationTimeout(ExecutorTimer):
+    """A launched executor did not register in time: kill it."""
+
+
+@attrs.frozen
+class ReregistrationTimeout(ExecutorTimer):
+    """A recovered executor did not re-register after the agent restarted: kill it."""
+
+
+@attrs.frozen
+class TermDue(ExecutorTimer):
+    """A shutdown's grace period is over: SIGTERM."""
+
+
+@attrs.frozen
+class KillDue(ExecutorTimer):
+    """SIGTERM did not end the run: SIGKILL."""
+
+
 # ------------------------------------------------------------------------- config
 
 
@@ -287,7 +343,7 @@ class ExecutorRecord:
     is_command: bool
     phase: str = LAUNCHING
     peer: str | None = None
-    timer: Hashable | None = None  # (re)registration timeout, or the next signal
+    timer: ExecutorTimer | None = None  # (re)registration timeout, or the next signal
     pid: int | None = None
     started: float | None = None
     queued: dict[str, TaskRecord] = attrs.field(factory=dict)  # until registration

@@ -48,6 +48,7 @@ from dyad.clock import Clock, SystemClock
 from dyad.detector import Detector, make_detector
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired
 from dyad.messages import Reason
+from dyad.timers import TimerTable
 from dyad.transport import Dealer, Inbound, Router
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ class AgentServer:
         self._clock = clock or SystemClock()
         self.state = AgentState(config)
         self._events: asyncio.Queue[Event] = asyncio.Queue()
-        self._timers: dict[Hashable, asyncio.TimerHandle] = {}
+        self._timers = TimerTable(self._clock.now, self._timer_due)
         self._tasks: list[asyncio.Task[Any]] = []
         self._jobs: set[asyncio.Task[Any]] = set()  # launches and health checks
         self._fetching: dict[RunKey, asyncio.Task[None]] = {}
@@ -243,9 +244,7 @@ class AgentServer:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for handle in self._timers.values():
-            handle.cancel()
-        self._timers.clear()
+        self._timers.cancel_all()
         if self._tasks:  # every executor is gone: a later start is a new agent
             await asyncio.to_thread(checkpoint.remove, self.config.work_dir)
         if self._runner is not None:
@@ -319,7 +318,6 @@ class AgentServer:
         self._events.put_nowait(MasterDetected(info))
 
     def _timer_due(self, key: Hashable) -> None:
-        self._timers.pop(key, None)
         self._events.put_nowait(TimerFired(key))
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
@@ -395,17 +393,8 @@ class AgentServer:
         elif isinstance(effect, Checkpoint):
             await asyncio.to_thread(self._checkpoints.write, self.state.saved())
             self.shell_counters["agent/checkpoints_written"] += 1
-        elif isinstance(effect, ArmTimer):
-            old = self._timers.pop(effect.key, None)
-            if old is not None:
-                old.cancel()
-            delay = max(0.0, effect.at - self._clock.now())
-            self._timers[effect.key] = asyncio.get_running_loop().call_later(
-                delay, self._timer_due, effect.key)
-        elif isinstance(effect, CancelTimer):
-            handle = self._timers.pop(effect.key, None)
-            if handle is not None:
-                handle.cancel()
+        elif isinstance(effect, ArmTimer | CancelTimer):
+            self._timers.perform(effect)
         elif isinstance(effect, LaunchExecutor):
             key = (effect.framework_id, effect.executor_id, effect.run_id)
             self._fetching[key] = self._spawn(self._launch(effect))

@@ -36,24 +36,27 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import Counter, deque
-from typing import Any, Callable, Hashable
+from typing import Any, Callable
 
 import attrs
 
 from agent import checkpoint, limits, views
 from agent.checkpoint import Recover, SavedAgent
-from agent.health import HealthChanged, HealthChecker, HealthCheckResult, RunHealthCheck
+from agent.health import (
+    HealthChanged, HealthChecker, HealthCheckResult, HealthRound, RunHealthCheck,
+)
 from agent.model import (
     COMMAND_EXECUTOR_MODULE, DETECTING, LAUNCHING, RECOVERING, REGISTERED, REGISTERING,
     RUNNING, TERMINATED, TERMINATING, UNKNOWN_EXIT, AgentConfig, Checkpoint, ConnectMaster,
     DetectMaster, Drain, ExecutorLaunchFailed, ExecutorMessage, ExecutorProcessExited,
-    ExecutorRecord, ExecutorStarted, Exit, FrameworkRecord, Invalid, KillExecutor,
-    LaunchExecutor, MasterDetected, MasterMessage, Outcome, Shutdown, TaskRecord, UpdateLimits,
-    UsageSampled, describe_exit,
+    ExecutorRecord, ExecutorStarted, ExecutorTimer, Exit, FrameworkRecord, Invalid, KillDue,
+    KillExecutor, LaunchExecutor, MasterDetected, MasterMessage, MasterSilent, Outcome,
+    RegisterRetry, RegistrationTimeout, ReregistrationTimeout, Shutdown, ShutdownDeadline,
+    TaskRecord, TermDue, UpdateLimits, UsageSampled, describe_exit,
 )
 from agent.sandbox import InvalidId, check_id, run_directory
-from agent.status_updates import SendMaster, StatusUpdateManager
-from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired
+from agent.status_updates import SendMaster, StatusUpdateManager, UpdateRetry
+from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired, TimerKey, UnknownTimer
 from dyad.ids import new_uuid
 from dyad.messages import (
     AgentInfo, AgentRegistered, CommandInfo, DrainAgent, ExecutorExited, ExecutorInfo,
@@ -68,8 +71,6 @@ from dyad.resources import Resources, ResourcesError
 log = logging.getLogger(__name__)
 
 MAX_PING_INTERVAL = 3600.0
-EXECUTOR_TIMERS = ("executor_registration", "executor_reregistration", "executor_term",
-                   "executor_kill")
 LIVE_PHASES = (LAUNCHING, RECOVERING, RUNNING)
 
 Event = (MasterMessage | ExecutorMessage | Invalid | ExecutorStarted | ExecutorProcessExited
@@ -106,9 +107,9 @@ class AgentState:
         self._exits: list[ExecutorExited] = []  # told to the master once registered
         self._seq = itertools.count()
         self._register_backoff = config.register_backoff
-        self._register_timer: Hashable | None = None
-        self._master_timer: Hashable | None = None
-        self._shutdown_timer: Hashable | None = None
+        self._register_timer: RegisterRetry | None = None
+        self._master_timer: MasterSilent | None = None
+        self._shutdown_timer: ShutdownDeadline | None = None
         self._next_report = 0.0
         self._dirty = False
 
@@ -235,7 +236,7 @@ class AgentState:
     def _send_registration(self, now: float) -> list[Effect]:
         """RegisterAgent now, and again after a backoff unless answered."""
         effects = self._cancel(self._register_timer)
-        self._register_timer = ("register", next(self._seq))
+        self._register_timer = RegisterRetry(next(self._seq))
         at = now + self._register_backoff
         self._register_backoff = min(self._register_backoff * 2, self.config.register_backoff_max)
         return effects + [SendMaster(self._registration()), ArmTimer(self._register_timer, at)]
@@ -265,7 +266,7 @@ class AgentState:
 
     def _arm_master_timeout(self, now: float) -> list[Effect]:
         effects = self._cancel(self._master_timer)
-        self._master_timer = ("master_timeout", next(self._seq))
+        self._master_timer = MasterSilent(next(self._seq))
         return effects + [ArmTimer(self._master_timer, now + 3 * self.ping_interval)]
 
     def _on_registered(self, msg: AgentRegistered, now: float) -> list[Effect]:
@@ -319,33 +320,42 @@ class AgentState:
 
     # ----------------------------------------------------------------- timers
 
-    def _on_timer(self, key: Hashable, now: float) -> list[Effect]:
-        if self.updates.owns(key):
-            return [*self.updates.timer_fired(key, now)]
-        if self.health.owns(key):
-            return [*self.health.timer_fired(key, now)]
-        if key == self._register_timer and self.phase == REGISTERING:
-            return self._send_registration(now)
-        if key == self._master_timer:
-            return self._master_lost()
-        if key == self._shutdown_timer:
-            log.warning("executors still running after the shutdown deadline; exiting")
-            return self._exit()
-        if isinstance(key, tuple) and len(key) == 4 and key[0] in EXECUTOR_TIMERS:
-            executor = self._executor(key[1], key[2])
-            if executor is not None and executor.timer == key:
+    def _on_timer(self, key: object, now: float) -> list[Effect]:
+        """A key that is not the one armed now is stale (re-armed, or its subject is
+        gone) and ignored; a kind of key the agent never arms is a bug."""
+        match key:
+            case UpdateRetry():
+                return [*self.updates.timer_fired(key, now)]
+            case HealthRound():
+                return [*self.health.timer_fired(key, now)]
+            case RegisterRetry():
+                if key == self._register_timer and self.phase == REGISTERING:
+                    return self._send_registration(now)
+                return []
+            case MasterSilent():
+                return self._master_lost() if key == self._master_timer else []
+            case ShutdownDeadline():
+                if key != self._shutdown_timer:
+                    return []
+                log.warning("executors still running after the shutdown deadline; exiting")
+                return self._exit()
+            case ExecutorTimer():
+                executor = self._executor(key.framework_id, key.executor_id)
+                if executor is None or executor.timer != key:
+                    return []
                 executor.timer = None
-                return self._on_executor_timer(executor, key[0], now)
-        return []  # stale: the timer was re-armed or its subject is gone
+                return self._on_executor_timer(executor, key, now)
+            case _:
+                raise UnknownTimer("AgentState", key)
 
-    def _arm_executor_timer(self, executor: ExecutorRecord, kind: str,
+    def _arm_executor_timer(self, executor: ExecutorRecord, kind: type[ExecutorTimer],
                             at: float) -> list[Effect]:
         effects = self._cancel(executor.timer)
-        executor.timer = (kind, executor.framework_id, executor.executor_id, next(self._seq))
+        executor.timer = kind(executor.framework_id, executor.executor_id, next(self._seq))
         return effects + [ArmTimer(executor.timer, at)]
 
     @staticmethod
-    def _cancel(key: Hashable | None) -> list[Effect]:
+    def _cancel(key: TimerKey | None) -> list[Effect]:
         return [] if key is None else [CancelTimer(key)]
 
     # ------------------------------------------------------------------- tasks
@@ -457,7 +467,7 @@ class AgentState:
             framework.id, info.executor_id, executor.run_id, info.command, env,
             executor.directory, tuple(uris), executor.limits)]
         return effects + self._arm_executor_timer(
-            executor, "executor_registration", now + self.config.executor_registration_timeout)
+            executor, RegistrationTimeout, now + self.config.executor_registration_timeout)
 
     def _executor_env(self, executor: ExecutorRecord) -> dict[str, str]:
         endpoint = self.config.executor_endpoint
@@ -752,12 +762,12 @@ class AgentState:
             elif was == TERMINATING:
                 executor.phase = TERMINATING  # it was being stopped: finish the job
                 effects += [self._kill(executor, "TERM"), *self._arm_executor_timer(
-                    executor, "executor_kill", now + self.config.executor_kill_delay)]
+                    executor, KillDue, now + self.config.executor_kill_delay)]
             else:
                 timeout = (self.config.executor_registration_timeout if was == LAUNCHING
                            else self.config.executor_reregistration_timeout)
                 effects += [UpdateLimits(*executor.key, executor.limits),
-                            *self._arm_executor_timer(executor, "executor_reregistration",
+                            *self._arm_executor_timer(executor, ReregistrationTimeout,
                                                       now + timeout)]
         log.info("recovered agent %s: %d executors alive, %d updates to resend",
                  self.agent_id, sum(1 for _ in self._executors()), len(saved.updates))
@@ -852,30 +862,39 @@ class AgentState:
                                              self._task_env(executor, task), now)
         return effects
 
-    def _on_executor_timer(self, executor: ExecutorRecord, kind: str,
+    def _on_executor_timer(self, executor: ExecutorRecord, key: ExecutorTimer,
                            now: float) -> list[Effect]:
-        if kind in ("executor_registration", "executor_reregistration"):
-            first = kind == "executor_registration"
-            timeout = (self.config.executor_registration_timeout if first
-                       else self.config.executor_reregistration_timeout)
-            verb = "register" if first else "re-register after the agent restarted"
-            log.warning("executor %s did not %s within %.0fs; killing it",
-                        executor.executor_id, verb, timeout)
-            executor.phase = TERMINATING
-            self._changed()
-            effects: list[Effect] = [self._kill(executor, "KILL")]
-            reason = (Reason.EXECUTOR_REGISTRATION_TIMEOUT if first
-                      else Reason.EXECUTOR_REREGISTRATION_TIMEOUT)
-            for task in list(executor.live_tasks()):
-                effects += self._transition(executor, task, self._status_update(
-                    task.framework_id, task.task_id, executor.executor_id,
-                    TaskState.TASK_FAILED, reason, f"executor did not {verb} within "
-                    f"{timeout:g}s", now), now)
-            return effects
-        if kind == "executor_term":
-            return [self._kill(executor, "TERM")] + self._arm_executor_timer(
-                executor, "executor_kill", now + self.config.executor_kill_delay)
-        return [self._kill(executor, "KILL")]
+        match key:
+            case RegistrationTimeout():
+                return self._registration_timed_out(
+                    executor, "register", self.config.executor_registration_timeout,
+                    Reason.EXECUTOR_REGISTRATION_TIMEOUT, now)
+            case ReregistrationTimeout():
+                return self._registration_timed_out(
+                    executor, "re-register after the agent restarted",
+                    self.config.executor_reregistration_timeout,
+                    Reason.EXECUTOR_REREGISTRATION_TIMEOUT, now)
+            case TermDue():
+                return [self._kill(executor, "TERM")] + self._arm_executor_timer(
+                    executor, KillDue, now + self.config.executor_kill_delay)
+            case KillDue():
+                return [self._kill(executor, "KILL")]
+            case _:
+                raise UnknownTimer("AgentState", key)
+
+    def _registration_timed_out(self, executor: ExecutorRecord, verb: str, timeout: float,
+                                reason: str, now: float) -> list[Effect]:
+        log.warning("executor %s did not %s within %.0fs; killing it",
+                    executor.executor_id, verb, timeout)
+        executor.phase = TERMINATING
+        self._changed()
+        effects: list[Effect] = [self._kill(executor, "KILL")]
+        for task in list(executor.live_tasks()):
+            effects += self._transition(executor, task, self._status_update(
+                task.framework_id, task.task_id, executor.executor_id,
+                TaskState.TASK_FAILED, reason, f"executor did not {verb} within "
+                f"{timeout:g}s", now), now)
+        return effects
 
     def _shutdown_grace(self, executor: ExecutorRecord) -> float:
         """Time an executor gets to stop: its tasks' longest kill grace period (their
@@ -893,12 +912,12 @@ class AgentState:
             grace = self._shutdown_grace(executor)
             assert executor.peer is not None
             return [Send(executor.peer, ShutdownExecutor(grace_period=grace)),
-                    *self._arm_executor_timer(executor, "executor_term", now + grace)]
+                    *self._arm_executor_timer(executor, TermDue, now + grace)]
         if executor.phase in (LAUNCHING, RECOVERING):
             executor.phase = TERMINATING
             self._changed()
             return [self._kill(executor, "TERM")] + self._arm_executor_timer(
-                executor, "executor_kill", now + self.config.executor_kill_delay)
+                executor, KillDue, now + self.config.executor_kill_delay)
         return []
 
     @staticmethod
@@ -984,7 +1003,7 @@ class AgentState:
         if not self.frameworks:
             return effects + self._exit()
         c = self.config
-        self._shutdown_timer = ("shutdown_deadline", next(self._seq))
+        self._shutdown_timer = ShutdownDeadline()
         self.exit_deadline = now + max(graces) + c.executor_kill_delay + c.shutdown_slack
         return effects + [ArmTimer(self._shutdown_timer, self.exit_deadline)]
 

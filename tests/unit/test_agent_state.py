@@ -11,17 +11,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.checkpoint import Recover
-from agent.health import HealthCheckResult
+from agent.health import HealthCheckResult, HealthRound
 from agent.model import (
     AgentConfig, Checkpoint, ConnectMaster, DetectMaster, Drain, ExecutorLaunchFailed,
     ExecutorMessage, ExecutorProcessExited, ExecutorStarted, Exit, Invalid, KillExecutor,
-    LaunchExecutor, MasterDetected, MasterMessage, RunSample, Shutdown, UsageSampled,
-    describe_exit,
+    KillDue, LaunchExecutor, MasterDetected, MasterMessage, MasterSilent, RegisterRetry,
+    RunSample, Shutdown, UsageSampled, describe_exit,
 )
 from agent.state import AgentState
 from agent.status_updates import SendMaster
 from dyad.clock import FakeClock
-from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired
+from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired, TimerKey, UnknownTimer
 from dyad.messages import (
     Address, AgentRegistered, CommandInfo, ExecutorExited, ExecutorInfo, ExecutorRegistered,
     ExecutorToFramework, FrameworkInfo, FrameworkToExecutor, Heartbeat, KillTask, LaunchTask,
@@ -179,6 +179,22 @@ def test_detected_master_is_connected_and_registered_with() -> None:
     assert to_master(agent.master(Ping(agent_id="A1")), Pong) == [Pong(agent_id="A1")]
 
 
+def test_timers_of_an_unknown_kind_raise_and_stale_ones_are_ignored() -> None:
+    @attrs.frozen
+    class Stranger(TimerKey):
+        n: int
+
+    agent = Agent()
+    agent.register()
+    with pytest.raises(UnknownTimer):
+        agent.state.handle(TimerFired(("register", 0)), agent.now)
+    with pytest.raises(UnknownTimer):
+        agent.state.handle(TimerFired(Stranger(1)), agent.now)
+    # Known kinds whose subject is gone or was re-armed: nothing happens.
+    for stale in (RegisterRetry(999), MasterSilent(999), KillDue("F1", "gone", 0)):
+        assert agent(TimerFired(stale)) == []
+
+
 def test_registration_is_retried_with_backoff_until_answered() -> None:
     agent = Agent(register_backoff_max=8.0)
     start = agent.now
@@ -188,7 +204,7 @@ def test_registration_is_retried_with_backoff_until_answered() -> None:
             sent_at.append(agent.now - start)
     assert sent_at == [0, 1, 3, 7, 15, 23, 31, 39]  # gaps 1, 2, 4, 8, then capped at 8
     agent.master(AgentRegistered(agent_id="A1", master_info=MASTER))
-    assert not [k for k in agent.timers if isinstance(k, tuple) and k[0] == "register"]
+    assert not [k for k in agent.timers if isinstance(k, RegisterRetry)]
     assert to_master(agent.advance(100), RegisterAgent) == []
     # A duplicate answer to a retried registration changes nothing.
     assert to_master(agent.master(AgentRegistered(agent_id="A1", master_info=MASTER))) == []
@@ -657,7 +673,7 @@ def _messages() -> st.SearchStrategy[Any]:
         st.builds(lambda e, r, rss, oom: UsageSampled((RunSample(
             "F1", e, r, 1.0, 1.0, 0.5, rss, 1, oom=oom),), ("http://x/a",)),
             IDS, st.sampled_from(["id0", "id1"]), st.sampled_from([0, 2 ** 40]), st.booleans()),
-        st.builds(lambda t, ok: HealthCheckResult(("health", "F1", t, 0), ok), IDS,
+        st.builds(lambda t, ok: HealthCheckResult(HealthRound("F1", t, 0), ok), IDS,
                   st.booleans()),
         st.builds(lambda s: ("advance", s), st.floats(0, 70)),
         st.just(Drain()),
