@@ -6,7 +6,7 @@ so a framework can tail a task's `stdout` or fetch shuffle output by the absolut
 path `/state` shows as an executor's `directory` -- also after the task ended,
 until the sandbox is garbage-collected.
 
-Only files under the sandboxes are served (`agent.sandbox.resolve`): 403 outside,
+Only files under the sandboxes are served (`agent.files.resolve`): 403 outside,
 404 missing, 400 for bad parameters, always with a JSON `{"error": reason}`. File
 system work runs in a thread so a slow disk never stalls the agent's event loop.
 """
@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from agent import sandbox
+from agent import files
 from dyad import prometheus
 from agent.state import AgentState
 
@@ -93,9 +93,9 @@ async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamR
         return await handler(request)
     except BadRequest as exc:
         return _error(400, str(exc))
-    except sandbox.InvalidPath as exc:
+    except files.InvalidPath as exc:
         return _error(400, str(exc))
-    except (sandbox.OutsideSandbox, PermissionError) as exc:
+    except (files.OutsideSandbox, PermissionError) as exc:
         return _error(403, str(exc))
     except FileNotFoundError as exc:
         return _error(404, f"no such file: {exc}")
@@ -139,7 +139,7 @@ def _path(request: web.Request) -> str:
     path = request.query.get("path")
     if not path:
         raise BadRequest("missing parameter 'path'")
-    return sandbox.resolve(request.app[WORK_DIR], path)
+    return files.resolve(request.app[WORK_DIR], path)
 
 
 def _int(request: web.Request, name: str, default: int | None) -> int | None:

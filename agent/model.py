@@ -13,7 +13,6 @@ from typing import Iterator
 
 import attrs
 
-from dyad import processes
 from dyad.effects import TimerKey
 from dyad.messages import (
     CommandInfo, ExecutorInfo, ExecutorUsage, FrameworkInfo, MasterInfo, Message,
@@ -77,12 +76,16 @@ class ExecutorStarted:
 @attrs.frozen
 class ExecutorProcessExited:
     """`status` is the exit code, minus the signal number that ended it, or
-    `UNKNOWN_EXIT` for an adopted executor."""
+    `UNKNOWN_EXIT` for an adopted executor. `description` is how the shell names
+    the end ("Executor terminated by signal SIGKILL", see
+    `agent.containerizer.describe_exit`): naming signals takes the OS, which the
+    core does not touch."""
 
     framework_id: str
     executor_id: str
     run_id: str
     status: int
+    description: str = ""
 
 
 @attrs.frozen
@@ -383,12 +386,6 @@ class FrameworkRecord:
     def id(self) -> str:
         assert self.info.id is not None
         return self.info.id
-
-
-def describe_exit(status: int) -> str:
-    if status == UNKNOWN_EXIT:
-        return "Executor is gone; its exit status is unknown (adopted after an agent restart)"
-    return processes.describe_exit(status, "Executor")
 
 
 def mib(size: int) -> str:

@@ -28,9 +28,9 @@ import zmq
 from aiohttp import web
 
 import agent
-from agent import checkpoint, gc
+from agent import checkpoint, checkpoint_file, gc
 from agent.checkpoint import CheckpointError, Recover, SavedAgent
-from agent.containerizer import Containerizer, LaunchError
+from agent.containerizer import Containerizer, LaunchError, describe_exit
 from agent.fetcher import Fetcher, FetchError, FetcherCache
 from agent.health import RunHealthCheck
 from agent.http import make_app
@@ -113,7 +113,7 @@ class AgentServer:
         self._dealer: Dealer | None = None
         self._runner: web.AppRunner | None = None
         self._base_env = executor_base_env()
-        self._checkpoints = checkpoint.Writer(config.work_dir)
+        self._checkpoints = checkpoint_file.Writer(config.work_dir)
         isolator = isolator or detect(config.isolation, self.options.cgroups_root)
         self._containerizer = Containerizer(self._on_process_exit, self._base_env, isolator)
         cache_dir = self.options.fetcher_cache_dir or os.path.join(config.work_dir, "cache")
@@ -148,7 +148,7 @@ class AgentServer:
         checkpoint cannot be taken over, `OSError`/`zmq.ZMQError` when ports are
         taken."""
         os.makedirs(self.config.work_dir, exist_ok=True)
-        saved = await asyncio.to_thread(checkpoint.load, self.config.work_dir)
+        saved = await asyncio.to_thread(checkpoint_file.load, self.config.work_dir)
         if saved is not None:
             self.config = checkpoint.with_detected(saved, self.config,
                                                    self.options.detected_resources)
@@ -246,7 +246,7 @@ class AgentServer:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._timers.cancel_all()
         if self._tasks:  # every executor is gone: a later start is a new agent
-            await asyncio.to_thread(checkpoint.remove, self.config.work_dir)
+            await asyncio.to_thread(checkpoint_file.remove, self.config.work_dir)
         if self._runner is not None:
             await self._runner.cleanup()
         if self._router is not None:
@@ -305,7 +305,7 @@ class AgentServer:
     def _on_process_exit(self, key: RunKey, status: int, final: RunSample | None) -> None:
         if final is not None and final.oom:  # the kernel ended it: say why first
             self._events.put_nowait(UsageSampled((final,), tuple(self.fetcher.cache.uris)))
-        self._events.put_nowait(ExecutorProcessExited(*key, status))
+        self._events.put_nowait(ExecutorProcessExited(*key, status, describe_exit(status)))
 
     def _detect(self) -> None:
         if self._detecting is not None and not self._detecting.done():

@@ -52,7 +52,7 @@ from agent.model import (
     ExecutorRecord, ExecutorStarted, ExecutorTimer, Exit, FrameworkRecord, Invalid, KillDue,
     KillExecutor, LaunchExecutor, MasterDetected, MasterMessage, MasterSilent, Outcome,
     RegisterRetry, RegistrationTimeout, ReregistrationTimeout, Shutdown, ShutdownDeadline,
-    TaskRecord, TermDue, UpdateLimits, UsageSampled, describe_exit,
+    TaskRecord, TermDue, UpdateLimits, UsageSampled,
 )
 from agent.sandbox import InvalidId, check_id, run_directory
 from agent.status_updates import SendMaster, StatusUpdateManager, UpdateRetry
@@ -137,7 +137,7 @@ class AgentState:
             return self._on_started(event)
         if isinstance(event, ExecutorProcessExited):
             return self._on_executor_gone(event.framework_id, event.executor_id, event.run_id,
-                                          event.status, now)
+                                          event.status, now, message=event.description)
         if isinstance(event, ExecutorLaunchFailed):
             # 127 is what a shell reports when a command cannot be executed.
             return self._on_executor_gone(event.framework_id, event.executor_id, event.run_id,
@@ -941,7 +941,7 @@ class AgentState:
                       else Reason.EXECUTOR_TERMINATED)
         elif reason == Reason.CONTAINER_LAUNCH_FAILED:
             message = f"executor launch failed: {message}"
-        text = message or describe_exit(status)
+        text = message or f"Executor ended with status {status}"
         for task in list(executor.live_tasks()):
             end = task.kill_as or Outcome(TaskState.TASK_FAILED, reason, text)
             effects += self._transition(executor, task, self._status_update(

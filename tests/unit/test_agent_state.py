@@ -11,12 +11,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.checkpoint import Recover
+from agent.containerizer import describe_exit
 from agent.health import HealthCheckResult, HealthRound
 from agent.model import (
     AgentConfig, Checkpoint, ConnectMaster, DetectMaster, Drain, ExecutorLaunchFailed,
     ExecutorMessage, ExecutorProcessExited, ExecutorStarted, Exit, Invalid, KillExecutor,
     KillDue, LaunchExecutor, MasterDetected, MasterMessage, MasterSilent, RegisterRetry,
-    RunSample, Shutdown, UsageSampled, describe_exit,
+    RunSample, Shutdown, UsageSampled,
 )
 from agent.state import AgentState
 from agent.status_updates import SendMaster
@@ -466,7 +467,7 @@ def test_executor_exit_fails_unfinished_tasks_and_tells_the_master(task: TaskInf
     running_executor(agent, task)
     executor_id = task.executor.executor_id if task.executor else "t1"
     agent.executor(status("t1", TaskState.TASK_RUNNING, "u1", executor_id))
-    effects = agent(ExecutorProcessExited("F1", executor_id, "id0", 3))
+    effects = agent(ExecutorProcessExited("F1", executor_id, "id0", 3, describe_exit(3)))
     assert to_master(effects, ExecutorExited) == [ExecutorExited(
         agent_id="A1", framework_id="F1", executor_id=executor_id, status=3)]
     assert agent.state.updates.queued("F1", "t1")[-1].status.state == TaskState.TASK_FAILED
@@ -702,7 +703,8 @@ def test_any_sequence_of_inputs_keeps_the_invariants(events: list[Any]) -> None:
 
 
 @pytest.mark.parametrize("core", ["agent/model.py", "agent/health.py", "agent/views.py",
-                                  "agent/state.py", "agent/status_updates.py"])
+                                  "agent/state.py", "agent/status_updates.py",
+                                  "agent/limits.py", "agent/checkpoint.py", "agent/sandbox.py"])
 def test_the_agents_pure_rooms_import_no_io(core: str) -> None:
     from tests.unit.test_architecture import IO_MODULES, ROOT, _imported_top_levels
     assert not _imported_top_levels(ROOT / core) & IO_MODULES
