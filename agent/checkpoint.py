@@ -25,7 +25,7 @@ from typing import Any, Iterable, TypeVar
 
 import attrs
 
-from agent.model import AgentConfig, ExecutorRecord, Outcome, TaskRecord
+from agent.model import AgentConfig, AgentExecutor, TaskEnd, AgentTask
 from dyad.codec import CodecError, from_json, to_json
 from dyad.messages import (
     ExecutorExited, ExecutorInfo, FrameworkInfo, StatusUpdate, TaskInfo, TaskState,
@@ -48,7 +48,7 @@ class SavedTask:
     status_uuid: str = ""
     seen_uuids: list[str] = attrs.field(factory=list)
     queued: bool = False  # never sent to the executor
-    kill_as: Outcome | None = None
+    kill_as: TaskEnd | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -80,7 +80,7 @@ class SavedAgent:
     exits: list[ExecutorExited] = attrs.field(factory=list)  # not yet told the master
 
 
-def save_executor(executor: ExecutorRecord) -> SavedExecutor:
+def save_executor(executor: AgentExecutor) -> SavedExecutor:
     """What a restart needs of one run: no peer, timers or samples (all of this
     process's making), the tasks it has not seen acknowledged to the end."""
     tasks = [SavedTask(info=t.info, state=t.state, status_uuid=t.status_uuid,
@@ -94,13 +94,13 @@ def save_executor(executor: ExecutorRecord) -> SavedExecutor:
         pending_kills=dict(executor.pending_kills))
 
 
-def load_executor(saved: SavedExecutor, phase: str) -> ExecutorRecord:
+def load_executor(saved: SavedExecutor, phase: str) -> AgentExecutor:
     """The run's record again, in `phase` (the caller decides what it is now)."""
-    executor = ExecutorRecord(saved.framework_id, saved.info, saved.run_id, saved.directory,
+    executor = AgentExecutor(saved.framework_id, saved.info, saved.run_id, saved.directory,
                               saved.is_command, phase=phase, pid=saved.pid,
                               started=saved.started, pending_kills=dict(saved.pending_kills))
     for task in saved.tasks:
-        record = TaskRecord(task.info, saved.framework_id, saved.info.executor_id, task.state,
+        record = AgentTask(task.info, saved.framework_id, saved.info.executor_id, task.state,
                             task.status_uuid, set(task.seen_uuids), task.kill_as)
         group = (executor.terminated if task.state.is_terminal
                  else executor.queued if task.queued else executor.launched)

@@ -70,7 +70,7 @@ class HealthCheckResult:
 
 @attrs.frozen
 class HealthChanged:
-    """Outcome: the task's health flipped (or was learnt for the first time)."""
+    """HealthOutcome: the task's health flipped (or was learnt for the first time)."""
 
     framework_id: str
     task_id: str
@@ -80,14 +80,14 @@ class HealthChanged:
 
 @attrs.frozen
 class Unhealthy:
-    """Outcome: too many failures in a row; the task must be killed."""
+    """HealthOutcome: too many failures in a row; the task must be killed."""
 
     framework_id: str
     task_id: str
     message: str
 
 
-Outcome = HealthChanged | Unhealthy
+HealthOutcome = HealthChanged | Unhealthy
 Effect = RunHealthCheck | ArmTimer | CancelTimer
 
 
@@ -156,13 +156,13 @@ class HealthChecker:
         self.checks_run += 1
         return [RunHealthCheck(key, watch.check, watch.sandbox_dir, dict(watch.env))]
 
-    def result(self, event: HealthCheckResult, now: float) -> tuple[list[Effect], list[Outcome]]:
+    def result(self, event: HealthCheckResult, now: float) -> tuple[list[Effect], list[HealthOutcome]]:
         watch = self._current(event.key)
         if watch is None or not watch.in_flight:
             return [], []
         framework_id, task_id = event.key.task
         watch.in_flight = False
-        outcomes: list[Outcome] = []
+        outcomes: list[HealthOutcome] = []
         if event.healthy:
             watch.failures = 0
             watch.ever_healthy = True

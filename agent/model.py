@@ -53,7 +53,7 @@ class ExecutorMessage:
 
 
 @attrs.frozen
-class Invalid:
+class InvalidFrame:
     """A frame that did not decode. `source` is "master" or "executor"."""
 
     source: str
@@ -212,24 +212,11 @@ class Exit:
 
 
 # --------------------------------------------------------------------- timer keys
-# `AgentState` arms these; its status-update and health-check parts arm their own
-# (`agent.status_updates.UpdateRetry`, `agent.health.HealthRound`). `seq` makes
+# `AgentState` arms these; its parts arm their own (`agent.master_link`'s
+# `RegisterRetry` and `MasterSilent`, `agent.status_updates.UpdateRetry`,
+# `agent.health.HealthRound`). `seq` makes
 # each arming a new key, so a firing already queued when the timer was re-armed
 # is recognised as stale.
-
-
-@attrs.frozen
-class RegisterRetry(TimerKey):
-    """No answer to RegisterAgent yet: send it again."""
-
-    seq: int
-
-
-@attrs.frozen
-class MasterSilent(TimerKey):
-    """3 x ping_interval without a word from the master: detect it again."""
-
-    seq: int
 
 
 @attrs.frozen
@@ -313,7 +300,7 @@ EXECUTOR_PHASES = (LAUNCHING, RECOVERING, RUNNING, TERMINATING, TERMINATED)
 
 
 @attrs.frozen
-class Outcome:
+class TaskEnd:
     """How a task the agent is ending must be reported, whatever its executor says
     (killed for failing health checks, or by a drain)."""
 
@@ -323,14 +310,14 @@ class Outcome:
 
 
 @attrs.define
-class TaskRecord:
+class AgentTask:
     info: TaskInfo
     framework_id: str
     executor_id: str
     state: TaskState = TaskState.TASK_STAGING
     status_uuid: str = ""
     seen_uuids: set[str] = attrs.field(factory=set)  # executor resends are dropped
-    kill_as: Outcome | None = None
+    kill_as: TaskEnd | None = None
 
     @property
     def task_id(self) -> str:
@@ -338,7 +325,7 @@ class TaskRecord:
 
 
 @attrs.define
-class ExecutorRecord:
+class AgentExecutor:
     framework_id: str
     info: ExecutorInfo
     run_id: str
@@ -349,10 +336,10 @@ class ExecutorRecord:
     timer: ExecutorTimer | None = None  # (re)registration timeout, or the next signal
     pid: int | None = None
     started: float | None = None
-    queued: dict[str, TaskRecord] = attrs.field(factory=dict)  # until registration
-    launched: dict[str, TaskRecord] = attrs.field(factory=dict)  # non-terminal
-    terminated: dict[str, TaskRecord] = attrs.field(factory=dict)  # terminal, unacked
-    completed: deque[TaskRecord] = attrs.field(factory=deque)
+    queued: dict[str, AgentTask] = attrs.field(factory=dict)  # until registration
+    launched: dict[str, AgentTask] = attrs.field(factory=dict)  # non-terminal
+    terminated: dict[str, AgentTask] = attrs.field(factory=dict)  # terminal, unacked
+    completed: deque[AgentTask] = attrs.field(factory=deque)
     pending_kills: dict[str, float | None] = attrs.field(factory=dict)  # while recovering
     limits: Limits = Limits()
     last_sample: RunSample | None = None
@@ -367,20 +354,20 @@ class ExecutorRecord:
     def key(self) -> RunKey:
         return (self.framework_id, self.executor_id, self.run_id)
 
-    def live_tasks(self) -> Iterator[TaskRecord]:
+    def live_tasks(self) -> Iterator[AgentTask]:
         yield from self.queued.values()
         yield from self.launched.values()
 
-    def find(self, task_id: str) -> TaskRecord | None:
+    def find(self, task_id: str) -> AgentTask | None:
         return (self.queued.get(task_id) or self.launched.get(task_id)
                 or self.terminated.get(task_id))
 
 
 @attrs.define
-class FrameworkRecord:
+class AgentFramework:
     info: FrameworkInfo
-    executors: dict[str, ExecutorRecord] = attrs.field(factory=dict)
-    completed_executors: deque[ExecutorRecord] = attrs.field(factory=deque)
+    executors: dict[str, AgentExecutor] = attrs.field(factory=dict)
+    completed_executors: deque[AgentExecutor] = attrs.field(factory=deque)
 
     @property
     def id(self) -> str:

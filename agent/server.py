@@ -37,7 +37,7 @@ from agent.http import make_app
 from agent.isolation import Isolator, detect
 from agent.model import (
     AgentConfig, Checkpoint, ConnectMaster, DetectMaster, Drain, ExecutorLaunchFailed,
-    ExecutorMessage, ExecutorProcessExited, ExecutorStarted, Exit, Invalid, KillExecutor,
+    ExecutorMessage, ExecutorProcessExited, ExecutorStarted, Exit, InvalidFrame, KillExecutor,
     LaunchExecutor, MasterDetected, MasterMessage, RunKey, RunSample, Shutdown,
     UpdateLimits, UsageSampled,
 )
@@ -300,7 +300,7 @@ class AgentServer:
                                         else ExecutorMessage(peer, inbound.message))
             else:
                 assert inbound.error is not None
-                self._events.put_nowait(Invalid(source, peer, inbound.error))
+                self._events.put_nowait(InvalidFrame(source, peer, inbound.error))
 
     def _on_process_exit(self, key: RunKey, status: int, final: RunSample | None) -> None:
         if final is not None and final.oom:  # the kernel ended it: say why first

@@ -15,10 +15,10 @@ from agent.containerizer import describe_exit
 from agent.health import HealthCheckResult, HealthRound
 from agent.model import (
     AgentConfig, Checkpoint, ConnectMaster, DetectMaster, Drain, ExecutorLaunchFailed,
-    ExecutorMessage, ExecutorProcessExited, ExecutorStarted, Exit, Invalid, KillExecutor,
-    KillDue, LaunchExecutor, MasterDetected, MasterMessage, MasterSilent, RegisterRetry,
-    RunSample, Shutdown, UsageSampled,
+    ExecutorMessage, ExecutorProcessExited, ExecutorStarted, Exit, InvalidFrame, KillExecutor,
+    KillDue, LaunchExecutor, MasterDetected, MasterMessage, RunSample, Shutdown, UsageSampled,
 )
+from agent.master_link import MasterSilent, RegisterRetry
 from agent.state import AgentState
 from agent.status_updates import SendMaster
 from dyad.clock import FakeClock
@@ -574,11 +574,11 @@ def test_invalid_frames_are_rejected_to_their_sender_and_counted() -> None:
     agent = Agent()
     agent.register()
     bad = MessageError("not JSON: nope")
-    assert agent(Invalid("executor", PEER, bad)) == [
+    assert agent(InvalidFrame("executor", PEER, bad)) == [
         Send(PEER, Rejected(reason="not JSON: nope", message_type=""))]
-    assert agent(Invalid("master", "", MessageError("invalid kill_task: x", "kill_task"))) == [
+    assert agent(InvalidFrame("master", "", MessageError("invalid kill_task: x", "kill_task"))) == [
         SendMaster(Rejected(reason="invalid kill_task: x", message_type="kill_task"))]
-    assert agent(Invalid("master", "", MessageError("invalid rejected", "rejected"))) == []
+    assert agent(InvalidFrame("master", "", MessageError("invalid rejected", "rejected"))) == []
     assert to_master(agent.master(Subscribe(framework=FRAMEWORK)), Rejected)
     assert to_peer(agent.executor(Heartbeat()), kind=Rejected)
     assert agent.master(Rejected(reason="meh")) == []
@@ -661,7 +661,7 @@ def _messages() -> st.SearchStrategy[Any]:
         st.builds(lambda p, t, s, u: ExecutorMessage(p, StatusUpdate(
             framework_id="F1", status=TaskStatus(task_id=t, state=s, uuid=u))),
             st.sampled_from([PEER, PEER2]), IDS, STATES, st.sampled_from(["u1", "u2", ""])),
-        st.builds(lambda p: Invalid("executor", p, MessageError("bad")),
+        st.builds(lambda p: InvalidFrame("executor", p, MessageError("bad")),
                   st.sampled_from([PEER, PEER2])),
         st.builds(lambda e, r, s: ExecutorProcessExited("F1", e, r, s), IDS,
                   st.sampled_from(["id0", "id1", "id2"]), st.integers(-15, 3)),
