@@ -39,8 +39,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ip", default="127.0.0.1", help="address to bind and advertise")
     p.add_argument("--hostname", default=socket.gethostname(), help="name to advertise")
     p.add_argument("--port", type=_port, default=5051, help="HTTP port (0: any free port)")
-    p.add_argument("--executor-port", type=_port, default=5052,
-                   help="port of the executors' ZMQ socket (0: any free port)")
+    p.add_argument("--executor-port", type=_port, default=0,
+                   help="port of the executors' ZMQ socket (default 0: a free port chosen "
+                        "at the first start and kept in the checkpoint, so a restarted "
+                        "agent binds it again and its executors find it)")
     p.add_argument("--work-dir", default="./work-dir/agent",
                    help="sandboxes, the fetcher cache and the checkpoint a restart recovers")
     p.add_argument("--resources", default=None,

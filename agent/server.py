@@ -172,9 +172,11 @@ class AgentServer:
                  self.executor_endpoint, self.isolator.name)
 
     async def _bind(self, saved: SavedAgent | None) -> None:
-        """Bind the executor socket and HTTP. After a restart the executor port must
-        be the old one (executors reconnect to it); the HTTP port is reused when
-        the operator left it to us, so the master's link to our /files holds."""
+        """Bind the executor socket and HTTP. Unless pinned, the executor port is a
+        free one on a first start and the checkpointed one after a restart, which
+        it must be while executors live (they reconnect to it); the HTTP port is
+        reused when the operator left it to us, so the master's link to our /files
+        holds."""
         executor_port, http_port = self.config.executor_port, self.config.port
         if saved is not None:
             if executor_port == 0:
@@ -188,9 +190,20 @@ class AgentServer:
         self._router = Router()
         try:
             executor_port = self._router.bind(self.config.ip, executor_port)
-        except zmq.ZMQError:
+        except zmq.ZMQError as exc:
             self._router.close()
-            raise
+            if saved is None or self.config.executor_port:
+                raise  # a port the operator chose, or no free port at all
+            if saved.executors:
+                raise CheckpointError(
+                    f"executor port {executor_port} of agent {saved.agent_id} is taken "
+                    f"({exc}); its running executors reconnect only there: free it, or "
+                    f"remove {checkpoint.meta_dir(self.config.work_dir)} to start afresh"
+                ) from None
+            log.warning("executor port %d of the last run is taken; using a free one",
+                        executor_port)
+            self._router = Router()
+            executor_port = self._router.bind(self.config.ip, 0)
         self._runner = web.AppRunner(make_app(self, self.config.work_dir), access_log=None)
         await self._runner.setup()
         try:
