@@ -185,7 +185,16 @@ async def _serve(config: AgentConfig, master: str, isolator: Isolator,
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    stopped = asyncio.create_task(stop.wait())
+    failed = asyncio.create_task(server.wait_failed())
+    await asyncio.wait([stopped, failed], return_when=asyncio.FIRST_COMPLETED)
+    for waiter in (stopped, failed):
+        waiter.cancel()
+    if failed.done() and not failed.cancelled():
+        # A loop kept dying: exit non-zero so a supervisor starts a fresh agent.
+        # Executors keep running and re-attach to it (the checkpoint stays).
+        logging.getLogger(__name__).critical("an agent loop cannot be kept alive; exiting")
+        return 2
     logging.getLogger(__name__).info("stopping: shutting down executors")
     await server.stop()
     return 0
