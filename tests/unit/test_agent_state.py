@@ -700,11 +700,3 @@ def test_any_sequence_of_inputs_keeps_the_invariants(events: list[Any]) -> None:
     fresh(Recover(saved, alive))
     fresh.register()
     assert fresh.state.used == agent.state.used
-
-
-@pytest.mark.parametrize("core", ["agent/model.py", "agent/health.py", "agent/views.py",
-                                  "agent/state.py", "agent/status_updates.py",
-                                  "agent/limits.py", "agent/checkpoint.py", "agent/sandbox.py"])
-def test_the_agents_pure_rooms_import_no_io(core: str) -> None:
-    from tests.unit.test_architecture import IO_MODULES, ROOT, _imported_top_levels
-    assert not _imported_top_levels(ROOT / core) & IO_MODULES
