@@ -84,14 +84,12 @@ def snapshot_of(state: MasterState) -> RegistryData:
 
 def restore(state: MasterState, data: RegistryData, now: float) -> list[Effect]:
     """Hand a new leader's fresh `state` what the registry held (before any event)."""
-    effects = state.recover(data.agents, data.unreachable, now)
     try:
-        state.set_weights(data.weights)
-        state.set_quota({role: Quota(guarantee=entry.guarantee, limit=entry.limit)
-                         for role, entry in data.quota.items()})
+        return state.restore(data.agents, data.unreachable, data.weights,
+                             {role: Quota(guarantee=entry.guarantee, limit=entry.limit)
+                              for role, entry in data.quota.items()}, now)
     except PolicyError as exc:
         raise RegistryError(f"the registry's weights or quota are invalid: {exc}") from None
-    return effects
 
 
 def encode(data: RegistryData) -> bytes:

@@ -52,8 +52,10 @@ from master.registry import (
     FileRegistry, Registry, RegistryData, RegistryError, ZooKeeperRegistry, restore,
     snapshot_of,
 )
+from master.operator import OperatorCall, Reply, Request
 from master.state import (
-    ALLOCATE, VERSION, AllocationTimed, Event, Invalid, MasterConfig, MasterState, Received,
+    ALLOCATE, VERSION, AllocationTimed, Effect, Event, Invalid, MasterConfig, MasterState,
+    PersistRegistry, Received,
 )
 
 log = logging.getLogger(__name__)
@@ -69,6 +71,10 @@ EARLY_FRAMES_MAX = 20_000
 REGISTRY_BATCH = 0.1
 """Seconds a registry write waits for more changes: every write is the whole
 registry, so a burst of a thousand new agents must not become a thousand writes."""
+
+OPERATOR_CALL_TIMEOUT = 10.0
+"""Seconds an operator call waits for the core's answer: a leader whose lease is
+unconfirmed handles nothing, and the caller must hear so rather than hang."""
 
 DEFAULT_ZK_SESSION_TIMEOUT = 4.0
 """Seconds. ZooKeeper's own minimum with its stock tickTime (2 s): the shortest
@@ -117,7 +123,8 @@ class MasterServer:
         self._electing = False
         self._registry: Registry | None = None
         self._registry_dirty = asyncio.Event()
-        self._persisted = 0
+        self._calls: dict[int, asyncio.Future[Reply]] = {}
+        self._last_call_id = 0
         self._counts = {"registry_writes": 0, "received_as_standby": 0, "paused": 0}
         self._lost: asyncio.Future[str] | None = None
         self._elected = asyncio.Event()
@@ -230,9 +237,22 @@ class MasterServer:
         }
 
     def submit(self, event: Event) -> None:
-        """Queue an operator event (`OperatorKill`) for the core, in turn with the
-        messages and timers, so operator calls change state the same one way."""
+        """Queue an event for the core, in turn with the messages and timers."""
         self._events.put_nowait(event)
+
+    async def call(self, request: Request, timeout: float = OPERATOR_CALL_TIMEOUT) -> Reply:
+        """Hand an operator request to the core through the event queue and wait
+        for its `Reply`. `asyncio.TimeoutError` if the core does not answer in
+        `timeout` seconds (its lease is unconfirmed, or it is stepping down)."""
+        self._last_call_id += 1
+        call_id = self._last_call_id
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = future
+        try:
+            self.submit(OperatorCall(call_id, request))
+            return await asyncio.wait_for(future, timeout)
+        finally:
+            self._calls.pop(call_id, None)
 
     def metrics(self) -> dict[str, float]:
         result: dict[str, float] = self.state.metrics() if self.is_leader else {}
@@ -294,7 +314,6 @@ class MasterServer:
             if received >= cutoff:
                 self._events.put_nowait(event)
         self._early.clear()
-        self._persisted = state.registry_changes
         self.leader = self.info
         for effect in effects:
             await self._perform(effect)
@@ -346,22 +365,19 @@ class MasterServer:
         log.info("resumed: the ZooKeeper session is confirmed")
 
     async def _write_registry(self) -> None:
-        """Write the registry whenever the core's `registry_changes` moved; a burst
-        of changes (a thousand new agents) becomes a few writes. The counter is
-        checked after every event; a change made outside one (an operator's
-        `PUT /weights`) is seen at the next, at most one allocation interval later."""
+        """Write the registry after the core asked to (`PersistRegistry`), waiting
+        `REGISTRY_BATCH` first so a burst of changes (a thousand new agents)
+        becomes a few writes; each write is the state as it is when it starts."""
         assert self._registry is not None
         while True:
             await self._registry_dirty.wait()
             await asyncio.sleep(REGISTRY_BATCH)
             self._registry_dirty.clear()
-            changes = self.state.registry_changes
             try:
                 await self._registry.store(snapshot_of(self.state))
             except RegistryError as exc:
                 self._give_up(f"registry write failed: {exc}")
                 return
-            self._persisted = changes
             self._counts["registry_writes"] += 1
 
     # ----------------------------------------------------------------- loops
@@ -405,8 +421,9 @@ class MasterServer:
             except Exception:
                 log.exception("master failed to handle %r", event)
                 self._internal_errors += 1
-            if self.state.registry_changes != self._persisted:
-                self._registry_dirty.set()
+                if isinstance(event, OperatorCall):  # its caller must not wait in vain
+                    self._answer(Reply(event.call_id, refusal="internal",
+                                       error="the master failed to handle this call"))
             # Awaiting a ready queue or socket does not yield: without this, a
             # burst (a thousand agents re-registering) would starve HTTP and the
             # lease renewals until it is all handled.
@@ -420,8 +437,12 @@ class MasterServer:
         for effect in effects:
             await self._perform(effect)
 
-    async def _perform(self, effect: Send | ArmTimer | CancelTimer) -> None:
-        if isinstance(effect, Send):
+    async def _perform(self, effect: Effect) -> None:
+        if isinstance(effect, PersistRegistry):
+            self._registry_dirty.set()  # no registry (tests): nothing persists
+        elif isinstance(effect, Reply):
+            self._answer(effect)
+        elif isinstance(effect, Send):
             sent = False
             if self._router is not None:
                 try:
@@ -439,6 +460,11 @@ class MasterServer:
             self._timers[effect.key] = loop.call_later(delay, self._fire, effect.key)
         else:
             self._cancel_timer(effect.key)
+
+    def _answer(self, reply: Reply) -> None:
+        future = self._calls.get(reply.call_id)
+        if future is not None and not future.done():  # else its caller gave up
+            future.set_result(reply)
 
     def _cancel_timer(self, key: Hashable) -> None:
         handle = self._timers.pop(key, None)

@@ -5,10 +5,12 @@ Theory of operation
 `MasterState.handle(event, now)` is the only mutator. Events are `Received` (a
 decoded message from a peer), `Invalid` (a frame that failed to decode),
 `TimerFired` (a timer this core armed came due), `AllocationTimed` (the shell's
-measurement of the last allocation run) and `OperatorKill` (`POST /tasks/kill`).
+measurement of the last allocation run) and `OperatorCall` (every operator action,
+master/operator.py, answered by a `Reply` effect).
 Changes worth an operator's attention also go to `events`, a bounded log
 (master/events.py) served as `GET /events`. The result is a list of effects for the
-shell: `Send` a message to a peer, `ArmTimer`, `CancelTimer`. Nothing here does
+shell: `Send` a message to a peer, `ArmTimer`, `CancelTimer`, `PersistRegistry`,
+`Reply` (to an operator call). Nothing here does
 I/O or reads a clock, so every behaviour is testable by feeding events.
 
 Peers are the hex of ZMQ identities. A framework is *connected* while some peer
@@ -28,14 +30,12 @@ ways; `("failover", framework_id)` teardown of a framework that stayed away;
 `("recovery", "timeout")` the end of the re-registration window after a failover;
 `("removal", "next")` the next permitted unreachable-marking (rate limit).
 
-Registry (what survives failover, see master/registry.py): `recover()` hands a new
-leader the admitted and unreachable agents; admitted ones stay *recovering* (no
-offers, they are not in `_agents`) until they re-register or
-`agent_reregister_timeout` passes. Whenever the admitted or unreachable set
-changes, `registry_changes` goes up; a shell that sees it move writes
-`admitted_agents()`/`unreachable_agents()` (coalescing bursts into one write).
-It is a counter rather than an effect so that every harness matching on
-Send/ArmTimer/CancelTimer keeps working.
+Registry (what survives failover, see master/registry.py): `restore()` hands a
+new leader the admitted and unreachable agents, weights and quota; admitted
+agents stay *recovering* (no offers, they are not in `_agents`) until they
+re-register or `agent_reregister_timeout` passes. Whenever what the registry
+holds changes, the step's effects include one `PersistRegistry`, and the shell
+writes `snapshot_of(state)` (coalescing bursts into one write).
 """
 
 from __future__ import annotations
@@ -66,12 +66,25 @@ from master.allocator import (
 )
 from master.events import DEFAULT_CAPACITY as DEFAULT_EVENTS, EventLog
 from master.metrics import Counters, Window
+from master.operator import (
+    CONFLICT, INVALID, NOT_FOUND, DrainMachine, KillLiveTask, MalformedCall, OperatorCall,
+    Reply, Request, SetQuota, SetWeights, TeardownFramework,
+)
 
 EMPTY = Resources()
 ALLOCATE = "allocate"
 VERSION = "0.1.0"
 
-Effect = Send | ArmTimer | CancelTimer
+
+
+@attrs.frozen
+class PersistRegistry:
+    """What the registry holds changed (admitted or unreachable agents, weights,
+    quota): the shell writes `snapshot_of(state)` soon, coalescing a burst of
+    these into one write (every write is the whole registry)."""
+
+
+Effect = Send | ArmTimer | CancelTimer | PersistRegistry | Reply
 
 
 # --------------------------------------------------------------------- config/events
@@ -123,15 +136,7 @@ class AllocationTimed:
     seconds: float
 
 
-@attrs.frozen
-class OperatorKill:
-    """An operator asked to kill a live task (`POST /tasks/kill`)."""
-
-    framework_id: str
-    task_id: str
-
-
-Event = Received | Invalid | TimerFired | AllocationTimed | OperatorKill
+Event = Received | Invalid | TimerFired | AllocationTimed | OperatorCall
 
 
 class InvariantError(AssertionError):
@@ -247,7 +252,7 @@ class MasterState:
         self._recovering: dict[str, AgentInfo] = {}  # registry agents not yet back
         self._removals: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._next_removal = float("-inf")
-        self.registry_changes = 0  # bumped whenever what the registry holds changes
+        self._persist_pending = False  # a PersistRegistry is in this step's effects
         self._offers: dict[str, Offer] = {}
         # From agents' reports: the URIs each one's fetcher cache holds (put in its
         # offers), and the agents that are draining (offered nothing more).
@@ -291,6 +296,7 @@ class MasterState:
         """Apply one event at time `now`; return what the shell must do, in order."""
         self._now = now
         self._out = []
+        self._persist_pending = False
         if self._allocate_at is None:
             self._arm_allocation(now + self.config.allocation_interval)
         if isinstance(event, Received):
@@ -303,8 +309,8 @@ class MasterState:
             self._timer(event.key)
         elif isinstance(event, AllocationTimed):
             self._allocation_ms.add(event.seconds * 1000.0)
-        elif isinstance(event, OperatorKill):
-            self._operator_kill(event)
+        elif isinstance(event, OperatorCall):
+            self._out.append(self._operator_call(event.call_id, event.request))
         else:
             raise TypeError(f"MasterState cannot handle {event!r}")
         out, self._out = self._out, []
@@ -328,6 +334,12 @@ class MasterState:
 
     def _cancel(self, key: Hashable) -> None:
         self._out.append(CancelTimer(key))
+
+    def _persist(self) -> None:
+        """What the registry holds changed: ask for one write per step."""
+        if not self._persist_pending:
+            self._persist_pending = True
+            self._out.append(PersistRegistry())
 
     def _reply_rejected(self, peer: str, reason: str, message_type: str) -> None:
         self._counters.inc("master/messages_rejected")
@@ -526,13 +538,60 @@ class MasterState:
             framework.suppressed = True
             self._allocator.suppress(framework.id)
 
-    # ======================================================== operator policy
+    # ======================================================== operator calls
 
-    def set_weights(self, weights: Mapping[str, float]) -> None:
-        """Set the weights of some roles (1.0 is the default and clears an entry).
-        The one way weights change: `PUT /weights`, and the registry restoring them
-        after a failover. Raises `PolicyError` and changes nothing if any is bad.
-        Takes effect at the next allocation pass."""
+    def _operator_call(self, call_id: int, request: Request) -> Reply:
+        """Answer one operator call (master/operator.py); a refused one changes
+        nothing, and one refused as invalid is counted."""
+        match request:
+            case SetWeights(weights=weights):
+                return self._policy_call(call_id, lambda: self._apply_weights(weights),
+                                         "master/weights_updates")
+            case SetQuota(quotas=quotas):
+                return self._policy_call(call_id, lambda: self._apply_quota(quotas),
+                                         "master/quota_updates")
+            case KillLiveTask():
+                return self._operator_kill(call_id, request)
+            case DrainMachine(agent_id=agent_id):
+                agent = self._agents.get(agent_id)
+                if agent is None:
+                    return self._refuse_call(call_id, NOT_FOUND,
+                                             f"agent {agent_id} is not registered")
+                self._counters.inc("master/operator_drains")
+                self.events.record(self._now, "agent_drain_requested", agent_id=agent_id,
+                                   by="operator")
+                return Reply(call_id, result={"agent_id": agent_id, "url": agent.info.url})
+            case TeardownFramework(framework_id=framework_id):
+                framework = self._frameworks.get(framework_id)
+                if framework is None:
+                    return self._refuse_call(call_id, NOT_FOUND,
+                                             f"no active framework {framework_id}")
+                self._counters.inc("master/operator_teardowns")
+                self._remove_framework(framework, "torn down by an operator")
+                return Reply(call_id, result={"framework_id": framework_id})
+            case MalformedCall(reason=reason):
+                return self._refuse_call(call_id, INVALID, reason)
+        raise TypeError(f"MasterState cannot answer operator request {request!r}")
+
+    def _policy_call(self, call_id: int, apply: Callable[[], None], counter: str) -> Reply:
+        """Weights or quota: all or nothing, and persisted (the registry holds them)."""
+        try:
+            apply()
+        except PolicyError as exc:
+            return self._refuse_call(call_id, INVALID, str(exc))
+        self._counters.inc(counter)
+        self._persist()
+        return Reply(call_id)
+
+    def _refuse_call(self, call_id: int, refusal: str, error: str) -> Reply:
+        if refusal == INVALID:
+            self._counters.inc("master/operator_calls_invalid")
+        return Reply(call_id, refusal=refusal, error=error)
+
+    def _apply_weights(self, weights: Mapping[str, float]) -> None:
+        """Set the weights of some roles (1.0 is the default and clears an entry):
+        from `PUT /weights`, or the registry after a failover. Raises `PolicyError`
+        and changes nothing if any is bad. Takes effect at the next allocation."""
         if not weights:
             return
         parse_weights([{"role": role, "weight": weight} for role, weight in weights.items()])
@@ -542,14 +601,12 @@ class MasterState:
                 self.weights.pop(role, None)
             else:
                 self.weights[role] = float(weight)
-        self._counters.inc("master/weights_updates")
-        self.registry_changes += 1
 
-    def set_quota(self, quotas: Mapping[str, Quota]) -> None:
-        """Set the quota of some roles (an empty `Quota` removes a role's). The one
-        way quota changes: `PUT /quota`, and the registry restoring it after a
-        failover. The resulting set must be coherent (`check_quotas`); otherwise
-        `PolicyError` is raised and nothing changes. Takes effect at the next pass."""
+    def _apply_quota(self, quotas: Mapping[str, Quota]) -> None:
+        """Set the quota of some roles (an empty `Quota` removes a role's): from
+        `PUT /quota`, or the registry after a failover. The resulting set must be
+        coherent (`check_quotas`); otherwise `PolicyError` is raised and nothing
+        changes. Takes effect at the next allocation."""
         if not quotas:
             return
         merged = dict(self.quota)
@@ -565,12 +622,6 @@ class MasterState:
         for role, quota in quotas.items():
             self._allocator.set_quota(role, quota)
         self.quota = merged
-        self._counters.inc("master/quota_updates")
-        self.registry_changes += 1
-
-    def count_invalid_operator_call(self) -> None:
-        """An operator call (a bad `PUT /weights` or `/quota` body) was refused."""
-        self._counters.inc("master/operator_calls_invalid")
 
     def roles_json(self) -> list[dict[str, Any]]:
         """Every role with a weight, a quota, frameworks or allocations: its weight,
@@ -918,19 +969,20 @@ class MasterState:
             framework_id=framework.id, task_id=task.task_id,
             kill_grace_period=grace if grace is not None else task.kill_grace_period))
 
-    def live_task_frameworks(self, task_id: str) -> list[str]:
-        """The frameworks with a live task called `task_id` (ids are unique only
-        per framework), so an operator call can refuse an unknown or ambiguous id."""
-        return sorted(fid for fid, framework in self._frameworks.items()
-                      if task_id in framework.tasks)
-
-    def _operator_kill(self, event: OperatorKill) -> None:
+    def _operator_kill(self, call_id: int, request: KillLiveTask) -> Reply:
         """Like a framework's Kill, for an operator: the agent kills the task and
-        the framework hears TASK_KILLED from it. Gone meanwhile: nothing to do."""
-        framework = self._frameworks.get(event.framework_id)
-        task = framework.tasks.get(event.task_id) if framework else None
-        if task is None:
-            return
+        the framework hears TASK_KILLED from it. Task ids are unique only per
+        framework, so an id live in two needs `framework_id`."""
+        task_id, wanted = request.task_id, request.framework_id
+        owners = sorted(fid for fid, framework in self._frameworks.items()
+                        if task_id in framework.tasks and wanted in (None, fid))
+        if not owners:
+            return self._refuse_call(call_id, NOT_FOUND, f"no live task {task_id}" + (
+                f" in framework {wanted}" if wanted else ""))
+        if len(owners) > 1:
+            return self._refuse_call(call_id, CONFLICT, f"task id {task_id} is live in "
+                                     f"frameworks {', '.join(owners)}; give framework_id")
+        task = self._frameworks[owners[0]].tasks[task_id]
         self._counters.inc("master/operator_kills")
         self._note(task, "kill requested by an operator")
         self.events.record(self._now, "task_kill_requested", framework_id=task.framework_id,
@@ -938,6 +990,8 @@ class MasterState:
         self._send(self._agents[task.agent_id].peer, KillTask(
             framework_id=task.framework_id, task_id=task.task_id,
             kill_grace_period=task.kill_grace_period))
+        return Reply(call_id, result={"killing": True, "task_id": task_id,
+                                      "framework_id": task.framework_id})
 
     def _on_reconcile(self, peer: str, message: Reconcile) -> None:
         framework = self._owned_framework(peer, message)
@@ -1058,7 +1112,7 @@ class MasterState:
     def _add_agent(self, peer: str, info: AgentInfo) -> AgentRecord:
         agent = AgentRecord(info=info, peer=peer, registered_time=self._now)
         if self._recovering.pop(agent.id, None) != info:  # else the registry has it
-            self.registry_changes += 1
+            self._persist()
         self._removals.pop(agent.id, None)
         self._drop_peer(peer)
         self._agents[agent.id] = agent
@@ -1241,7 +1295,7 @@ class MasterState:
                            hostname=info.hostname)
         while len(self._unreachable) > self.config.max_unreachable_agents:
             self._unreachable.popitem(last=False)
-        self.registry_changes += 1
+        self._persist()
         for framework in self._frameworks.values():
             self._to_framework(framework, Failure(agent_id=info.id))
 
@@ -1340,14 +1394,18 @@ class MasterState:
 
     # ====================================================== registry, recovery
 
-    def recover(self, agents: Iterable[AgentInfo], unreachable: Iterable[UnreachableAgent],
+    def restore(self, agents: Iterable[AgentInfo], unreachable: Iterable[UnreachableAgent],
+                weights: Mapping[str, float], quotas: Mapping[str, Quota],
                 now: float) -> list[Effect]:
         """Call once, before any event, with what the registry held. Admitted agents
         become *recovering*: none of their resources are offered until they
         re-register (with their tasks), and those still away after
-        `agent_reregister_timeout` are marked unreachable."""
+        `agent_reregister_timeout` are marked unreachable. Raises `PolicyError`
+        if the weights or quota are invalid."""
         self._now = now
         self._out = []
+        self._apply_weights(weights)
+        self._apply_quota(quotas)
         for entry in unreachable:
             if entry.info.id is not None:
                 self._unreachable[entry.info.id] = entry

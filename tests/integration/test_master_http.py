@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -22,6 +23,7 @@ from dyad.transport import Dealer
 from master.main import config_from, parse_args
 from master.server import MasterServer
 from master.state import MasterConfig
+from tests.helpers import wait_for
 
 DEADLINE = 5.0
 
@@ -51,6 +53,22 @@ async def dealer(master: MasterServer) -> AsyncIterator[Dealer]:
     try:
         yield sock
     finally:
+        sock.close()
+
+
+@pytest.fixture
+def dealer_factory() -> Iterator[Callable[[str], Dealer]]:
+    """Connected DEALERs, closed at the end of the test."""
+    sockets: list[Dealer] = []
+
+    def connect(endpoint: str) -> Dealer:
+        sock = Dealer()
+        sock.connect(endpoint)
+        sockets.append(sock)
+        return sock
+
+    yield connect
+    for sock in sockets:
         sock.close()
 
 
@@ -190,3 +208,40 @@ def test_cli_parses_durations_and_checks_zk(capsys: pytest.CaptureFixture[str]) 
     with pytest.raises(SystemExit):
         parse_args(["--offer-timeout", "soon"])
     assert "invalid duration" in capsys.readouterr().err
+
+
+async def test_operator_calls_go_through_the_core_and_reach_the_registry(
+        tmp_path: Path, http: aiohttp.ClientSession, dealer_factory: Callable[[str], Dealer]
+        ) -> None:
+    """Weights, quota and teardown are events the core answers; a weight change is
+    written to the registry because the core said so (PersistRegistry)."""
+    server = MasterServer(ip="127.0.0.1", hostname="localhost", port=0, zmq_port=0,
+                          config=MasterConfig(allocation_interval=0.05),
+                          ids=IdGenerator("op-master"), work_dir=tmp_path)
+    await server.start()
+    try:
+        base = server.info.http_url
+        async with http.put(base + "/weights", json=[{"role": "eng", "weight": 2}]) as resp:
+            assert resp.status == 200 and await resp.json() == [{"role": "eng", "weight": 2.0}]
+        registry = tmp_path / "registry.json"
+        await wait_for(lambda: registry.exists()
+                       and json.loads(registry.read_text())["weights"] == {"eng": 2.0},
+                       DEADLINE, "the weights in the registry")
+        async with http.put(base + "/quota", json={"role": "eng", "limit": {"cpus": -1}}) as resp:
+            assert resp.status == 400 and "limit of cpus" in (await resp.json())["error"]
+        framework = dealer_factory(server.info.zmq_endpoint)
+        await framework.send(Subscribe(framework=FrameworkInfo(name="fw")))
+        subscribed = await recv_type(framework, Subscribed)
+        assert isinstance(subscribed, Subscribed)
+        body = {"framework_id": subscribed.framework_id}
+        async with http.post(base + "/teardown", json=body) as resp:
+            assert resp.status == 200
+            assert await resp.json() == {"torn_down": True, **body}
+        async with http.post(base + "/teardown", json=body) as resp:
+            assert resp.status == 404 and "no active framework" in (await resp.json())["error"]
+        metrics = server.metrics()
+        assert metrics["master/operator_teardowns"] == 1
+        assert metrics["master/operator_calls_invalid"] == 1
+        assert metrics["master/frameworks_completed"] == 1
+    finally:
+        await server.stop()

@@ -19,6 +19,7 @@ from master.allocator import (
     check_quotas, parse_quota, parse_weights,
 )
 from master.http import make_app
+from master.operator import OperatorCall, Reply, Request
 from master.state import MasterConfig, MasterState
 
 AGENT = Resources.parse("cpus:4;mem:4096;ports:[31000-31099]")
@@ -433,12 +434,19 @@ class _View:
         self.state = MasterState(MasterConfig(), self.info, IdGenerator("m"))
         self.is_leader = True
         self.leader = self.info
+        self.calls = 0
 
     def snapshot(self) -> dict[str, Any]:
         return self.state.snapshot()
 
     def metrics(self) -> dict[str, float]:
         return self.state.metrics()
+
+    async def call(self, request: Request) -> Reply:
+        self.calls += 1
+        (reply,) = [e for e in self.state.handle(OperatorCall(self.calls, request), 0.0)
+                    if isinstance(e, Reply)]
+        return reply
 
 
 async def test_weights_and_quota_over_http() -> None:
@@ -469,7 +477,7 @@ async def test_weights_and_quota_over_http() -> None:
         response = await client.put("/quota", data=b"{not json", headers={
             "Content-Type": "application/json"})
         assert response.status == 400
-        assert (await response.json())["error"] == "the body must be JSON"
+        assert (await response.json())["error"].startswith("the body must be JSON: not JSON")
         assert view.state.metrics()["master/operator_calls_invalid"] == 6
         assert view.state.weights == {"eng": 3.0}  # refused calls changed nothing
         assert (await client.post("/weights", json=[])).status == 405

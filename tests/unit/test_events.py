@@ -11,7 +11,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from dyad.messages import KillTask, StatusUpdate, Teardown, TaskState
 from master.events import EventLog
 from master.http import make_app
-from master.state import Event, MasterConfig, OperatorKill
+from master.operator import KillLiveTask, Reply, Request
+from master.state import MasterConfig
 from tests.unit.test_master_state import Harness, launch, messages, status, task
 
 
@@ -84,14 +85,33 @@ def test_operator_kill_goes_to_the_agent_and_is_logged() -> None:
     agent = h.register("a1")
     fid = h.subscribe("d1")
     h.recv("d1", launch(fid, h.offers_to(h.allocate(), "d1"), task("t1", agent)))
-    assert h.state.live_task_frameworks("t1") == [fid]
-    assert h.state.live_task_frameworks("nope") == []
-    (kill,) = messages(h.handle(OperatorKill(framework_id=fid, task_id="t1")), KillTask, "a1")
+    reply = h.call(KillLiveTask(task_id="t1"))
+    assert reply.result == {"killing": True, "task_id": "t1", "framework_id": fid}
+    (kill,) = messages(h.log[-1:], KillTask, "a1")
     assert kill.task_id == "t1" and kill.framework_id == fid
     assert kinds(h)[-1] == "task_kill_requested"
     assert h.metric("master/operator_kills") == 1
-    # Gone by the time the event is handled: nothing happens.
-    assert h.handle(OperatorKill(framework_id=fid, task_id="gone")) == []
+    # Gone (or never there) by the time the call is handled: refused, nothing sent.
+    sent = len(h.log)
+    for request in (KillLiveTask(task_id="gone"), KillLiveTask(task_id="t1", framework_id="F9")):
+        reply = h.call(request)
+        assert (reply.ok, reply.refusal) == (False, "not_found") and "no live task" in reply.error
+    assert len(h.log) == sent and h.metric("master/operator_kills") == 1
+
+
+def test_a_task_id_live_in_two_frameworks_needs_the_framework_id() -> None:
+    h = Harness()
+    agent = h.register("a1")
+    fids = [h.subscribe(peer, name=peer) for peer in ("d1", "d2")]
+    sends = h.allocate()
+    h.recv("d1", launch(fids[0], h.offers_to(sends, "d1"), task("t1", agent)))
+    h.allocate()
+    h.advance(1.0)
+    offers = [o for s in h.log if s.to == "d2" for o in getattr(s.message, "offers", [])]
+    h.recv("d2", launch(fids[1], offers[-1:], task("t1", agent)))
+    reply = h.call(KillLiveTask(task_id="t1"))
+    assert reply.refusal == "conflict" and "give framework_id" in reply.error
+    assert h.call(KillLiveTask(task_id="t1", framework_id=fids[1])).ok
 
 
 class _View:
@@ -110,8 +130,8 @@ class _View:
     def metrics(self) -> dict[str, float]:
         return self.state.metrics()
 
-    def submit(self, event: Event) -> None:
-        self.harness.handle(event)
+    async def call(self, request: Request) -> Reply:
+        return self.harness.call(request)
 
 
 async def test_events_and_kill_over_http() -> None:

@@ -26,9 +26,11 @@ from dyad.messages import (
     Teardown, Unsubscribe, Update,
 )
 from dyad.resources import Resources
-from master.allocator import PolicyError, Quota
+from master.allocator import Quota
+from master.operator import OperatorCall, Reply, Request, SetQuota, SetWeights
 from master.state import (
-    ALLOCATE, AllocationTimed, Invalid, MasterConfig, MasterState, Received, resources_json,
+    ALLOCATE, AllocationTimed, Invalid, MasterConfig, MasterState, PersistRegistry, Received,
+    resources_json,
 )
 
 INFO = MasterInfo(id="m", hostname="master", ip="127.0.0.1", port=5050, zmq_port=5055,
@@ -49,6 +51,9 @@ class Harness:
         self.log: list[Send] = []
         self.silent_agents: set[str] = set()  # agents that stopped answering pings
         self.drivers: dict[str, str] = {}  # live driver peer -> framework id
+        self.persisted = 0  # PersistRegistry effects seen
+        self.replies: list[Reply] = []
+        self._calls = 0
 
     def handle(self, event: object) -> list[Send]:
         effects = self.state.handle(event, self.clock.now())  # type: ignore[arg-type]
@@ -59,11 +64,22 @@ class Harness:
                 self.timers[effect.key] = effect.at
             elif isinstance(effect, CancelTimer):
                 self.timers.pop(effect.key, None)
+            elif isinstance(effect, PersistRegistry):
+                self.persisted += 1
+            elif isinstance(effect, Reply):
+                self.replies.append(effect)
             else:
                 assert isinstance(effect, Send)
                 sends.append(effect)
         self.log.extend(sends)
         return sends
+
+    def call(self, request: Request) -> Reply:
+        """An operator call, answered at once (the shell would queue it)."""
+        self._calls += 1
+        self.handle(OperatorCall(self._calls, request))
+        (reply,) = [r for r in self.replies if r.call_id == self._calls]
+        return reply
 
     def recv(self, peer: str, message: Message) -> list[Send]:
         return self.handle(Received(peer, message))
@@ -899,12 +915,12 @@ def test_weights_and_quota_are_plain_data_set_in_one_place(h: Harness) -> None:
     h.register("a1")
     h.register("a2")
     h.register("a3")
-    before = h.state.registry_changes
-    h.state.set_weights({"eng": 2.0})
-    h.state.set_quota({"ops": Quota(limit={"cpus": 2000})})
+    before = h.persisted
+    assert h.call(SetWeights({"eng": 2.0})).ok
+    assert h.call(SetQuota({"ops": Quota(limit={"cpus": 2000})})).ok
     assert h.state.weights == {"eng": 2.0}
     assert h.state.quota == {"ops": Quota(limit={"cpus": 2000})}
-    assert h.state.registry_changes == before + 2
+    assert h.persisted == before + 2
     sends = h.allocate()
     offered = {peer: sum(o.resources.get("cpus") for o in h.offers_to(sends, peer))
                for peer in ("f1", "f2")}
@@ -914,15 +930,16 @@ def test_weights_and_quota_are_plain_data_set_in_one_place(h: Harness) -> None:
     assert roles["ops"]["allocated"]["cpus"] == 2.0
     assert h.metric("allocator/roles/ops/shares/dominant") == pytest.approx(1 / 3)  # mem
     assert h.metric("allocator/agents_considered") == 3
-    with pytest.raises(PolicyError):
-        h.state.set_weights({"eng": -1.0})
-    with pytest.raises(PolicyError):  # incoherent: guarantee above the limit
-        h.state.set_quota({"ops": Quota(guarantee={"cpus": 3000}, limit={"cpus": 2000})})
-    with pytest.raises(PolicyError):
-        h.state.set_quota({"*": Quota(limit={"cpus": 1000})})
-    assert h.state.weights == {"eng": 2.0} and h.state.registry_changes == before + 2
-    h.state.set_weights({"eng": 1.0})
-    h.state.set_quota({"ops": Quota()})
+    for refused in (SetWeights({"eng": -1.0}),
+                    # incoherent: guarantee above the limit
+                    SetQuota({"ops": Quota(guarantee={"cpus": 3000}, limit={"cpus": 2000})}),
+                    SetQuota({"*": Quota(limit={"cpus": 1000})})):
+        reply = h.call(refused)
+        assert (reply.ok, reply.refusal) == (False, "invalid") and reply.error, refused
+    assert h.state.weights == {"eng": 2.0} and h.persisted == before + 2
+    assert h.metric("master/operator_calls_invalid") == 3
+    h.call(SetWeights({"eng": 1.0}))
+    h.call(SetQuota({"ops": Quota()}))
     assert h.state.weights == {} and h.state.quota == {}
 
 
