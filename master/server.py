@@ -39,8 +39,9 @@ from aiohttp import web
 
 from dyad.clock import Clock, SystemClock
 from dyad.codec import to_json
-from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired
+from dyad.effects import Send, TimerFired
 from dyad.ids import IdGenerator
+from dyad.timers import TimerTable
 from dyad.messages import Address, MasterInfo
 from dyad.transport import Router
 from dyad.zk import (
@@ -54,7 +55,7 @@ from master.registry import (
 )
 from master.operator import OperatorCall, Reply, Request
 from master.state import (
-    ALLOCATE, VERSION, AllocationTimed, Effect, Event, Invalid, MasterConfig, MasterState,
+    VERSION, Allocate, AllocationTimed, Effect, Event, Invalid, MasterConfig, MasterState,
     PersistRegistry, Received,
 )
 
@@ -110,7 +111,7 @@ class MasterServer:
         self._router: Router | None = None
         self._runner: web.AppRunner | None = None
         self._events: asyncio.Queue[Event] = asyncio.Queue()
-        self._timers: dict[Hashable, asyncio.TimerHandle] = {}
+        self._timers = TimerTable(self._clock.now, self._fire)
         self._tasks: list[asyncio.Task[None]] = []
         self._internal_errors = 0
         self._dropped_sends = 0
@@ -174,7 +175,7 @@ class MasterServer:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
-        self._cancel_timers()
+        self._timers.cancel_all()
         if self._lease is not None:
             self._lease.stop()
         if self._watch is not None:
@@ -346,7 +347,7 @@ class MasterServer:
         for task in self._tasks:
             if task is not current and task.get_name() in ("master-process", "master-registry"):
                 task.cancel()
-        self._cancel_timers()
+        self._timers.cancel_all()
         if self._router is not None:
             self._router.close()  # drops anything still queued
             self._router = None
@@ -432,7 +433,7 @@ class MasterServer:
     async def _step(self, event: Event) -> None:
         started = time.perf_counter()
         effects = self.state.handle(event, self._clock.now())
-        if isinstance(event, TimerFired) and event.key == ALLOCATE:
+        if isinstance(event, TimerFired) and isinstance(event.key, Allocate):
             self._events.put_nowait(AllocationTimed(time.perf_counter() - started))
         for effect in effects:
             await self._perform(effect)
@@ -452,30 +453,13 @@ class MasterServer:
                                 effect.to, exc)
             if not sent:
                 self._dropped_sends += 1
-        elif isinstance(effect, ArmTimer):
-            self._cancel_timer(effect.key)
-            loop = asyncio.get_running_loop()
-            # Clock time -> loop time: only the distance from now matters.
-            delay = max(0.0, effect.at - self._clock.now())
-            self._timers[effect.key] = loop.call_later(delay, self._fire, effect.key)
         else:
-            self._cancel_timer(effect.key)
+            self._timers.perform(effect)
 
     def _answer(self, reply: Reply) -> None:
         future = self._calls.get(reply.call_id)
         if future is not None and not future.done():  # else its caller gave up
             future.set_result(reply)
 
-    def _cancel_timer(self, key: Hashable) -> None:
-        handle = self._timers.pop(key, None)
-        if handle is not None:
-            handle.cancel()
-
-    def _cancel_timers(self) -> None:
-        for handle in self._timers.values():
-            handle.cancel()
-        self._timers.clear()
-
     def _fire(self, key: Hashable) -> None:
-        self._timers.pop(key, None)
         self._events.put_nowait(TimerFired(key))

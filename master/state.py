@@ -24,11 +24,14 @@ of its outstanding offers and *used* the sum of its live tasks and executors. Th
 allocator keeps its own view (allocated = offered + used per framework) and
 `validate()` checks that both agree after every step in tests.
 
-Timers (keys): `ALLOCATE`; `("offer", offer_id)` offer timeout;
-`("ping", agent_id)` agent liveness; `("heartbeat", framework_id)` heartbeats both
-ways; `("failover", framework_id)` teardown of a framework that stayed away;
-`("recovery", "timeout")` the end of the re-registration window after a failover;
-`("removal", "next")` the next permitted unreachable-marking (rate limit).
+Timers are typed keys (`dyad.effects.TimerKey`, below), matched exhaustively:
+`Allocate` the next allocation pass; `OfferTimeout(offer_id)`; `PingDue(agent_id)`
+agent liveness; `HeartbeatDue(framework_id)` heartbeats both ways;
+`FailoverTimeout(framework_id)` teardown of a framework that stayed away;
+`ReregisterTimeout` the end of the re-registration window after a failover;
+`RemovalDue` the next permitted unreachable-marking (rate limit). A stale key of
+a known kind (its offer or agent is gone) is ignored; any other key raises
+`UnknownTimer`.
 
 Registry (what survives failover, see master/registry.py): `restore()` hands a
 new leader the admitted and unreachable agents, weights and quota; admitted
@@ -47,7 +50,7 @@ from typing import Any
 import attrs
 
 from dyad.codec import to_json
-from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired
+from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired, TimerKey, UnknownTimer
 from dyad.ids import IdGenerator
 from dyad.messages import (
     Accept, Acknowledge, AgentInfo, AgentRegistered, Decline, Error, ExecutorExited,
@@ -72,7 +75,6 @@ from master.operator import (
 )
 
 EMPTY = Resources()
-ALLOCATE = "allocate"
 VERSION = "0.1.0"
 
 
@@ -114,6 +116,46 @@ class MasterConfig:
     # a partition look alike); None: no limit. dyad-master defaults to 1/10s.
     agent_removal_rate: tuple[int, float] | None = None
     max_events: int = DEFAULT_EVENTS  # entries kept in the events log (GET /events)
+
+
+# ------------------------------------------------------------------------ timer keys
+
+
+@attrs.frozen
+class Allocate(TimerKey):
+    """The next allocation pass (periodic, or early after something was freed)."""
+
+
+@attrs.frozen
+class OfferTimeout(TimerKey):
+    offer_id: str
+
+
+@attrs.frozen
+class PingDue(TimerKey):
+    agent_id: str
+
+
+@attrs.frozen
+class HeartbeatDue(TimerKey):
+    framework_id: str
+
+
+@attrs.frozen
+class FailoverTimeout(TimerKey):
+    """A disconnected framework's `failover_timeout` is over: tear it down."""
+
+    framework_id: str
+
+
+@attrs.frozen
+class ReregisterTimeout(TimerKey):
+    """After a failover: agents from the registry not back yet are unreachable."""
+
+
+@attrs.frozen
+class RemovalDue(TimerKey):
+    """The agent-removal rate limit permits the next queued removal."""
 
 
 @attrs.frozen
@@ -329,10 +371,10 @@ class MasterState:
     def _send(self, peer: str, message: Message) -> None:
         self._out.append(Send(peer, message))
 
-    def _arm(self, key: Hashable, at: float) -> None:
+    def _arm(self, key: TimerKey, at: float) -> None:
         self._out.append(ArmTimer(key, at))
 
-    def _cancel(self, key: Hashable) -> None:
+    def _cancel(self, key: TimerKey) -> None:
         self._out.append(CancelTimer(key))
 
     def _persist(self) -> None:
@@ -448,9 +490,9 @@ class MasterState:
         framework.peer = peer
         framework.last_seen = self._now
         framework.disconnected_time = None
-        self._cancel(("failover", framework.id))
+        self._cancel(FailoverTimeout(framework.id))
         self._allocator.activate(framework.id)
-        self._arm(("heartbeat", framework.id), self._now + self.config.heartbeat_interval)
+        self._arm(HeartbeatDue(framework.id), self._now + self.config.heartbeat_interval)
 
     def _disconnect(self, framework: FrameworkRecord) -> None:
         """The driver is gone (silent or unsubscribed): void its offers, keep its
@@ -460,8 +502,8 @@ class MasterState:
         framework.peer = None
         framework.disconnected_time = self._now
         self._allocator.deactivate(framework.id)
-        self._cancel(("heartbeat", framework.id))
-        self._arm(("failover", framework.id), self._now + framework.info.failover_timeout)
+        self._cancel(HeartbeatDue(framework.id))
+        self._arm(FailoverTimeout(framework.id), self._now + framework.info.failover_timeout)
 
     def _on_unsubscribe(self, peer: str, message: Unsubscribe) -> None:
         framework = self._owned_framework(peer, message)
@@ -485,7 +527,7 @@ class MasterState:
             self._disconnect(framework)
             return
         self._send(framework.peer, Heartbeat())
-        self._arm(("heartbeat", framework_id), self._now + interval)
+        self._arm(HeartbeatDue(framework_id), self._now + interval)
 
     def _failover_due(self, framework_id: str) -> None:
         framework = self._frameworks.get(framework_id)
@@ -513,8 +555,8 @@ class MasterState:
         for agent_id in sorted(touched):
             self._send(self._agents[agent_id].peer, ShutdownFramework(framework_id=fid))
         self._allocator.remove_framework(fid)
-        self._cancel(("heartbeat", fid))
-        self._cancel(("failover", fid))
+        self._cancel(HeartbeatDue(fid))
+        self._cancel(FailoverTimeout(fid))
         del self._frameworks[fid]
         self._completed_frameworks[fid] = CompletedFramework(
             info=framework.info, registered_time=framework.registered_time,
@@ -645,7 +687,7 @@ class MasterState:
 
     def _arm_allocation(self, at: float) -> None:
         self._allocate_at = at
-        self._arm(ALLOCATE, at)
+        self._arm(Allocate(), at)
 
     def _allocate(self) -> None:
         self._arm_allocation(self._now + self.config.allocation_interval)
@@ -668,7 +710,7 @@ class MasterState:
             framework.offers.add(offer.id)
             agent.offers.add(offer.id)
             agent.offered = agent.offered + resources
-            self._arm(("offer", offer.id), self._now + self.config.offer_timeout)
+            self._arm(OfferTimeout(offer.id), self._now + self.config.offer_timeout)
             batches.setdefault(framework_id, []).append(offer)
         for framework_id, offers in batches.items():
             self._counters.inc("master/offers_sent", len(offers))
@@ -682,7 +724,7 @@ class MasterState:
         agent = self._agents[offer.agent_id]
         agent.offers.discard(offer.id)
         agent.offered = agent.offered - offer.resources
-        self._cancel(("offer", offer.id))
+        self._cancel(OfferTimeout(offer.id))
 
     def _return_offer(self, offer: Offer, refuse_seconds: float) -> None:
         """The offer's resources go back whole; filter them for the framework."""
@@ -1118,7 +1160,7 @@ class MasterState:
         self._agents[agent.id] = agent
         self._agent_by_peer[peer] = agent.id
         self._allocator.add_agent(agent.id, info.resources)
-        self._arm(("ping", agent.id), self._now)
+        self._arm(PingDue(agent.id), self._now)
         self.events.record(self._now, "agent_registered", agent_id=agent.id,
                            hostname=info.hostname, url=info.url)
         return agent
@@ -1215,7 +1257,7 @@ class MasterState:
                 # changed and one more to subscribe here; a shorter failover timeout
                 # (0 is the default) would kill its tasks before it could return.
                 grace = max(info.failover_timeout, 4 * self.config.heartbeat_interval)
-                self._arm(("failover", framework_id), self._now + grace)
+                self._arm(FailoverTimeout(framework_id), self._now + grace)
         for framework_id, executor in plan.executors:
             agent.executors[(framework_id, executor.executor_id)] = executor
             agent.used = agent.used + executor.resources
@@ -1258,7 +1300,7 @@ class MasterState:
             # else: waiting for a removal permit; a pong meanwhile cancels it
         agent.awaiting_pong = True
         self._send(agent.peer, Ping(agent_id=agent.id))
-        self._arm(("ping", agent.id), self._now + self.config.agent_ping_timeout)
+        self._arm(PingDue(agent.id), self._now + self.config.agent_ping_timeout)
 
     def _agent_unreachable(self, agent: AgentRecord) -> None:
         """Stop counting on the agent: rescind its offers, report its tasks lost
@@ -1283,7 +1325,7 @@ class MasterState:
         del self._agents[agent.id]
         if self._agent_by_peer.get(agent.peer) == agent.id:
             del self._agent_by_peer[agent.peer]
-        self._cancel(("ping", agent.id))
+        self._cancel(PingDue(agent.id))
         self._mark_unreachable(agent.info)
 
     def _mark_unreachable(self, info: AgentInfo) -> None:
@@ -1413,7 +1455,7 @@ class MasterState:
             if info.id is not None and info.id not in self._unreachable:
                 self._recovering[info.id] = info
         if self._recovering:
-            self._arm(("recovery", "timeout"), now + self.config.agent_reregister_timeout)
+            self._arm(ReregisterTimeout(), now + self.config.agent_reregister_timeout)
         out, self._out = self._out, []
         return out
 
@@ -1438,7 +1480,7 @@ class MasterState:
 
     def _removal_permitted(self, agent_id: str) -> bool:
         """May `agent_id` be marked unreachable now? If not, it joins the queue
-        that `("removal", "next")` drains at the configured rate."""
+        that `RemovalDue` drains at the configured rate."""
         rate = self.config.agent_removal_rate
         if rate is None:
             return True
@@ -1448,7 +1490,7 @@ class MasterState:
             self._removals[agent_id] = None
             self._counters.inc("master/agent_removals_deferred")
             if len(self._removals) == 1:
-                self._arm(("removal", "next"), max(self._now, self._next_removal))
+                self._arm(RemovalDue(), max(self._now, self._next_removal))
             return False
         self._spend_removal_permit(rate)
         return True
@@ -1473,33 +1515,32 @@ class MasterState:
                     self._recovered_unreachable(agent_id)
                 break
         if self._removals:
-            self._arm(("removal", "next"), self._next_removal)
+            self._arm(RemovalDue(), self._next_removal)
 
     # ================================================================ timers
 
     def _timer(self, key: Hashable) -> None:
         """Dispatch a timer. Stale keys (the thing is gone) are ignored: a shell may
         deliver a timer that raced its cancellation."""
-        if key == ALLOCATE:
-            # Never second-guess the shell's timing: skipping an early-fired run
-            # would also skip re-arming, and allocation would stop for good.
-            self._allocate()
-            return
-        if not (isinstance(key, tuple) and len(key) == 2):
-            return
-        kind, name = key
-        if kind == "offer":
-            self._offer_expired(name)
-        elif kind == "ping":
-            self._ping_due(name)
-        elif kind == "heartbeat":
-            self._heartbeat_due(name)
-        elif kind == "failover":
-            self._failover_due(name)
-        elif kind == "recovery":
-            self._recovery_timed_out()
-        elif kind == "removal":
-            self._removal_due()
+        match key:
+            case Allocate():
+                # Never second-guess the shell's timing: skipping an early-fired run
+                # would also skip re-arming, and allocation would stop for good.
+                self._allocate()
+            case OfferTimeout(offer_id=offer_id):
+                self._offer_expired(offer_id)
+            case PingDue(agent_id=agent_id):
+                self._ping_due(agent_id)
+            case HeartbeatDue(framework_id=framework_id):
+                self._heartbeat_due(framework_id)
+            case FailoverTimeout(framework_id=framework_id):
+                self._failover_due(framework_id)
+            case ReregisterTimeout():
+                self._recovery_timed_out()
+            case RemovalDue():
+                self._removal_due()
+            case _:
+                raise UnknownTimer("MasterState", key)
 
     # ============================================================== checking
 

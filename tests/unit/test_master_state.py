@@ -8,13 +8,14 @@ import pathlib
 import re
 from collections.abc import Hashable, Iterable
 
+import attrs
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
 from dyad.clock import FakeClock
-from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired
+from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired, TimerKey, UnknownTimer
 from dyad.ids import IdGenerator
 from dyad.messages import (
     Accept, Acknowledge, Address, AgentInfo, AgentRegistered, CommandInfo, Decline, Error,
@@ -29,7 +30,7 @@ from dyad.resources import Resources
 from master.allocator import Quota
 from master.operator import OperatorCall, Reply, Request, SetQuota, SetWeights
 from master.state import (
-    ALLOCATE, AllocationTimed, Invalid, MasterConfig, MasterState, PersistRegistry, Received,
+    Allocate, AllocationTimed, FailoverTimeout, HeartbeatDue, OfferTimeout, PingDue, Invalid, MasterConfig, MasterState, PersistRegistry, Received,
     resources_json,
 )
 
@@ -110,7 +111,7 @@ class Harness:
         return sends
 
     def allocate(self) -> list[Send]:
-        return self.fire(ALLOCATE) if ALLOCATE in self.timers else self.handle(TimerFired(ALLOCATE))
+        return self.fire(Allocate()) if Allocate() in self.timers else self.handle(TimerFired(Allocate()))
 
     # ----- conveniences
 
@@ -507,9 +508,9 @@ def test_suppress_and_revive(cluster) -> None:
 
 def test_allocation_is_batched_and_periodic(h: Harness) -> None:
     h.subscribe("f1")
-    assert h.timers[ALLOCATE] == h.clock.now()  # early run requested
+    assert h.timers[Allocate()] == h.clock.now()  # early run requested
     h.allocate()
-    assert h.timers[ALLOCATE] == h.clock.now() + 1.0
+    assert h.timers[Allocate()] == h.clock.now() + 1.0
     h.handle(AllocationTimed(0.002))
     assert h.metric("allocator/allocation_run_ms") == pytest.approx(2.0)
     assert h.metric("allocator/allocation_runs") == 1
@@ -941,6 +942,19 @@ def test_weights_and_quota_are_plain_data_set_in_one_place(h: Harness) -> None:
     h.call(SetWeights({"eng": 1.0}))
     h.call(SetQuota({"ops": Quota()}))
     assert h.state.weights == {} and h.state.quota == {}
+
+
+def test_stale_timers_are_ignored_and_unknown_kinds_raise(h: Harness) -> None:
+    for stale in (OfferTimeout("O9"), PingDue("S9"), HeartbeatDue("F9"), FailoverTimeout("F9")):
+        assert h.handle(TimerFired(stale)) == []
+
+    @attrs.frozen
+    class Bogus(TimerKey):
+        name: str
+
+    for unknown in (Bogus("x"), ("offer", "O1"), "allocate"):
+        with pytest.raises(UnknownTimer):
+            h.state.handle(TimerFired(unknown), h.clock.now())
 
 
 # ------------------------------------------------------------------- state machine
