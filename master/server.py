@@ -50,14 +50,15 @@ from dyad.zk import (
 )
 from master.http import make_app
 from master.registry import (
-    FileRegistry, Registry, RegistryData, RegistryError, ZooKeeperRegistry, restore,
-    snapshot_of,
+    FileRegistry, Registry, RegistryData, RegistryError, ZooKeeperRegistry, snapshot_of,
 )
+from master.restore import restore
 from master.operator import OperatorCall, Reply, Request
-from master.state import (
-    VERSION, Allocate, AllocationTimed, Effect, Event, Invalid, MasterConfig, MasterState,
+from master.model import (
+    VERSION, Allocate, AllocationTimed, Effect, Event, InvalidFrame, MasterConfig,
     PersistRegistry, Received,
 )
+from master.state import MasterState
 
 log = logging.getLogger(__name__)
 
@@ -398,7 +399,7 @@ class MasterServer:
                 event: Event = Received(peer, inbound.message)
             elif inbound.error is not None:
                 log.debug("bad frame from %s: %s", peer, inbound.error.reason)
-                event = Invalid(peer, inbound.error)
+                event = InvalidFrame(peer, inbound.error)
             else:
                 continue
             if self._state is None:

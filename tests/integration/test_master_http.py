@@ -22,7 +22,7 @@ from dyad.resources import Resources
 from dyad.transport import Dealer
 from master.main import config_from, parse_args
 from master.server import MasterServer
-from master.state import MasterConfig
+from master.model import MasterConfig
 from tests.helpers import wait_for
 
 DEADLINE = 5.0

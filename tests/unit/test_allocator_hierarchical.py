@@ -20,7 +20,8 @@ from master.allocator import (
 )
 from master.http import make_app
 from master.operator import OperatorCall, Reply, Request
-from master.state import MasterConfig, MasterState
+from master.model import MasterConfig
+from master.state import MasterState
 
 AGENT = Resources.parse("cpus:4;mem:4096;ports:[31000-31099]")
 MIN = {"cpus": 0.01, "mem": 32}
@@ -84,9 +85,9 @@ def test_no_second_offer_while_one_is_outstanding() -> None:
     allocator = make("s1", frameworks=("a",))
     allocator.allocate(0.0)
     allocator.close_offer("a", "s1", Resources())  # all of it used
-    allocator.recover("s1", "a", Resources.parse("cpus:1;mem:100"))
+    allocator.release("s1", "a", Resources.parse("cpus:1;mem:100"))
     assert pairs(allocator.allocate(1.0)) == [("a", "s1")]
-    allocator.recover("s1", "a", Resources.parse("cpus:1"))
+    allocator.release("s1", "a", Resources.parse("cpus:1"))
     assert allocator.allocate(2.0) == []  # a still holds an offer there
 
 
@@ -171,7 +172,7 @@ def test_remove_agent_drops_its_share() -> None:
 def test_inconsistent_reports_raise() -> None:
     allocator = make("s1")
     with pytest.raises(AllocatorError):
-        allocator.recover("s1", "a", Resources.parse("cpus:1"))
+        allocator.release("s1", "a", Resources.parse("cpus:1"))
     with pytest.raises(AllocatorError):
         allocator.update_used("s1", "a", Resources.parse("cpus:5"))
     with pytest.raises(AllocatorError):
@@ -311,7 +312,7 @@ def test_quota_limit_caps_offers() -> None:
     got = allocator.allocate(0.0)
     assert [str(a.resources) for a in got] == [str(AGENT), "cpus:2;mem:4096;ports:[31000-31099]"]
     assert allocator.role_allocation("eng")["cpus"] == 6000
-    allocator.recover("s1", "a", Resources.parse("cpus:1"))
+    allocator.release("s1", "a", Resources.parse("cpus:1"))
     assert allocator.allocate(1.0) == []  # holds offers on both agents
     allocator.close_offer("a", "s2", got[1].resources)
     (again,) = allocator.allocate(2.0)
@@ -405,7 +406,7 @@ def test_steady_cluster_passes_look_at_no_agent() -> None:
     assert allocator.allocate(2.0) == [] and allocator.last_considered == 50
     assert allocator.allocate(3.0) == [] and allocator.last_considered == 0
     allocator.update_used("s7", "a", Resources.parse("cpus:1"))
-    allocator.recover("s7", "a", Resources.parse("cpus:1"))  # something freed on s7
+    allocator.release("s7", "a", Resources.parse("cpus:1"))  # something freed on s7
     allocator.allocate(4.0)
     assert allocator.last_considered == 1
     allocator.add_framework("c", ["*"])  # a new taker: every agent again

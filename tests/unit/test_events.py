@@ -12,7 +12,7 @@ from dyad.messages import KillTask, StatusUpdate, Teardown, TaskState
 from master.events import EventLog
 from master.http import make_app
 from master.operator import KillLiveTask, Reply, Request
-from master.state import MasterConfig
+from master.model import MasterConfig
 from tests.unit.test_master_state import Harness, launch, messages, status, task
 
 

@@ -29,10 +29,12 @@ from dyad.messages import (
 from dyad.resources import Resources
 from master.allocator import Quota
 from master.operator import OperatorCall, Reply, Request, SetQuota, SetWeights
-from master.state import (
-    Allocate, AllocationTimed, FailoverTimeout, HeartbeatDue, OfferTimeout, PingDue, Invalid, MasterConfig, MasterState, PersistRegistry, Received,
-    resources_json,
+from master.model import (
+    Allocate, AllocationTimed, FailoverTimeout, HeartbeatDue, InvalidFrame, MasterConfig,
+    OfferTimeout, PersistRegistry, PingDue, Received,
 )
+from master.state import MasterState
+from master.views import resources_json
 
 INFO = MasterInfo(id="m", hostname="master", ip="127.0.0.1", port=5050, zmq_port=5055,
                   version="0.1.0", address=Address(hostname="master", ip="127.0.0.1", port=5050))
@@ -758,7 +760,7 @@ def test_bad_reregistration_is_rejected(h: Harness) -> None:
 
 
 def test_invalid_frames_are_rejected_and_counted(h: Harness) -> None:
-    sends = h.handle(Invalid("p", MessageError("not JSON: boom")))
+    sends = h.handle(InvalidFrame("p", MessageError("not JSON: boom")))
     assert sends == [Send("p", Rejected(reason="not JSON: boom", message_type=""))]
     sends = h.recv("p", Offers(offers=[]))  # a master -> framework message
     assert "does not accept offers" in messages(sends, Rejected)[0].reason
@@ -994,7 +996,7 @@ class MasterMachine(RuleBasedStateMachine):
 
     @rule(peer=consumes(agents))
     def lose_agent(self, peer: str) -> None:
-        agent_id = self.h.state._agent_by_peer.get(peer)
+        agent_id = self.h.state.agent_by_peer.get(peer)
         if agent_id is not None:
             self.h.silent_agents.add(agent_id)
 
@@ -1054,7 +1056,7 @@ class MasterMachine(RuleBasedStateMachine):
         if not tasks:
             return
         t = data.draw(st.sampled_from(tasks))
-        agent_peer = next((p for p, a in self.h.state._agent_by_peer.items() if a == t["agent_id"]), None)
+        agent_peer = next((p for p, a in self.h.state.agent_by_peer.items() if a == t["agent_id"]), None)
         if agent_peer is not None:
             self.feed(self.h.recv(agent_peer, StatusUpdate(framework_id=fid, status=status(
                 t["id"], data.draw(st.sampled_from([TaskState.TASK_RUNNING, TaskState.TASK_FINISHED]))))))

@@ -26,10 +26,11 @@ from frameworks.scheduler import SchedulerCore
 from frameworks.testing import make_master_info
 from master.allocator import Quota
 from master.registry import (
-    FileRegistry, RegistryData, RegistryError, decode, encode, restore, snapshot_of,
+    FileRegistry, RegistryData, RegistryError, decode, encode, snapshot_of,
 )
+from master.restore import restore
 from master.operator import SetQuota, SetWeights
-from master.state import MasterConfig, UnreachableAgent
+from master.model import MasterConfig, UnreachableAgent
 
 from .test_master_state import Harness, messages
 
