@@ -27,7 +27,7 @@ from master.allocator import (
     role_problem,
 )
 from master.events import EventLog
-from master.metrics import Counters, Window
+from master.metrics import LATENCY_BOUNDS, Counters, Histogram, Window
 from master.model import (
     Allocate, CompletedFramework, Effect, FailoverTimeout, HeartbeatDue, MasterAgent,
     MasterConfig, MasterFramework, MasterTask, OfferTimeout, PersistRegistry,
@@ -71,6 +71,7 @@ class MasterBooks:
         self.counters = Counters()
         self.events = EventLog(config.max_events)
         self.allocation_ms = Window(1000)
+        self.allocation_seconds = Histogram(LATENCY_BOUNDS)
         self._now = start_time
         self._out: list[Effect] = []
 
@@ -317,6 +318,10 @@ class MasterBooks:
 
     def roles_json(self) -> list[dict[str, Any]]:
         return views.roles_json(self)
+
+    def histograms(self) -> dict[str, Histogram]:
+        """Latency histograms for `/metrics`, by key (see `master.metrics.HISTOGRAMS`)."""
+        return {"allocator/allocation_run_seconds": self.allocation_seconds}
 
     def metrics(self) -> dict[str, float]:
         """Flat counters and gauges for `/metrics/snapshot` (master/views.py)."""

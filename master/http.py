@@ -29,6 +29,7 @@ from dyad import bounded_json, prometheus
 from dyad.codec import to_json
 from dyad.messages import MasterInfo
 from master.allocator import PolicyError, parse_quota, parse_weights
+from master.metrics import COUNTERS, GAUGES, HISTOGRAMS, Histogram
 from master.operator import (
     CONFLICT, INVALID, NOT_FOUND, DrainMachine, KillLiveTask, MalformedCall, Reply, Request,
     SetQuota, SetWeights, TeardownFramework,
@@ -53,6 +54,9 @@ class MasterView(Protocol):
     def snapshot(self) -> dict[str, Any]: ...
 
     def metrics(self) -> dict[str, float]: ...
+
+    def histograms(self) -> dict[str, Histogram]:
+        """Latency histograms by key (`master.metrics.HISTOGRAMS`)."""
 
     async def call(self, request: Request) -> Reply:
         """Hand an operator request to the leader's core, in turn with every other
@@ -104,8 +108,18 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.json_response(request.app[MASTER].metrics())
 
 
+_CATALOGUE = {**{key: prometheus.MetricInfo(prometheus.COUNTER, text)
+                 for key, text in COUNTERS.items()},
+              **{key: prometheus.MetricInfo(prometheus.GAUGE, text)
+                 for key, text in GAUGES.items()}}
+
+
 async def _prometheus(request: web.Request) -> web.Response:
-    return web.Response(body=prometheus.render(request.app[MASTER].metrics()),
+    master = request.app[MASTER]
+    histograms = {key: prometheus.HistogramFigures(
+        help=HISTOGRAMS[key], buckets=histogram.cumulative(), total=histogram.total,
+        count=histogram.count) for key, histogram in master.histograms().items()}
+    return web.Response(body=prometheus.render(master.metrics(), _CATALOGUE, histograms),
                         headers={"Content-Type": prometheus.CONTENT_TYPE})
 
 

@@ -53,6 +53,7 @@ from master.registry import (
     FileRegistry, Registry, RegistryData, RegistryError, ZooKeeperRegistry, snapshot_of,
 )
 from master.restore import restore
+from master.metrics import LATENCY_BOUNDS, Histogram
 from master.operator import OperatorCall, Reply, Request
 from master.model import (
     VERSION, Allocate, AllocationTimed, Effect, Event, InvalidFrame, MasterConfig,
@@ -126,6 +127,7 @@ class MasterServer:
         self._registry: Registry | None = None
         self._registry_dirty = asyncio.Event()
         self._calls: dict[int, asyncio.Future[Reply]] = {}
+        self._registry_seconds = Histogram(LATENCY_BOUNDS)
         self._last_call_id = 0
         self._counts = {"registry_writes": 0, "received_as_standby": 0, "paused": 0}
         self._lost: asyncio.Future[str] | None = None
@@ -266,6 +268,11 @@ class MasterServer:
         result["master/leadership_pauses"] = self._counts["paused"]
         return result
 
+    def histograms(self) -> dict[str, Histogram]:
+        result = self.state.histograms() if self.is_leader else {}
+        result["master/registry_write_seconds"] = self._registry_seconds
+        return result
+
     # --------------------------------------------------------------- election
 
     async def _campaign(self, zk: ZkAddress) -> None:
@@ -375,11 +382,13 @@ class MasterServer:
             await self._registry_dirty.wait()
             await asyncio.sleep(REGISTRY_BATCH)
             self._registry_dirty.clear()
+            started = time.perf_counter()
             try:
                 await self._registry.store(snapshot_of(self.state))
             except RegistryError as exc:
                 self._give_up(f"registry write failed: {exc}")
                 return
+            self._registry_seconds.add(time.perf_counter() - started)
             self._counts["registry_writes"] += 1
 
     # ----------------------------------------------------------------- loops

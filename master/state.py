@@ -125,6 +125,7 @@ class MasterState(AgentHandlers):
             self._timer(event.key)
         elif isinstance(event, AllocationTimed):
             self.allocation_ms.add(event.seconds * 1000.0)
+            self.allocation_seconds.add(event.seconds)
         elif isinstance(event, OperatorCall):
             self._out.append(self._operator_call(event.call_id, event.request))
         else:

@@ -12,6 +12,7 @@ from dyad.codec import to_json
 from dyad.messages import TaskState
 from dyad.resources import SHARE_KINDS, UNRESERVED, Resources
 from master.allocator import Quota
+from master.metrics import COUNTERS
 from master.model import (
     CompletedFramework, MasterAgent, MasterFramework, MasterTask, task_counter,
 )
@@ -115,7 +116,7 @@ def _framework_json(state: MasterState, framework: MasterFramework) -> dict[str,
 
 def metrics(state: MasterState) -> dict[str, float]:
     """Flat counters and gauges for `/metrics/snapshot`."""
-    result: dict[str, float] = {name: 0 for name in _ZERO_COUNTERS}
+    result: dict[str, float] = {name: 0 for name in COUNTERS}
     result.update(state.counters.items())
     live: collections.Counter[TaskState] = collections.Counter()
     unreachable = 0
@@ -153,16 +154,6 @@ def metrics(state: MasterState) -> dict[str, float]:
 
 
 
-_ZERO_COUNTERS = (
-    "master/messages_received", "master/messages_invalid", "master/messages_rejected",
-    "master/status_updates", "master/offers_sent", "master/offers_declined",
-    "master/offers_rescinded", "master/offers_accepted", "allocator/allocation_runs",
-    "master/operator_kills",
-    "master/tasks_finished", "master/tasks_failed", "master/tasks_killed",
-    "master/tasks_lost", "master/tasks_error", "master/tasks_dropped", "master/tasks_gone",
-    "master/tasks_unknown", "master/agent_removals_deferred",
-    "master/agent_removals_cancelled", "master/recovery_agents_unreachable",
-)
 
 
 

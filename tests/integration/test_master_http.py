@@ -11,6 +11,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from dyad.codec import from_json
 from dyad.ids import IdGenerator
@@ -21,6 +22,7 @@ from dyad.messages import (
 from dyad.resources import Resources
 from dyad.transport import Dealer
 from master.main import config_from, parse_args
+from master.metrics import COUNTERS, GAUGES
 from master.server import MasterServer
 from master.model import MasterConfig
 from tests.helpers import wait_for
@@ -124,6 +126,13 @@ async def test_state_health_metrics(master: MasterServer, http: aiohttp.ClientSe
     assert metrics["master/agents_active"] == 0
     assert metrics["master/messages_invalid"] == 0
     assert metrics["master/internal_errors"] == 0
+    assert set(metrics) <= set(COUNTERS) | set(GAUGES), "every figure needs a catalogue entry"
+    async with http.get(base + "/metrics") as resp:
+        families = {f.name: f for f in text_string_to_metric_families(await resp.text())}
+    assert families["dyad_master_internal_errors"].type == "counter"
+    assert families["dyad_master_elected"].type == "gauge"
+    assert families["dyad_master_registry_write_seconds"].type == "histogram"
+    assert families["dyad_allocator_allocation_run_seconds"].type == "histogram"
 
 
 async def test_http_errors_are_json(master: MasterServer, http: aiohttp.ClientSession) -> None:

@@ -19,6 +19,7 @@ from master.allocator import (
     check_quotas, parse_quota, parse_weights,
 )
 from master.http import make_app
+from master.metrics import Histogram
 from master.operator import OperatorCall, Reply, Request
 from master.model import MasterConfig
 from master.state import MasterState
@@ -442,6 +443,9 @@ class _View:
 
     def metrics(self) -> dict[str, float]:
         return self.state.metrics()
+
+    def histograms(self) -> dict[str, Histogram]:
+        return self.state.histograms()
 
     async def call(self, request: Request) -> Reply:
         self.calls += 1

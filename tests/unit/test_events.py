@@ -11,6 +11,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from dyad.messages import KillTask, StatusUpdate, Teardown, TaskState
 from master.events import EventLog
 from master.http import make_app
+from master.metrics import Histogram
 from master.operator import KillLiveTask, Reply, Request
 from master.model import MasterConfig
 from tests.unit.test_master_state import Harness, launch, messages, status, task
@@ -129,6 +130,9 @@ class _View:
 
     def metrics(self) -> dict[str, float]:
         return self.state.metrics()
+
+    def histograms(self) -> dict[str, Histogram]:
+        return self.state.histograms()
 
     async def call(self, request: Request) -> Reply:
         return self.harness.call(request)
