@@ -5,7 +5,9 @@ same document a master writes into ZooKeeper), so its shape is fixed by
 `dyad.codec.to_json`. `/state` (alias `/master/state`) is the Mesos-like state
 document; `/metrics/snapshot` the flat metrics (`/metrics`: the same figures in
 Prometheus text); `/events?since=N` the events log (master/events.py);
-`POST /tasks/kill` an operator's kill; `/health` a liveness probe;
+`POST /tasks/kill`, `PUT /weights`, `PUT /quota`, `POST /machine/drain` and
+`POST /teardown` operator calls (each an event for the core, master/operator.py);
+`/health` a liveness probe (503 when a loop of the master is not running);
 `/redirect` (alias `/master/redirect`) a 307 to the leading master.
 
 A standby master (HA mode, not elected) answers `/health`, `/state` (which says it
@@ -13,13 +15,17 @@ is not the leader and who is), `/metrics/snapshot` and `/redirect` itself, and
 redirects every other call to the leader with a 307 and `Location`, so a client
 pointed at any master reaches the leader (aiohttp and curl -L follow it). With no
 leader elected yet, those calls get a 503. Errors are JSON too, so scripts never
-have to parse HTML.
+have to parse HTML: ``{"error": "...", "path": ...}``, with the reason in the body
+and never in the status line (which cannot carry arbitrary text). Bodies are
+parsed by `dyad.bounded_json` (depth, size and number limits; lone surrogates
+refused): anything it refuses is a counted 400 naming the limit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.resources
+import logging
 from typing import Any, Protocol
 
 import aiohttp
@@ -58,6 +64,12 @@ class MasterView(Protocol):
     def histograms(self) -> dict[str, Histogram]:
         """Latency histograms by key (`master.metrics.HISTOGRAMS`)."""
 
+    def problems(self) -> list[str]:
+        """Why this master is unhealthy (a loop not running...); empty if healthy."""
+
+    def count_internal_error(self) -> None:
+        """Count a bug outside the core (a handler raised); it has been logged."""
+
     async def call(self, request: Request) -> Reply:
         """Hand an operator request to the leader's core, in turn with every other
         event, and wait for its answer (`asyncio.TimeoutError` if none comes)."""
@@ -78,6 +90,7 @@ class ApiError(Exception):
 
 
 _REFUSAL_STATUS = {INVALID: 400, NOT_FOUND: 404, CONFLICT: 409}
+log = logging.getLogger(__name__)
 
 
 MASTER = web.AppKey("master", MasterView)
@@ -96,12 +109,17 @@ async def _state(request: web.Request) -> web.Response:
 
 
 async def _health(request: web.Request) -> web.Response:
+    """200 while every loop of the master runs; 503 (the one 5xx on purpose, for
+    load balancers and supervisors) naming what is wrong otherwise."""
     master = request.app[MASTER]
-    if master.is_leader:
-        return web.json_response({"healthy": True, "leader": True})
-    leader = master.leader
-    return web.json_response({"healthy": True, "leader": False,
-                              "leader_info": to_json(leader) if leader else None})
+    problems = master.problems()
+    body: dict[str, Any] = {"healthy": not problems, "leader": master.is_leader}
+    if problems:
+        body["problems"] = problems
+    if not master.is_leader:
+        leader = master.leader
+        body["leader_info"] = to_json(leader) if leader else None
+    return web.json_response(body, status=503 if problems else 200)
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -301,6 +319,11 @@ async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse
         headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
         return web.json_response({"error": exc.reason, "path": request.path},
                                  status=exc.status, headers=headers)
+    except Exception:  # a bug: logged and counted, and still a JSON answer
+        log.exception("%s %s failed", request.method, request.path[:200])
+        request.app[MASTER].count_internal_error()
+        return web.json_response({"error": "internal error; the master logged it",
+                                  "path": request.path}, status=500)
 
 
 def make_app(master: MasterView) -> web.Application:

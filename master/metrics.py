@@ -138,6 +138,7 @@ COUNTERS = {
     "master/registry_writes": "Registry writes completed.",
     "master/messages_received_as_standby": "Frames received while not leading (kept briefly, then dropped).",
     "master/leadership_pauses": "Times the leader paused because its ZooKeeper session was unconfirmed.",
+    "master/loop_restarts": "Times a loop of the master shell died (a bug, logged) and was restarted.",
 }
 GAUGES = {
     "master/elected": "1 if this master is the leader, else 0.",

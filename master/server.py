@@ -43,7 +43,7 @@ from dyad.effects import Send, TimerFired
 from dyad.ids import IdGenerator
 from dyad.timers import TimerTable
 from dyad.messages import Address, MasterInfo
-from dyad.transport import Router
+from dyad.transport import Inbound, Router
 from dyad.zk import (
     CONNECTED, LOST, SUSPENDED, LeaderWatch, Lease, SessionState, ZkAddress, ZkError,
     ZkSession, create_contender,
@@ -54,6 +54,7 @@ from master.registry import (
 )
 from master.restore import restore
 from master.metrics import LATENCY_BOUNDS, Histogram
+from master.supervision import LogLimiter, Supervisor
 from master.operator import OperatorCall, Reply, Request
 from master.model import (
     VERSION, Allocate, AllocationTimed, Effect, Event, InvalidFrame, MasterConfig,
@@ -114,8 +115,9 @@ class MasterServer:
         self._runner: web.AppRunner | None = None
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self._timers = TimerTable(self._clock.now, self._fire)
-        self._tasks: list[asyncio.Task[None]] = []
         self._internal_errors = 0
+        self._supervisor = Supervisor(on_fatal=self._give_up, count=self._count_internal_error)
+        self._log_limiter = LogLimiter()
         self._dropped_sends = 0
         # Election and registry.
         self.leader: MasterInfo | None = None
@@ -158,7 +160,7 @@ class MasterServer:
         self._runner = web.AppRunner(make_app(self), access_log=None)
         await self._runner.setup()
         await web.SockSite(self._runner, http_socket).start()
-        self._spawn(self._receive(), "master-receive")
+        self._supervisor.loop("master-receive", self._receive)
         if self._zk is None:
             registry = FileRegistry(self._work_dir) if self._work_dir is not None else None
             try:
@@ -167,17 +169,14 @@ class MasterServer:
                 await self.stop()
                 raise
         else:
-            self._spawn(self._campaign(self._zk), "master-campaign")
+            self._supervisor.once("master-campaign", self._campaign(self._zk))
         log.info("master %s up: http %s, zmq %s", self.info.id, self.info.http_url,
                  self.info.zmq_endpoint)
 
     async def stop(self) -> None:
         """Stop acting, then end the ZooKeeper session: that deletes our contender
         znode at once, so a clean stop is an instant failover."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
+        await self._supervisor.stop()
         self._timers.cancel_all()
         if self._lease is not None:
             self._lease.stop()
@@ -206,8 +205,28 @@ class MasterServer:
         """Wait until this master leads."""
         await self._elected.wait()
 
-    def _spawn(self, coroutine: Any, name: str) -> None:
-        self._tasks.append(asyncio.create_task(coroutine, name=name))
+    def _count_internal_error(self) -> None:
+        self._internal_errors += 1
+
+    def count_internal_error(self) -> None:
+        """A bug outside the core (an HTTP handler raised); it has been logged."""
+        self._count_internal_error()
+
+    def problems(self) -> list[str]:
+        """Why this master is unhealthy (empty: healthy): a loop not running, or
+        having stepped down (the process is about to exit)."""
+        found = [f"loop {name} is not running" for name in self._supervisor.down()]
+        if self._lost is not None and self._lost.done():
+            found.append(f"stepped down: {self._lost.result()}")
+        return found
+
+    def _log_limited(self, key: str, level: int, text: str, *args: Any,
+                     exc_info: bool = False) -> None:
+        """Log at most once per `key` (a peer) per interval."""
+        held = self._log_limiter.allow(key)
+        if held is not None:
+            suffix = f" ({held} more since the last report)" if held else ""
+            log.log(level, text + suffix, *args, exc_info=exc_info)
 
     # --------------------------------------------------------------- HTTP view
 
@@ -266,6 +285,7 @@ class MasterServer:
         result["master/registry_writes"] = self._counts["registry_writes"]
         result["master/messages_received_as_standby"] = self._counts["received_as_standby"]
         result["master/leadership_pauses"] = self._counts["paused"]
+        result["master/loop_restarts"] = self._supervisor.restarts
         return result
 
     def histograms(self) -> dict[str, Histogram]:
@@ -294,7 +314,7 @@ class MasterServer:
         if (path is not None and path == self._contender and self._state is None
                 and not self._electing and not self.lost.done()):
             self._electing = True
-            self._spawn(self._take_over(), "master-take-over")
+            self._supervisor.once("master-take-over", self._take_over())
 
     async def _take_over(self) -> None:
         assert self._session is not None and self._contender is not None
@@ -326,9 +346,9 @@ class MasterServer:
         self.leader = self.info
         for effect in effects:
             await self._perform(effect)
-        self._spawn(self._process(), "master-process")
+        self._supervisor.loop("master-process", self._process)
         if registry is not None:
-            self._spawn(self._write_registry(), "master-registry")
+            self._supervisor.loop("master-registry", self._write_registry)
         self._elected.set()
         log.info("leading: recovered %d agents and %d unreachable ones from the registry "
                  "in %.0f ms", len(data.agents), len(data.unreachable),
@@ -351,10 +371,7 @@ class MasterServer:
         if self.lost.done():
             return
         log.error("stepping down: %s", reason)
-        current = asyncio.current_task()
-        for task in self._tasks:
-            if task is not current and task.get_name() in ("master-process", "master-registry"):
-                task.cancel()
+        self._supervisor.cancel("master-process", "master-registry")
         self._timers.cancel_all()
         if self._router is not None:
             self._router.close()  # drops anything still queued
@@ -394,34 +411,53 @@ class MasterServer:
     # ----------------------------------------------------------------- loops
 
     async def _receive(self) -> None:
+        """Frames -> events. One frame never ends the loop: whatever decoding or
+        queueing it raises is counted, logged (at most once per peer per
+        interval) and the next frame is read."""
         while self._router is not None:
             try:
                 inbound = await self._router.recv()
             except zmq.ZMQError as exc:
                 if exc.errno in (zmq.ENOTSOCK, zmq.ETERM):
                     return  # the socket is gone: we are stopping
-                log.error("master receive failed: %s", exc)
                 self._internal_errors += 1
+                self._log_limited("receive", logging.ERROR, "master receive failed: %s", exc)
                 continue
-            peer = inbound.identity.hex()
-            if inbound.message is not None:
-                event: Event = Received(peer, inbound.message)
-            elif inbound.error is not None:
-                log.debug("bad frame from %s: %s", peer, inbound.error.reason)
-                event = InvalidFrame(peer, inbound.error)
-            else:
+            except Exception as exc:  # the decoder raised instead of refusing: its bug
+                self._internal_errors += 1
+                self._log_limited("decode", logging.ERROR, "a frame broke the decoder (%s: %s); "
+                                  "it is dropped", type(exc).__name__, str(exc)[:200])
                 continue
-            if self._state is None:
-                # A standby acts on nothing (as Mesos' do); it keeps the last few
-                # seconds' frames in case it is about to lead (EARLY_FRAMES_WINDOW).
-                self._counts["received_as_standby"] += 1
-                now = time.monotonic()
-                while self._early and self._early[0][0] < now - EARLY_FRAMES_WINDOW:
-                    self._early.popleft()
-                self._early.append((now, event))
-            else:
-                self._events.put_nowait(event)
+            try:
+                self._take(inbound)
+            except Exception:
+                self._internal_errors += 1
+                self._log_limited(inbound.identity.hex()[:64], logging.ERROR,
+                                  "failed to take a frame from %s", inbound.identity.hex()[:64],
+                                  exc_info=True)
             await asyncio.sleep(0)  # see _process
+
+    def _take(self, inbound: Inbound) -> None:
+        """Queue one received frame for the core (or keep it, as a standby)."""
+        peer = inbound.identity.hex()
+        if inbound.message is not None:
+            event: Event = Received(peer, inbound.message)
+        elif inbound.error is not None:
+            self._log_limited(peer, logging.INFO, "bad frame from %s: %s", peer,
+                              inbound.error.reason)
+            event = InvalidFrame(peer, inbound.error)
+        else:
+            return
+        if self._state is None:
+            # A standby acts on nothing (as Mesos' do); it keeps the last few
+            # seconds' frames in case it is about to lead (EARLY_FRAMES_WINDOW).
+            self._counts["received_as_standby"] += 1
+            now = time.monotonic()
+            while self._early and self._early[0][0] < now - EARLY_FRAMES_WINDOW:
+                self._early.popleft()
+            self._early.append((now, event))
+        else:
+            self._events.put_nowait(event)
 
     async def _process(self) -> None:
         while True:
@@ -430,8 +466,10 @@ class MasterServer:
             try:
                 await self._step(event)
             except Exception:
-                log.exception("master failed to handle %r", event)
                 self._internal_errors += 1
+                key = event.peer if isinstance(event, (Received, InvalidFrame)) else type(event).__name__
+                self._log_limited(key, logging.ERROR, "master failed to handle %.300r", event,
+                                  exc_info=True)
                 if isinstance(event, OperatorCall):  # its caller must not wait in vain
                     self._answer(Reply(event.call_id, refusal="internal",
                                        error="the master failed to handle this call"))

@@ -24,7 +24,7 @@ from dyad.transport import Dealer
 from master.main import config_from, parse_args
 from master.metrics import COUNTERS, GAUGES
 from master.server import MasterServer
-from master.model import MasterConfig
+from master.model import AllocationTimed, MasterConfig
 from tests.helpers import wait_for
 
 DEADLINE = 5.0
@@ -254,3 +254,59 @@ async def test_operator_calls_go_through_the_core_and_reach_the_registry(
         assert metrics["master/frameworks_completed"] == 1
     finally:
         await server.stop()
+
+
+# The frames from issue 12 that silenced the master's receive loop.
+DEEP_FRAME = b"[" * 1000 + b"]" * 1000
+LONG_NUMBER_FRAME = b'{"type":"acknowledge","v":' + b"1" * 4301 + b',"body":{}}'
+
+
+async def test_frames_that_broke_the_decoder_do_not_silence_the_master(
+        master: MasterServer, http: aiohttp.ClientSession, dealer: Dealer) -> None:
+    """Whatever the decoder does with them, each is counted, the receive loop goes
+    on, and the master still answers and reports healthy."""
+    for frame in (DEEP_FRAME, LONG_NUMBER_FRAME) * 3:
+        assert await dealer.send_raw(frame)
+    await dealer.send(Subscribe(framework=FrameworkInfo(name="fw")))
+    assert isinstance(await recv_type(dealer, Subscribed), Subscribed)
+    metrics = master.metrics()
+    assert metrics["master/messages_invalid"] + metrics["master/internal_errors"] == 6
+    assert metrics["master/loop_restarts"] == 0
+    async with http.get(master.info.http_url + "/health") as resp:
+        assert resp.status == 200 and (await resp.json())["healthy"] is True
+
+
+async def test_frames_that_broke_the_decoder_are_rejected_with_a_reason(
+        master: MasterServer, dealer: Dealer) -> None:
+    """The sender hears why (`Rejected`), like for any bad frame. Needs the bounded
+    decoder in dyad/messages.py (issue 12); with json.loads it raises instead."""
+    for frame in (DEEP_FRAME, LONG_NUMBER_FRAME):
+        assert await dealer.send_raw(frame)
+        reply = await recv(dealer)
+        assert isinstance(reply, Rejected) and reply.reason
+    assert master.metrics()["master/messages_invalid"] == 2
+    assert master.metrics()["master/internal_errors"] == 0
+
+
+async def test_a_loop_that_keeps_dying_takes_the_master_down(
+        master: MasterServer, http: aiohttp.ClientSession,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug that kills the event loop on every event: logged, counted, restarted,
+    and after a few deaths the master steps down (dyad-master then exits 75)
+    instead of running as a zombie; /health says why."""
+    async def broken() -> None:
+        raise RuntimeError("a bug in the shell")
+
+    monkeypatch.setattr(master, "_may_act", broken)
+    for _ in range(10):  # each kills the loop once
+        master.submit(AllocationTimed(0.001))
+    reason = await asyncio.wait_for(master.lost, DEADLINE)
+    assert reason.startswith("master-process failed")
+    metrics = master.metrics()
+    assert metrics["master/loop_restarts"] >= 5 and metrics["master/internal_errors"] >= 6
+    async with http.get(master.info.http_url + "/health") as resp:
+        assert resp.status == 503
+        body = await resp.json()
+    assert body["healthy"] is False
+    assert any(problem.startswith("stepped down: master-process failed")
+               for problem in body["problems"])

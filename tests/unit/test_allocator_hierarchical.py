@@ -447,6 +447,12 @@ class _View:
     def histograms(self) -> dict[str, Histogram]:
         return self.state.histograms()
 
+    def problems(self) -> list[str]:
+        return []
+
+    def count_internal_error(self) -> None:
+        raise AssertionError("a handler raised")
+
     async def call(self, request: Request) -> Reply:
         self.calls += 1
         (reply,) = [e for e in self.state.handle(OperatorCall(self.calls, request), 0.0)
@@ -489,3 +495,11 @@ async def test_weights_and_quota_over_http() -> None:
 
         response = await client.put("/quota", json={"role": "eng"})  # removes it
         assert await response.json() == {"quota": []}
+
+
+@pytest.mark.parametrize("huge", [10**309, 10**5000, float("inf")], ids=["309 digits", "5001 digits", "inf"])
+def test_policy_refuses_numbers_too_large_to_convert(huge: float) -> None:
+    with pytest.raises(PolicyError, match="must be a number"):
+        parse_weights([{"role": "eng", "weight": huge}])
+    with pytest.raises(PolicyError, match="must be a number"):
+        parse_quota({"role": "eng", "guarantee": {"cpus": huge}})

@@ -134,6 +134,12 @@ class _View:
     def histograms(self) -> dict[str, Histogram]:
         return self.state.histograms()
 
+    def problems(self) -> list[str]:
+        return []
+
+    def count_internal_error(self) -> None:
+        raise AssertionError("a handler raised")
+
     async def call(self, request: Request) -> Reply:
         return self.harness.call(request)
 
@@ -161,3 +167,50 @@ async def test_events_and_kill_over_http() -> None:
             assert (await client.post("/tasks/kill", json=body)).status == 400
         assert (await client.post("/tasks/kill", data=b"{")).status == 400
         assert h.metric("master/operator_calls_invalid") == 4
+
+
+# Reproducers from the fuzz run (issue 12): each is a 4xx JSON answer naming what
+# was wrong, never a 500, and refused bodies are counted.
+NESTED = b"[" * 1000 + b"]" * 1000
+NESTED_OBJECT = b'{"a":' * 1000 + b"1" + b"}" * 1000
+HUGE = b"1" + b"0" * 309
+
+
+@pytest.mark.parametrize(("method", "path", "body", "status", "reason"), [
+    ("PUT", "/weights", NESTED, 400, "nested deeper"),
+    ("PUT", "/quota", NESTED_OBJECT, 400, "nested deeper"),
+    ("POST", "/tasks/kill", NESTED, 400, "nested deeper"),
+    ("POST", "/machine/drain", NESTED_OBJECT, 400, "nested deeper"),
+    ("POST", "/teardown", NESTED, 400, "nested deeper"),
+    ("PUT", "/weights", b'[{"role": "eng", "weight": ' + HUGE + b"}]", 400, "digits exceeds"),
+    ("PUT", "/quota", b'{"role": "eng", "limit": {"cpus": ' + HUGE + b"}}", 400, "digits exceeds"),
+    ("PUT", "/quota", b'{"role": "eng", "limit": {"cpus": 1e309}}', 400, "out of range"),
+    ("POST", "/tasks/kill", b'{"task_id": "\\ud800"}', 400, "lone surrogate"),
+    ("POST", "/machine/drain", b'{"agent_id": "\\udfff"}', 400, "lone surrogate"),
+    ("POST", "/tasks/kill", b'{"task_id": "t\\n1"}', 404, "no live task t\n1"),
+    ("POST", "/machine/drain", b'{"agent_id": "a\\r\\nX-Evil: 1"}', 404, "a\r\nX-Evil: 1"),
+    ("POST", "/teardown", b'{"framework_id": "f\\n"}', 404, "no active framework f\n"),
+])
+async def test_bad_operator_bodies_get_a_json_reason(method: str, path: str, body: bytes,
+                                                     status: int, reason: str) -> None:
+    h = Harness()
+    async with TestClient(TestServer(make_app(_View(h)))) as client:
+        response = await client.request(method, path, data=body,
+                                        headers={"Content-Type": "application/json"})
+        assert response.status == status
+        answer = await response.json()
+        assert reason in answer["error"] and answer["path"] == path
+        assert "\n" not in response.reason
+    assert h.metric("master/operator_calls_invalid") == (1 if status == 400 else 0)
+    assert h.state.weights == {} and h.state.quota == {}
+
+
+async def test_health_names_what_is_wrong() -> None:
+    view = _View(Harness())
+    async with TestClient(TestServer(make_app(view))) as client:
+        assert await (await client.get("/health")).json() == {"healthy": True, "leader": True}
+        view.problems = lambda: ["loop master-receive is not running"]  # type: ignore[method-assign]
+        response = await client.get("/health")
+        assert response.status == 503
+        assert await response.json() == {"healthy": False, "leader": True,
+                                          "problems": ["loop master-receive is not running"]}
