@@ -37,8 +37,8 @@ from dyad.messages import MasterInfo
 from master.allocator import PolicyError, parse_quota, parse_weights
 from master.metrics import COUNTERS, GAUGES, HISTOGRAMS, Histogram
 from master.operator import (
-    CONFLICT, INVALID, NOT_FOUND, DrainMachine, KillLiveTask, MalformedCall, Reply, Request,
-    SetQuota, SetWeights, TeardownFramework,
+    CONFLICT, INTERNAL, INVALID, NOT_FOUND, DrainMachine, KillLiveTask, MalformedCall, Reply,
+    Request, SetQuota, SetWeights, TeardownFramework,
 )
 from master.state import MasterState
 
@@ -89,7 +89,7 @@ class ApiError(Exception):
         self.message = message
 
 
-_REFUSAL_STATUS = {INVALID: 400, NOT_FOUND: 404, CONFLICT: 409}
+_REFUSAL_STATUS = {INVALID: 400, NOT_FOUND: 404, CONFLICT: 409, INTERNAL: 500}
 log = logging.getLogger(__name__)
 
 
@@ -189,7 +189,7 @@ async def _operator_call(request: web.Request, parse: Any) -> Reply:
         raise ApiError(503, "the master did not handle the call in time (is its "
                             "leadership being confirmed?); retry") from None
     if not reply.ok:
-        raise ApiError(_REFUSAL_STATUS.get(reply.refusal, 500), reply.error)
+        raise ApiError(_REFUSAL_STATUS[reply.refusal], reply.error)
     return reply
 
 

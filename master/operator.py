@@ -22,10 +22,12 @@ import attrs
 
 from master.allocator import Quota
 
-# Why a call was refused; the HTTP layer maps each to a status (400, 404, 409).
+# Why a call was refused; the HTTP layer maps each to a status (400, 404, 409;
+# INTERNAL, which only the shell answers when the core raised, is a 500).
 INVALID = "invalid"
 NOT_FOUND = "not_found"
 CONFLICT = "conflict"
+INTERNAL = "internal"
 
 
 @attrs.frozen
@@ -88,7 +90,7 @@ class OperatorCall:
 @attrs.frozen
 class Reply:
     """The core's answer to `OperatorCall(call_id)`: `result` when done, or
-    `refusal` (INVALID, NOT_FOUND, CONFLICT) with `error` saying why."""
+    `refusal` (INVALID, NOT_FOUND, CONFLICT, INTERNAL) with `error` saying why."""
 
     call_id: int
     result: Mapping[str, Any] = attrs.field(factory=dict)

@@ -62,7 +62,8 @@ class RemovalLimiter:
         del self._queue[agent_id]
         return True
 
-    def due(self, now: float, still_failing: Callable[[str], bool]) -> tuple[str | None, float | None]:
+    def due(self, now: float,
+            still_failing: Callable[[str], bool]) -> tuple[str | None, float | None]:
         """`RemovalDue` fired: the oldest queued agent that is `still_failing`, to
         be removed now (a permit is spent on it; None if no one is), and when to
         arm `RemovalDue` again (None if the queue is empty)."""

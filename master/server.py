@@ -55,7 +55,7 @@ from master.registry import (
 from master.restore import restore
 from master.metrics import LATENCY_BOUNDS, Histogram
 from master.supervision import LogLimiter, Supervisor
-from master.operator import OperatorCall, Reply, Request
+from master.operator import INTERNAL, OperatorCall, Reply, Request
 from master.model import (
     VERSION, Allocate, AllocationTimed, Effect, Event, InvalidFrame, MasterConfig,
     PersistRegistry, Received,
@@ -467,11 +467,12 @@ class MasterServer:
                 await self._step(event)
             except Exception:
                 self._internal_errors += 1
-                key = event.peer if isinstance(event, (Received, InvalidFrame)) else type(event).__name__
+                key = (event.peer if isinstance(event, (Received, InvalidFrame))
+                       else type(event).__name__)
                 self._log_limited(key, logging.ERROR, "master failed to handle %.300r", event,
                                   exc_info=True)
                 if isinstance(event, OperatorCall):  # its caller must not wait in vain
-                    self._answer(Reply(event.call_id, refusal="internal",
+                    self._answer(Reply(event.call_id, refusal=INTERNAL,
                                        error="the master failed to handle this call"))
             # Awaiting a ready queue or socket does not yield: without this, a
             # burst (a thousand agents re-registering) would starve HTTP and the

@@ -33,6 +33,7 @@ from master.model import (
     Allocate, AllocationTimed, FailoverTimeout, HeartbeatDue, InvalidFrame, MasterConfig,
     OfferTimeout, PersistRegistry, PingDue, Received,
 )
+from master.removals import Decision, RemovalLimiter
 from master.state import MasterState
 from master.views import resources_json
 
@@ -1083,3 +1084,19 @@ MasterMachine.TestCase.settings = settings(
     max_examples=60, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 test_master_state_machine = MasterMachine.TestCase
+
+
+def test_removal_limiter_spends_permits_in_order() -> None:
+    limiter = RemovalLimiter((1, 10.0))
+    assert limiter.ask("a", 0.0) == Decision(remove=True)
+    assert limiter.ask("b", 1.0) == Decision(remove=False, queued=True, wake_at=10.0)
+    assert limiter.ask("c", 2.0) == Decision(remove=False, queued=True)
+    assert limiter.ask("b", 3.0) == Decision(remove=False)  # already waiting
+    assert limiter.forget("b") and not limiter.forget("b")
+    assert limiter.due(10.0, lambda agent: agent != "c") == (None, None)  # c recovered
+    assert limiter.ask("d", 11.0) == Decision(remove=True)  # no permit was spent at 10
+    assert limiter.ask("e", 12.0) == Decision(remove=False, queued=True, wake_at=21.0)
+    assert limiter.ask("f", 13.0) == Decision(remove=False, queued=True)
+    assert limiter.due(21.0, lambda agent: True) == ("e", 31.0)
+    assert limiter.due(31.0, lambda agent: True) == ("f", None)
+    assert RemovalLimiter(None).ask("x", 0.0).remove
