@@ -61,15 +61,13 @@ from typing import Any
 
 import attrs
 
-from dyad.effects import ArmTimer, TimerFired
+from dyad.effects import ArmTimer, TimerFired, TimerKey, UnknownTimer
 from dyad.messages import ExecutorInfo, Offer, Source, TaskInfo, TaskState, TaskStatus
 from dyad.resources import Resources
 
 MAP = "map"
 REDUCE = "reduce"
 
-TICK = "tick"
-"""Timer key of the periodic check (speculation, starvation)."""
 TICK_INTERVAL = 0.5
 MIN_REFUSE = 0.1
 """Shortest filter put on a declined offer: shorter ones only add offer traffic."""
@@ -162,6 +160,12 @@ class AgentLost:
 
 
 Event = Started | Reregistered | OffersMade | TaskUpdate | AgentLost | TimerFired
+
+
+@attrs.frozen
+class Tick(TimerKey):
+    """The periodic check (speculation, starvation, refusal backoffs), every
+    `TICK_INTERVAL` seconds while the job runs."""
 
 
 # ----------------------------------------------------------------------- effects
@@ -359,26 +363,30 @@ class BatchCore:
     def handle(self, event: Event, now: float) -> list[Effect]:
         if self._done is not None:
             return []
-        if isinstance(event, Started):
-            return self._start(now)
-        if isinstance(event, Reregistered):
-            return [Reconcile(tuple((a.task_id, a.agent_id) for a in self._live()))]
-        if isinstance(event, OffersMade):
-            return self._answer_offers(event.offers, now)
-        if isinstance(event, TaskUpdate):
-            return self._on_update(event.status, now)
-        if isinstance(event, AgentLost):
-            return self._on_agent_lost(event.agent_id, now)
-        if isinstance(event, TimerFired) and event.key == TICK:
-            return self._tick(now)
-        return []
+        match event:
+            case Started():
+                return self._start(now)
+            case Reregistered():
+                return [Reconcile(tuple((a.task_id, a.agent_id) for a in self._live()))]
+            case OffersMade(offers):
+                return self._answer_offers(offers, now)
+            case TaskUpdate(status):
+                return self._on_update(status, now)
+            case AgentLost(agent_id):
+                return self._on_agent_lost(agent_id, now)
+            case TimerFired(Tick()):
+                return self._tick(now)
+            case TimerFired(key):
+                raise UnknownTimer("BatchCore", key)
+            case _:
+                raise TypeError(f"BatchCore cannot handle {event!r}")
 
     def _start(self, now: float) -> list[Effect]:
         if self._started:
             return []
         self._started = True
         self._last_launch = now
-        return [ArmTimer(TICK, now + TICK_INTERVAL)]
+        return [ArmTimer(Tick(), now + TICK_INTERVAL)]
 
     # ----------------------------------------------------------------- offers
 
@@ -702,7 +710,7 @@ class BatchCore:
         if self._starving(now):
             return [self._fail(self._starvation_message())]
         effects += self._interest(freed=False)
-        effects.append(ArmTimer(TICK, now + TICK_INTERVAL))
+        effects.append(ArmTimer(Tick(), now + TICK_INTERVAL))
         return effects
 
     def _speculate(self, now: float) -> None:

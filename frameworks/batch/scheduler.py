@@ -27,6 +27,7 @@ from typing import Any
 import attrs
 
 from dyad.effects import ArmTimer, TimerFired
+from dyad.timers import TimerTable
 from dyad.messages import Filters, FrameworkInfo, MasterInfo, Offer, TaskStatus
 from frameworks.batch.core import (
     AgentLost, BatchCore, DeclineOffer, Effect, Event, JobDone, KillAttempt, Launch,
@@ -45,8 +46,8 @@ RECORD_INTERVAL = 0.5
 
 class BatchScheduler(Scheduler):
     """Adapter between a `SchedulerDriver` and a `BatchCore`. Everything runs on the
-    driver's loop: callbacks are plain methods and timers are ``call_later``s, so
-    the core sees one event at a time. `on_change` is called after every event."""
+    driver's loop: callbacks are plain methods and timers live in a `TimerTable`
+    on the same loop, so the core sees one event at a time. `on_change` is called after every event."""
 
     def __init__(self, core: BatchCore, on_change: Callable[[], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -58,7 +59,7 @@ class BatchScheduler(Scheduler):
         self._on_change = on_change
         self._clock = clock
         self._driver: Any = None
-        self._timers: dict[Hashable, asyncio.TimerHandle] = {}
+        self._timers = TimerTable(clock, self._fire)
 
     # ---------------------------------------------------------- callbacks
 
@@ -112,23 +113,13 @@ class BatchScheduler(Scheduler):
         elif isinstance(effect, Reconcile):
             driver.reconcile_tasks(list(effect.attempts))
         elif isinstance(effect, ArmTimer):
-            self._arm(effect.key, effect.at)
+            self._timers.perform(effect)
         elif isinstance(effect, JobDone):
             self.outcome = effect
-            for handle in self._timers.values():
-                handle.cancel()
-            self._timers.clear()
+            self._timers.cancel_all()
             driver.stop()
 
-    def _arm(self, key: Hashable, at: float) -> None:
-        old = self._timers.pop(key, None)
-        if old is not None:
-            old.cancel()
-        loop = asyncio.get_running_loop()
-        self._timers[key] = loop.call_later(max(0.0, at - self._clock()), self._fire, key)
-
     def _fire(self, key: Hashable) -> None:
-        self._timers.pop(key, None)
         self._handle(self._driver, TimerFired(key))
 
 

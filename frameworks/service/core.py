@@ -20,7 +20,7 @@ Effects are small frozen values the shell performs in order: talk to the driver
 (`LaunchTasks`, `DeclineOffers`, `KillTask`, `ReviveOffers`, `SuppressOffers`,
 `ReconcileTasks`), write the store (`Persist`, always before the launch it
 covers), and arm the single wake-up timer (`ArmTimer`/`CancelTimer` with key
-`WAKE`) for backoff expiry, deployment deadlines and retries.
+`Wake()`) for backoff expiry, deployment deadlines and retries.
 
 Failure handling: a task that ends without being asked to (failed, finished,
 killed by its agent's health check...) is replaced after the app's backoff
@@ -44,7 +44,7 @@ from typing import Any
 
 import attrs
 
-from dyad.effects import ArmTimer, CancelTimer
+from dyad.effects import ArmTimer, CancelTimer, TimerFired, TimerKey, UnknownTimer
 from dyad.messages import Offer, TaskInfo, TaskState, TaskStatus
 from dyad.resources import Resources
 from frameworks.service.appdef import AppDefinition, app_from_stored, stored_app
@@ -53,9 +53,6 @@ from frameworks.service.placement import Fit, Spread, Unfit, agent_ip, fit, task
 from frameworks.service.records import (
     AUTO_ROLLBACK_KINDS, CREATE, DELETE, RESTART, ROLLBACK, SCALE, UPGRADE, Deployment,
     TaskRecord, iso_time)
-
-WAKE = "wake"
-"""The one timer key the core arms."""
 
 BACKOFF_STATES = frozenset({TaskState.TASK_FAILED, TaskState.TASK_FINISHED,
                             TaskState.TASK_ERROR, TaskState.TASK_KILLED})
@@ -95,12 +92,14 @@ class AgentLost:
     agent_id: str
 
 
+Event = (Registered | Reregistered | Disconnected | OffersReceived | StatusReceived
+         | AgentLost | TimerFired)
+
+
 @attrs.frozen
-class Tick:
-    """The `WAKE` timer fired."""
-
-
-Event = Registered | Reregistered | Disconnected | OffersReceived | StatusReceived | AgentLost | Tick
+class Wake(TimerKey):
+    """The one timer the core arms: the earliest backoff expiry, deployment
+    deadline, kill retry or reconciliation retry."""
 
 
 # --------------------------------------------------------------------- commands
@@ -359,9 +358,13 @@ class ServiceCore:
         elif isinstance(event, AgentLost):
             self._agents.pop(event.agent_id, None)
             effects = []
-        elif isinstance(event, Tick):
-            self._wake = None
-            effects = self._on_tick(now)
+        elif isinstance(event, TimerFired):
+            match event.key:
+                case Wake():
+                    self._wake = None
+                    effects = self._on_tick(now)
+                case key:
+                    raise UnknownTimer("ServiceCore", key)
         else:
             raise TypeError(f"not a service event: {event!r}")
         return self._settle(effects, now)
@@ -771,7 +774,7 @@ class ServiceCore:
         if wake == self._wake:
             return []
         self._wake = wake
-        return [CancelTimer(WAKE)] if wake is None else [ArmTimer(WAKE, wake)]
+        return [CancelTimer(Wake())] if wake is None else [ArmTimer(Wake(), wake)]
 
     def _stamp(self, now: float) -> str:
         """A version: the time, in milliseconds, strictly later than the last one

@@ -19,11 +19,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from dyad.clock import FakeClock
+from dyad.effects import TimerFired
 from dyad.messages import Offer, TaskState, TaskStatus
 from dyad.resources import Resources
 from frameworks.service.core import (
     Command, Effect, Event, KillTask, LaunchTasks, OffersReceived, Outcome, Persist,
-    Registered, ServiceConfig, ServiceCore, Snapshot, StatusReceived, Tick)
+    Registered, ServiceConfig, ServiceCore, Snapshot, StatusReceived, Wake)
 from frameworks.service.records import TaskRecord
 
 
@@ -78,7 +79,7 @@ class ServiceSim:
     def advance(self, seconds: float) -> list[Effect]:
         """Move time on and fire the wake-up timer if it came due."""
         self.clock.advance(seconds)
-        return self.step(Tick())
+        return self.step(TimerFired(Wake()))
 
     def register(self, framework_id: str = "framework-1") -> list[Effect]:
         return self.step(Registered(framework_id))

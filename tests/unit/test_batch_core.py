@@ -13,14 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dyad.effects import ArmTimer, TimerFired
+from dyad.effects import ArmTimer, TimerFired, UnknownTimer
 from dyad.messages import (
     CommandInfo, ExecutorInfo, Offer, Reason, Source, TaskInfo, TaskState, TaskStatus)
 from dyad.resources import Resources
 from frameworks.batch.core import (
-    FETCH_FAILED_KEY, MAX_REFUSAL_BACKOFF, MIN_REFUSE, REFUSAL_LIMIT, TICK, AgentLost,
+    FETCH_FAILED_KEY, MAX_REFUSAL_BACKOFF, MIN_REFUSE, REFUSAL_LIMIT, AgentLost,
     BatchCore, CoreConfig, DeclineOffer, Effect, JobDone, KillAttempt, Launch, OffersMade,
-    Reconcile, Reregistered, ReviveOffers, Split, Started, SuppressOffers, TaskUpdate)
+    Reconcile, Reregistered, ReviveOffers, Split, Started, SuppressOffers, TaskUpdate, Tick)
 from frameworks.testing import make_offer
 
 EXECUTOR = ExecutorInfo(executor_id="dyad-batch-executor", command=CommandInfo(argv=["x"]),
@@ -116,7 +116,13 @@ def test_core_is_pure() -> None:
 
 def test_started_arms_the_tick() -> None:
     core = BatchCore(config([()]))
-    assert core.handle(Started(), 5.0) == [ArmTimer(TICK, 5.5)]
+    assert core.handle(Started(), 5.0) == [ArmTimer(Tick(), 5.5)]
+
+
+def test_a_timer_the_core_never_arms_is_a_bug() -> None:
+    run = Run(config([()]))
+    with pytest.raises(UnknownTimer):
+        run.do(TimerFired("tick"))
 
 
 def test_local_offer_gets_local_maps_and_the_job_payload() -> None:
@@ -286,7 +292,7 @@ def test_refused_launches_back_off_and_are_not_the_tasks_fault() -> None:
     assert (progress.refused_launches, progress.failed_attempts) == (2, 1)
     assert ids(run.offer("a")) == ["map-00002-2"]  # the others back off for 0.1 s
     run.now = 0.1
-    assert ReviveOffers() in run.do(TimerFired(TICK))
+    assert ReviveOffers() in run.do(TimerFired(Tick()))
     assert ids(run.offer("a")) == ["map-00000-2", "map-00001-2"]  # same agent: no blame
 
 
@@ -421,9 +427,9 @@ def test_starvation_fails_the_job_with_what_was_needed() -> None:
     effects = run.offer("a", "cpus:0.2;mem:64", executor=False)
     assert of(DeclineOffer, effects)[0].refuse_seconds == 5.0
     run.now = 9.0
-    assert of(JobDone, run.do(TimerFired(TICK))) == []
+    assert of(JobDone, run.do(TimerFired(Tick()))) == []
     run.now = 10.0
-    (done,) = of(JobDone, run.do(TimerFired(TICK)))
+    (done,) = of(JobDone, run.do(TimerFired(Tick())))
     assert "no offer had room for a map task for 10s" in done.error
     assert "cpus:0.2;mem:64" in done.error and "cpus:0.6;mem:320" in done.error
 
@@ -431,7 +437,7 @@ def test_starvation_fails_the_job_with_what_was_needed() -> None:
 def test_no_offers_at_all_is_not_starvation() -> None:
     run = Run(config([()], starvation_timeout=1.0))
     run.now = 100.0
-    assert of(JobDone, run.do(TimerFired(TICK))) == []
+    assert of(JobDone, run.do(TimerFired(Tick()))) == []
 
 
 def test_reregistration_reconciles_live_attempts() -> None:
@@ -465,9 +471,9 @@ def test_speculative_copy_of_a_straggler_and_the_loser_is_killed() -> None:
         run.now = 1.0
         run.finish(f"map-{index:05d}-1")
     run.now = 1.4
-    assert of(ReviveOffers, run.do(TimerFired(TICK))) == []  # 1.4 s is not slow yet
+    assert of(ReviveOffers, run.do(TimerFired(Tick()))) == []  # 1.4 s is not slow yet
     run.now = 1.6  # > 1.5 x the median (1.0)
-    assert ReviveOffers() in run.do(TimerFired(TICK))
+    assert ReviveOffers() in run.do(TimerFired(Tick()))
     assert ids(run.offer("a")) == []  # not beside the original
     assert ids(run.offer("b")) == ["map-00003-2"]
     assert run.core.progress().speculative_attempts == 1
@@ -485,7 +491,7 @@ def test_no_speculation_unless_asked() -> None:
     run.now = 1.0
     run.finish("map-00000-1")
     run.now = 100.0
-    run.do(TimerFired(TICK))
+    run.do(TimerFired(Tick()))
     assert ids(run.offer("b")) == []
 
 
@@ -516,7 +522,7 @@ def test_random_faults_end_in_success_or_a_clear_failure(data: st.DataObject) ->
             alive.add(host)
             running.update((t.task_id, t) for t in launched(run.offer(host)))
         elif action == "tick":
-            running.update((t.task_id, t) for t in launched(run.do(TimerFired(TICK))))
+            running.update((t.task_id, t) for t in launched(run.do(TimerFired(Tick()))))
         elif action == "lose" and len(alive) > 1:
             host = data.draw(st.sampled_from(sorted(alive)))
             alive.discard(host)

@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from dyad.effects import ArmTimer
+from dyad.effects import ArmTimer, TimerFired, UnknownTimer
 from dyad.messages import Reason, TaskState
 from frameworks.service import views
 from frameworks.service.appdef import parse_app
 from frameworks.service.core import (
-    WAKE, AgentLost, CancelDeployment, Conflict, DeclineOffers, DeleteApp, KillTask,
+    AgentLost, CancelDeployment, Conflict, DeclineOffers, DeleteApp, KillTask,
     KillTasks, LaunchTasks, NotFound, Persist, PutApp, ReconcileTasks, ResetDelay,
-    RestartApp, ReviveOffers, ServiceConfig, SuppressOffers)
+    RestartApp, ReviveOffers, ServiceConfig, SuppressOffers, Wake)
 from frameworks.service.testing import ServiceSim
 
 WEB = {"id": "/web", "cmd": "python3 -m http.server $PORT0", "instances": 3, "cpus": 0.1,
@@ -40,6 +40,13 @@ def live(sim: ServiceSim, app_id: str = "/web") -> list[Any]:
 
 
 # ------------------------------------------------------------------ launching
+
+
+def test_a_timer_the_core_never_arms_is_a_bug() -> None:
+    sim = ServiceSim(agents=1)
+    sim.register()
+    with pytest.raises(UnknownTimer):
+        sim.step(TimerFired("wake"))
 
 
 def test_app_launches_its_instances_one_per_host_with_ports_in_the_environment() -> None:
@@ -141,7 +148,7 @@ def test_failed_task_is_replaced_after_a_growing_backoff() -> None:
     for _ in range(4):
         victim = sim.tasks("/web")[0]
         effects = sim.update(victim.task_id, TaskState.TASK_FAILED, message="exit 1")
-        (timer,) = [e for e in effects if isinstance(e, ArmTimer) and e.key == WAKE]
+        (timer,) = [e for e in effects if isinstance(e, ArmTimer) and e.key == Wake()]
         delays.append(round(timer.at - sim.now, 4))
         assert sim.launched(sim.offer_all()) == []  # still backing off
         assert "backing off" in (views.waiting_reason(sim.core, "/web", sim.now) or "")
