@@ -64,6 +64,9 @@ import attrs
 from dyad.effects import ArmTimer, TimerFired, TimerKey, UnknownTimer
 from dyad.messages import ExecutorInfo, Offer, Source, TaskInfo, TaskState, TaskStatus
 from dyad.resources import Resources
+from frameworks.effects import (
+    DeclineOffers, DriverEffect, LaunchTasks, ReconcileTasks, RequestKill, ReviveOffers,
+    SuppressOffers)
 
 MAP = "map"
 REDUCE = "reduce"
@@ -172,51 +175,14 @@ class Tick(TimerKey):
 
 
 @attrs.frozen
-class Launch:
-    """Accept `offer_id` with these tasks; the unused rest is refused for
-    `refuse_seconds`."""
-
-    offer_id: str
-    tasks: tuple[TaskInfo, ...]
-    refuse_seconds: float
-
-
-@attrs.frozen
-class DeclineOffer:
-    offer_id: str
-    refuse_seconds: float
-
-
-@attrs.frozen
-class SuppressOffers:
-    pass
-
-
-@attrs.frozen
-class ReviveOffers:
-    pass
-
-
-@attrs.frozen
-class KillAttempt:
-    task_id: str
-
-
-@attrs.frozen
-class Reconcile:
-    """Ask the master for the state of these (task id, agent id) attempts."""
-
-    attempts: tuple[tuple[str, str], ...]
-
-
-@attrs.frozen
 class JobDone:
+    """The job ended: the shell stops the driver (tearing the framework down)."""
+
     succeeded: bool
     error: str = ""
 
 
-Effect = (Launch | DeclineOffer | SuppressOffers | ReviveOffers | KillAttempt | Reconcile
-          | ArmTimer | JobDone)
+Effect = DriverEffect | ArmTimer | JobDone
 
 
 # ------------------------------------------------------------------------- state
@@ -367,7 +333,7 @@ class BatchCore:
             case Started():
                 return self._start(now)
             case Reregistered():
-                return [Reconcile(tuple((a.task_id, a.agent_id) for a in self._live()))]
+                return [ReconcileTasks(tuple((a.task_id, a.agent_id) for a in self._live()))]
             case OffersMade(offers):
                 return self._answer_offers(offers, now)
             case TaskUpdate(status):
@@ -405,9 +371,9 @@ class BatchCore:
         effects: list[Effect] = []
         for fill in fills:
             if fill.tasks:
-                effects.append(Launch(fill.offer.id, tuple(fill.tasks), fill.refuse))
+                effects.append(LaunchTasks(fill.offer.id, tuple(fill.tasks), fill.refuse))
             else:
-                effects.append(DeclineOffer(fill.offer.id, fill.refuse))
+                effects.append(DeclineOffers((fill.offer.id,), fill.refuse))
         return effects + self._interest(freed=False)
 
     def _deal_one(self, fill: _Fill, now: float) -> bool:
@@ -584,7 +550,7 @@ class BatchCore:
         effects: list[Effect] = []
         for other in task.live:
             other.killed = True
-            effects.append(KillAttempt(other.task_id))
+            effects.append(RequestKill(other.task_id))
         if task.kind == MAP:
             task.output = MapOutput(
                 task_id=attempt.task_id, agent_id=attempt.agent_id, hostname=attempt.hostname,

@@ -28,13 +28,13 @@ import attrs
 
 from dyad.effects import ArmTimer, TimerFired
 from dyad.timers import TimerTable
-from dyad.messages import Filters, FrameworkInfo, MasterInfo, Offer, TaskStatus
+from dyad.messages import FrameworkInfo, MasterInfo, Offer, TaskStatus
 from frameworks.batch.core import (
-    AgentLost, BatchCore, DeclineOffer, Effect, Event, JobDone, KillAttempt, Launch,
-    OffersMade, Progress, Reconcile, Reregistered, ReviveOffers, Started, SuppressOffers,
+    AgentLost, BatchCore, Effect, Event, JobDone, OffersMade, Progress, Reregistered, Started,
     TaskUpdate)
 from frameworks.batch.job import Job, commit_output, create_output, prepare, remove_output
 from frameworks.batch.status import FAILED, RUNNING, SUCCEEDED, JobRecord, progress_dict
+from frameworks.effects import perform
 from frameworks.scheduler import Scheduler, SchedulerDriver
 
 log = logging.getLogger(__name__)
@@ -98,26 +98,14 @@ class BatchScheduler(Scheduler):
             self._on_change()
 
     def _perform(self, effect: Effect) -> None:
-        driver = self._driver
-        if isinstance(effect, Launch):
-            driver.launch_tasks([effect.offer_id], list(effect.tasks),
-                                Filters(refuse_seconds=effect.refuse_seconds))
-        elif isinstance(effect, DeclineOffer):
-            driver.decline_offer(effect.offer_id, Filters(refuse_seconds=effect.refuse_seconds))
-        elif isinstance(effect, SuppressOffers):
-            driver.suppress_offers()
-        elif isinstance(effect, ReviveOffers):
-            driver.revive_offers()
-        elif isinstance(effect, KillAttempt):
-            driver.kill_task(effect.task_id)
-        elif isinstance(effect, Reconcile):
-            driver.reconcile_tasks(list(effect.attempts))
-        elif isinstance(effect, ArmTimer):
+        if isinstance(effect, ArmTimer):
             self._timers.perform(effect)
         elif isinstance(effect, JobDone):
             self.outcome = effect
             self._timers.cancel_all()
-            driver.stop()
+            self._driver.stop()
+        else:
+            perform(effect, self._driver)
 
     def _fire(self, key: Hashable) -> None:
         self._handle(self._driver, TimerFired(key))

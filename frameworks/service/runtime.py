@@ -15,13 +15,13 @@ from typing import Any
 
 from dyad.clock import Clock
 from dyad.effects import ArmTimer, CancelTimer, TimerFired
-from dyad.messages import Filters, MasterInfo, Offer, TaskStatus
+from dyad.messages import MasterInfo, Offer, TaskStatus
 from dyad.timers import TimerTable
 from frameworks.scheduler import Scheduler
+from frameworks.effects import perform
 from frameworks.service.core import (
-    AgentLost, Command, DeclineOffers, Disconnected, Effect, Event, KillTask, LaunchTasks,
-    OffersReceived, Outcome, Persist, ReconcileTasks, Registered, Reregistered,
-    ReviveOffers, ServiceCore, StatusReceived, SuppressOffers)
+    AgentLost, Command, CommandResult, Disconnected, Effect, Event, OffersReceived, Persist,
+    Registered, Reregistered, ServiceCore, StatusReceived)
 from frameworks.service.store import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class ServiceRuntime:
         self._check()
         self._perform(self.core.handle(event, self.clock.now()))
 
-    def execute(self, command: Command) -> Outcome:
+    def execute(self, command: Command) -> CommandResult:
         """Run an API command; raises `ServiceError` (nothing done) or `StoreError`."""
         self._check()
         outcome = self.core.execute(command, self.clock.now())
@@ -83,25 +83,10 @@ class ServiceRuntime:
             raise
 
     def _act(self, effect: Effect) -> None:
-        driver = self.driver
-        if isinstance(effect, LaunchTasks):
-            driver.launch_tasks([effect.offer_id], list(effect.tasks),
-                                Filters(refuse_seconds=effect.refuse_seconds))
-        elif isinstance(effect, DeclineOffers):
-            driver.decline_offers(list(effect.offer_ids),
-                                  Filters(refuse_seconds=effect.refuse_seconds))
-        elif isinstance(effect, KillTask):
-            driver.kill_task(effect.task_id, effect.grace_period)
-        elif isinstance(effect, ReviveOffers):
-            driver.revive_offers()
-        elif isinstance(effect, SuppressOffers):
-            driver.suppress_offers()
-        elif isinstance(effect, ReconcileTasks):
-            driver.reconcile_tasks(list(effect.tasks))
-        elif isinstance(effect, (ArmTimer, CancelTimer)):
+        if isinstance(effect, (ArmTimer, CancelTimer)):
             self._timers.perform(effect)
         else:
-            raise TypeError(f"unknown effect {effect!r}")
+            perform(effect, self.driver)  # Persist never reaches here: see _perform
 
     def _fire(self, key: Hashable) -> None:
         try:

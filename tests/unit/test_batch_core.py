@@ -19,8 +19,10 @@ from dyad.messages import (
 from dyad.resources import Resources
 from frameworks.batch.core import (
     FETCH_FAILED_KEY, MAX_REFUSAL_BACKOFF, MIN_REFUSE, REFUSAL_LIMIT, AgentLost,
-    BatchCore, CoreConfig, DeclineOffer, Effect, JobDone, KillAttempt, Launch, OffersMade,
-    Reconcile, Reregistered, ReviveOffers, Split, Started, SuppressOffers, TaskUpdate, Tick)
+    BatchCore, CoreConfig, Effect, JobDone, OffersMade, Reregistered, Split, Started,
+    TaskUpdate, Tick)
+from frameworks.effects import (
+    DeclineOffers, LaunchTasks, ReconcileTasks, RequestKill, ReviveOffers, SuppressOffers)
 from frameworks.testing import make_offer
 
 EXECUTOR = ExecutorInfo(executor_id="dyad-batch-executor", command=CommandInfo(argv=["x"]),
@@ -49,7 +51,7 @@ class Run:
         effects = self.core.handle(event, self.now)
         self.core.validate()
         for effect in effects:
-            if isinstance(effect, Launch):
+            if isinstance(effect, LaunchTasks):
                 self.tasks.update((t.task_id, t) for t in effect.tasks)
         return effects
 
@@ -84,7 +86,7 @@ def result_for(task: TaskInfo) -> bytes:
 
 
 def launched(effects: list[Effect]) -> list[TaskInfo]:
-    return [t for e in effects if isinstance(e, Launch) for t in e.tasks]
+    return [t for e in effects if isinstance(e, LaunchTasks) for t in e.tasks]
 
 
 def ids(effects: list[Effect]) -> list[str]:
@@ -128,7 +130,7 @@ def test_a_timer_the_core_never_arms_is_a_bug() -> None:
 def test_local_offer_gets_local_maps_and_the_job_payload() -> None:
     run = Run(config([("a",), ("b",), ("a",), ("a",), ("a",)]))
     effects = run.offer("a")
-    (launch,) = of(Launch, effects)
+    (launch,) = of(LaunchTasks, effects)
     assert [spec(t)["index"] for t in launch.tasks] == [0, 2, 3]
     task = launch.tasks[0]
     assert task.executor == EXECUTOR and task.resources == TASK
@@ -144,7 +146,7 @@ def test_local_offer_gets_local_maps_and_the_job_payload() -> None:
 def test_a_batch_of_offers_shares_the_work() -> None:
     run = Run(config([()] * 4, reducers=1))
     effects = run.do(OffersMade((run.make_offer("a"), run.make_offer("b"))))
-    assert [len(launch.tasks) for launch in of(Launch, effects)] == [2, 2]
+    assert [len(launch.tasks) for launch in of(LaunchTasks, effects)] == [2, 2]
 
 
 def test_first_task_on_an_agent_pays_for_the_executor() -> None:
@@ -156,13 +158,13 @@ def test_first_task_on_an_agent_pays_for_the_executor() -> None:
 def test_non_local_offer_waits_for_the_locality_wait_then_steals() -> None:
     run = Run(config([("a",)] * 6, locality_wait=1.0))
     assert len(ids(run.offer("a"))) == 3
-    (decline,) = of(DeclineOffer, run.offer("b"))
+    (decline,) = of(DeclineOffers, run.offer("b"))
     assert decline.refuse_seconds == 1.0
     run.now = 0.6
-    (decline,) = of(DeclineOffer, run.offer("b"))
+    (decline,) = of(DeclineOffers, run.offer("b"))
     assert decline.refuse_seconds == pytest.approx(0.4)
     run.now = 0.95
-    assert of(DeclineOffer, run.offer("b"))[0].refuse_seconds == MIN_REFUSE
+    assert of(DeclineOffers, run.offer("b"))[0].refuse_seconds == MIN_REFUSE
     run.now = 1.0
     stolen = launched(run.offer("b"))
     assert [spec(t)["index"] for t in stolen] == [3, 4, 5]
@@ -177,7 +179,7 @@ def test_a_local_launch_resets_the_wait() -> None:
     run.finish("map-00000-1")
     assert ids(run.offer("a", "cpus:0.5;mem:256")) == ["map-00003-1"]  # local: reset
     run.now = 1.2
-    (decline,) = of(DeclineOffer, run.offer("b"))  # waiting again since 1.2
+    (decline,) = of(DeclineOffers, run.offer("b"))  # waiting again since 1.2
     assert decline.refuse_seconds == pytest.approx(1.0)
 
 
@@ -360,7 +362,7 @@ def test_a_lost_host_that_comes_back_is_preferred_again() -> None:
     run.offer("a", "cpus:0.6;mem:512")  # re-registered
     run.update("map-00000-1", TaskState.TASK_LOST)
     run.finish("map-00001-1")
-    assert of(DeclineOffer, run.offer("b"))  # map 0 waits for "a" again
+    assert of(DeclineOffers, run.offer("b"))  # map 0 waits for "a" again
 
 
 def test_fetch_failure_reruns_the_map_it_names() -> None:
@@ -408,7 +410,7 @@ def test_suppresses_with_nothing_to_launch_and_revives_when_a_slot_frees() -> No
     run = Run(config([(), ()]))
     effects = run.offer("a")
     assert SuppressOffers() in effects  # everything is placed
-    assert of(Launch, effects)[0].refuse_seconds == 5.0
+    assert of(LaunchTasks, effects)[0].refuse_seconds == 5.0
     effects = run.finish("map-00000-1")
     assert ReviveOffers() not in effects and SuppressOffers() not in effects
     effects = run.finish("map-00001-1")
@@ -425,7 +427,7 @@ def test_revives_on_each_freed_slot_while_work_waits() -> None:
 def test_starvation_fails_the_job_with_what_was_needed() -> None:
     run = Run(config([()], starvation_timeout=10.0))
     effects = run.offer("a", "cpus:0.2;mem:64", executor=False)
-    assert of(DeclineOffer, effects)[0].refuse_seconds == 5.0
+    assert of(DeclineOffers, effects)[0].refuse_seconds == 5.0
     run.now = 9.0
     assert of(JobDone, run.do(TimerFired(Tick()))) == []
     run.now = 10.0
@@ -444,7 +446,7 @@ def test_reregistration_reconciles_live_attempts() -> None:
     run = Run(config([(), ()]))
     run.offer("a")
     run.finish("map-00000-1")
-    assert run.do(Reregistered()) == [Reconcile((("map-00001-1", "agent-a"),))]
+    assert run.do(Reregistered()) == [ReconcileTasks((("map-00001-1", "agent-a"),))]
 
 
 def test_uri_inputs_prefer_the_hosts_that_fetched_them() -> None:
@@ -455,7 +457,7 @@ def test_uri_inputs_prefer_the_hosts_that_fetched_them() -> None:
     assert ids(run.offer("a", "cpus:0.6;mem:512")) == ["map-00000-1"]  # no preference yet
     outputs = {"outputs": ["/s/p0"], "cached": True}
     run.update("map-00000-1", TaskState.TASK_FINISHED, json.dumps(outputs).encode())
-    assert of(DeclineOffer, run.offer("b"))  # "a" has the file now: wait for it
+    assert of(DeclineOffers, run.offer("b"))  # "a" has the file now: wait for it
     assert ids(run.offer("a", "cpus:0.5;mem:512")) == ["map-00001-1"]
     run.finish("map-00001-1")
     assert run.core.progress().local_maps == 1 and run.core.progress().preferred_maps == 1
@@ -478,7 +480,7 @@ def test_speculative_copy_of_a_straggler_and_the_loser_is_killed() -> None:
     assert ids(run.offer("b")) == ["map-00003-2"]
     assert run.core.progress().speculative_attempts == 1
     effects = run.finish("map-00003-2")
-    assert KillAttempt("map-00003-1") in effects
+    assert RequestKill("map-00003-1") in effects
     assert not of(JobDone, run.update("map-00003-1", TaskState.TASK_KILLED))
     progress = run.core.progress()
     assert progress.maps_done == 4 and progress.failed_attempts == 0

@@ -12,10 +12,11 @@ from dyad.effects import ArmTimer, TimerFired, UnknownTimer
 from dyad.messages import Reason, TaskState
 from frameworks.service import views
 from frameworks.service.appdef import parse_app
+from frameworks.effects import (
+    DeclineOffers, LaunchTasks, ReconcileTasks, RequestKill, ReviveOffers, SuppressOffers)
 from frameworks.service.core import (
-    AgentLost, CancelDeployment, Conflict, DeclineOffers, DeleteApp, KillTask,
-    KillTasks, LaunchTasks, NotFound, Persist, PutApp, ReconcileTasks, ResetDelay,
-    RestartApp, ReviveOffers, ServiceConfig, SuppressOffers, Wake)
+    AgentLost, CancelDeployment, Conflict, DeleteApp, KillTasks, NotFound, Persist, PutApp,
+    ResetDelay, RestartApp, ServiceConfig, Wake)
 from frameworks.service.testing import ServiceSim
 
 WEB = {"id": "/web", "cmd": "python3 -m http.server $PORT0", "instances": 3, "cpus": 0.1,
@@ -241,8 +242,8 @@ def test_scale_down_kills_the_youngest_first_and_passes_the_grace_period() -> No
     youngest = [t.task_id for t in sim.tasks("/web")][-1]
     sim.run_all("/web")
     outcome = sim.command(PutApp(app(instances=2, taskKillGracePeriodSeconds=7)))
-    kills = [e for e in outcome.effects if isinstance(e, KillTask)]
-    assert kills == [KillTask(youngest, 7.0)]
+    kills = [e for e in outcome.effects if isinstance(e, RequestKill)]
+    assert kills == [RequestKill(youngest, 7.0)]
     sim.finish_kills()
     assert not sim.core.deployments
 
@@ -304,7 +305,7 @@ def test_rolling_upgrade_starts_new_before_killing_old_within_bounds() -> None:
     outcome = sim.command(PutApp(app(cmd="python3 -m http.server $PORT0 --bind 127.0.0.1",
                                      upgradeStrategy=strategy)))
     assert sim.core.deployment_of("/web").kind == "upgrade"
-    assert not [e for e in outcome.effects if isinstance(e, KillTask)]
+    assert not [e for e in outcome.effects if isinstance(e, RequestKill)]
     for _ in range(3):
         assert len(sim.launched(sim.offer_all())) == 1   # 3 x 1.5 = 4 tasks at most
         assert len(sim.tasks("/web")) == 4
