@@ -54,22 +54,20 @@ what was needed and the biggest offer seen, instead of waiting forever.
 from __future__ import annotations
 
 import enum
-import json
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
 from dyad.effects import ArmTimer, TimerFired, TimerKey, UnknownTimer
-from dyad.messages import ExecutorInfo, Offer, Source, TaskInfo, TaskState, TaskStatus
+from dyad.messages import Offer, Source, TaskInfo, TaskState, TaskStatus
 from dyad.resources import Resources
+from frameworks.batch.config import CoreConfig
+from frameworks.batch.wire import MAP, REDUCE, parse_fetch_failures, parse_result, task_data
 from frameworks.effects import (
     DeclineOffers, DriverEffect, LaunchTasks, ReconcileTasks, RequestKill, ReviveOffers,
     SuppressOffers)
-
-MAP = "map"
-REDUCE = "reduce"
 
 TICK_INTERVAL = 0.5
 MIN_REFUSE = 0.1
@@ -80,58 +78,6 @@ REFUSAL_BACKOFF = 0.1
 MAX_REFUSAL_BACKOFF = 5.0
 SPECULATIVE_FACTOR = 1.5
 SPECULATIVE_MIN_RUNTIME = 1.0
-FETCH_FAILED_KEY = "fetch_failed"
-"""Key in a reduce's TASK_FAILED data: ``[{"map": i, "task_id": id}, ...]``."""
-
-
-@attrs.frozen
-class Split:
-    """One map task's input: bytes ``[start, start + length)`` of `path` (``length``
-    None: to the end), read whole lines by Hadoop's rule (see
-    `frameworks.batch.work.iter_split`). `path` is an absolute local path or an
-    ``http(s)://`` URI; `hosts` are the hostnames that hold the data."""
-
-    index: int
-    path: str
-    start: int = 0
-    length: int | None = None
-    hosts: tuple[str, ...] = ()
-
-    @property
-    def is_uri(self) -> bool:
-        return self.path.startswith(("http://", "https://"))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "start": self.start, "length": self.length}
-
-
-@attrs.frozen
-class CoreConfig:
-    """Everything the core decides with. `job_payload` is the JSON text every
-    task carries (the job's code); `output` the absolute output directory."""
-
-    splits: tuple[Split, ...]
-    reducers: int
-    executor: ExecutorInfo
-    map_resources: Resources
-    reduce_resources: Resources
-    job_payload: str
-    output: str
-    max_attempts: int = 4
-    locality_wait: float = 1.0
-    speculative: bool = False
-    refuse_seconds: float = 5.0
-    starvation_timeout: float = 60.0
-
-    def __attrs_post_init__(self) -> None:
-        if not self.splits:
-            raise ValueError("a job needs at least one split")
-        if self.reducers < 1:
-            raise ValueError("a job needs at least one reducer")
-        if self.max_attempts < 1:
-            raise ValueError("max_attempts must be at least 1")
-        if self.locality_wait < 0 or self.refuse_seconds < 0:
-            raise ValueError("locality_wait and refuse_seconds must not be negative")
 
 
 # ------------------------------------------------------------------------ events
@@ -504,10 +450,7 @@ class BatchCore:
             spec["inputs"] = [{"map": m.index, "task_id": m.output.task_id, "url": m.output.url,
                                "path": m.output.paths[task.index]}
                               for m in self._maps if m.output is not None]
-        # The job payload (the user's code) is already JSON text: splice it in rather
-        # than decode and re-encode it for every task.
-        return ('{"job":' + self.config.job_payload + ',"task":' + json.dumps(spec)
-                + "}").encode()
+        return task_data(self.config.job_payload, spec)
 
     # ---------------------------------------------------------------- updates
 
@@ -535,7 +478,7 @@ class BatchCore:
         if attempt.killed or task.phase is TaskPhase.DONE:
             return []  # a speculative loser that finished anyway
         try:
-            result = _parse_result(task.kind, status.data, self.config.reducers)
+            result = parse_result(task.kind, status.data, self.config.reducers)
         except ValueError as exc:
             self.invalid_updates += 1
             return self._failed(attempt, attrs.evolve(
@@ -572,7 +515,7 @@ class BatchCore:
         if attempt.killed or task.phase is TaskPhase.DONE:
             return []
         if task.kind == REDUCE and status.state is TaskState.TASK_FAILED:
-            lost = _parse_fetch_failures(status.data)
+            lost = parse_fetch_failures(status.data)
             if lost:
                 effects = self._lose_outputs(lost, attempt.hostname)
                 if not task.live and self._done is None:
@@ -794,42 +737,6 @@ class BatchCore:
                 assert wants == task.wants_copy, task
                 if wants:
                     assert task.phase is TaskPhase.RUNNING, task
-
-
-def _parse_result(kind: str, data: bytes, reducers: int) -> Mapping[str, Any]:
-    """A finished attempt's result: a map names R partition files, a reduce its
-    part file. Raises ValueError for anything else."""
-    try:
-        result = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ValueError(f"result is not JSON: {exc}") from None
-    if not isinstance(result, dict):
-        raise ValueError("result is not a JSON object")
-    if kind == MAP:
-        outputs = result.get("outputs")
-        if (not isinstance(outputs, list) or len(outputs) != reducers
-                or not all(isinstance(p, str) and p.startswith("/") for p in outputs)):
-            raise ValueError(f"a map must name {reducers} absolute output paths")
-    elif not isinstance(result.get("output"), str):
-        raise ValueError("a reduce must name its output file")
-    for key in ("records_in", "records_out"):
-        if not isinstance(result.get(key, 0), int):
-            raise ValueError(f"{key} must be an integer")
-    return result
-
-
-def _parse_fetch_failures(data: bytes) -> list[tuple[int, str]]:
-    """The (map index, attempt id) pairs a failed reduce could not fetch; empty if
-    its data says nothing of the kind."""
-    try:
-        found = json.loads(data).get(FETCH_FAILED_KEY) if data else None
-    except (ValueError, AttributeError, UnicodeDecodeError):
-        return []
-    if not isinstance(found, list):
-        return []
-    return [(item["map"], item["task_id"]) for item in found
-            if isinstance(item, dict) and isinstance(item.get("map"), int)
-            and isinstance(item.get("task_id"), str)]
 
 
 def _refused(status: TaskStatus) -> bool:

@@ -17,10 +17,11 @@ from dyad.effects import ArmTimer, TimerFired, UnknownTimer
 from dyad.messages import (
     CommandInfo, ExecutorInfo, Offer, Reason, Source, TaskInfo, TaskState, TaskStatus)
 from dyad.resources import Resources
+from frameworks.batch.config import CoreConfig, Split
 from frameworks.batch.core import (
-    FETCH_FAILED_KEY, MAX_REFUSAL_BACKOFF, MIN_REFUSE, REFUSAL_LIMIT, AgentLost,
-    BatchCore, CoreConfig, Effect, JobDone, OffersMade, Reregistered, Split, Started,
-    TaskUpdate, Tick)
+    MAX_REFUSAL_BACKOFF, MIN_REFUSE, REFUSAL_LIMIT, AgentLost, BatchCore, Effect, JobDone,
+    OffersMade, Reregistered, Started, TaskUpdate, Tick)
+from frameworks.batch.wire import FETCH_FAILED_KEY
 from frameworks.effects import (
     DeclineOffers, LaunchTasks, ReconcileTasks, RequestKill, ReviveOffers, SuppressOffers)
 from frameworks.testing import make_offer
