@@ -21,8 +21,8 @@ from dyad.messages import (
 )
 from dyad.resources import Resources
 from dyad.zk import leader_child, parse_zk_url
-from frameworks._callbacks import Callback
-from frameworks.scheduler import SchedulerCore
+from frameworks.driver_core import Callback, Received, Started
+from frameworks.scheduler_core import MasterDetected, SchedulerCore
 from frameworks.testing import make_master_info
 from master.allocator import Quota
 from master.registry import (
@@ -259,14 +259,15 @@ def test_a_subscribed_driver_moves_to_a_new_leader_at_once() -> None:
     old = attrs.evolve(make_master_info(port=5050), id="old-leader")
     new = attrs.evolve(make_master_info(port=6060), id="new-leader")
     core = SchedulerCore(FrameworkInfo(name="f"))
-    core.start(0.0)
-    core.master_detected(old, 0.0)
-    core.on_message(Subscribed(framework_id="F1", heartbeat_interval=1.0, master_info=old), 0.1)
-    assert core.master_detected(old, 0.2) == []  # the same leader again: nothing to do
-    effects = core.master_detected(new, 0.3)
+    core.handle(Started(), 0.0)
+    core.handle(MasterDetected(old), 0.0)
+    core.handle(Received(Subscribed(framework_id="F1", heartbeat_interval=1.0,
+                                    master_info=old)), 0.1)
+    assert core.handle(MasterDetected(old), 0.2) == []  # the same leader again: nothing to do
+    effects = core.handle(MasterDetected(new), 0.3)
     assert [e.name for e in effects if isinstance(e, Callback)] == ["disconnected"]
     (subscribe,) = [e.message for e in effects if isinstance(e, Send)]
     assert isinstance(subscribe, Subscribe) and subscribe.framework.id == "F1"
-    effects = core.on_message(Subscribed(framework_id="F1", heartbeat_interval=1.0,
-                                         master_info=new, reregistered=True), 0.4)
+    effects = core.handle(Received(Subscribed(framework_id="F1", heartbeat_interval=1.0,
+                                              master_info=new, reregistered=True)), 0.4)
     assert [e.name for e in effects if isinstance(e, Callback)] == ["reregistered"]
