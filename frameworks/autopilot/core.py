@@ -9,8 +9,10 @@ that make it safe to act on live here, and apply to every variant alike:
   seconds;
 - bounds: each resource is clamped to the app's min/max, else the configured
   floor/cap; memory rounds up to whole MiB, CPU up to a thousandth of a core;
-- hysteresis: in `auto`, a resource moves only by at least `min_change` of its
-  current limit, and limits change at most once per `min_interval`...
+- hysteresis: in `auto`, CPU moves only by at least `min_change` of its current
+  limit, memory is cut only by at least that much (a raise is never held back: a
+  memory limit under the window's peak plus margin is a kill waiting to happen),
+  and limits change at most once per `min_interval`...
 - ...except after an OOM kill (`TaskOomKilled`): memory is raised at once to at
   least `oom_growth` times the limit the task died at, and the kill counts as a
   memory sample at that limit, so no variant recommends below it while the kill is
@@ -24,8 +26,6 @@ service framework to roll the app to new limits. The app's next `AppConfigured`
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-
 import attrs
 
 from dyad.effects import ArmTimer, CancelTimer, TimerFired, TimerKey, UnknownTimer
@@ -142,16 +142,20 @@ Effect = Recommended | ApplyLimits | ArmTimer | CancelTimer
 
 
 class _App:
-    def __init__(self, app_id: str, spec: AutopilotSpec, limits: Limits, config: Config,
-                 bound_cpus: Callable[[float], float],
-                 bound_mem: Callable[[float], float]) -> None:
+    def __init__(self, app_id: str, spec: AutopilotSpec, limits: Limits,
+                 pilot: Autopilot) -> None:
+        config = pilot.config
         self.app_id = app_id
         self.spec = spec
         self.current = limits
+        # Bounds are read at each use, so an edit of the app's min/max applies to
+        # the evidence already gathered.
         self.cpu = MetaRecommender([v.build() for v in config.cpu_variants], config.costs,
-                                   config.min_change, fatal_overrun=False, bound=bound_cpus)
+                                   config.min_change, fatal_overrun=False,
+                                   bound=lambda v: pilot._bound_cpus(self.spec, v))
         self.mem = MetaRecommender([v.build() for v in config.memory_variants], config.costs,
-                                   config.min_change, fatal_overrun=True, bound=bound_mem)
+                                   config.min_change, fatal_overrun=True,
+                                   bound=lambda v: pilot._bound_mem(self.spec, v))
         self.first_sample: float | None = None
         self.last_applied: float | None = None
         self.ooms = 0
@@ -204,19 +208,13 @@ class Autopilot:
                 return []
             del self._apps[event.app_id]
             return [CancelTimer(Evaluate(event.app_id))]
-        if app is None or app.spec.bounds != event.spec.bounds:
-            # New bounds change what every variant would have proposed: start afresh.
-            fresh = _App(event.app_id, event.spec, event.limits, self.config,
-                         lambda v, s=event.spec: self._bound_cpus(s, v),
-                         lambda v, s=event.spec: self._bound_mem(s, v))
-            if app is not None:
-                fresh.last_applied, fresh.ooms = app.last_applied, app.ooms
-            self._apps[event.app_id] = fresh
-            fresh.published = self._recommend(fresh, now)
-            return [Recommended(fresh.published),
+        if app is None:
+            app = self._apps[event.app_id] = _App(event.app_id, event.spec, event.limits, self)
+            app.published = self._recommend(app, now)
+            return [Recommended(app.published),
                     ArmTimer(Evaluate(event.app_id), now + self.config.step)]
         app.spec, app.current = event.spec, event.limits
-        return []
+        return self._publish(app, self._recommend(app, now))
 
     def _sampled(self, event: UsageSampled) -> None:
         app = self._apps.get(event.app_id)
@@ -280,11 +278,18 @@ class Autopilot:
             return None
         if app.last_applied is not None and now - app.last_applied < self.config.min_interval:
             return None
-        current, step = app.current, self.config.min_change
-        cpus = rec.cpus if moved(current.cpus, rec.cpus, step) else current.cpus
-        mem = rec.mem_bytes if moved(current.mem_bytes, rec.mem_bytes, step) else current.mem_bytes
+        step = self.config.min_change
+        # What is kept is the current limit brought within the app's bounds, so an
+        # applied limit is always within them, even after the bounds were edited.
+        keep_cpus = self._bound_cpus(app.spec, app.current.cpus)
+        keep_mem = self._bound_mem(app.spec, app.current.mem_bytes)
+        cpus = rec.cpus if moved(keep_cpus, rec.cpus, step) else keep_cpus
+        # Memory below the recommendation is below the window's peak plus margin: a
+        # kill waiting to happen, so any raise goes ahead; cuts need min_change.
+        mem = (rec.mem_bytes if rec.mem_bytes > keep_mem or moved(keep_mem, rec.mem_bytes, step)
+               else keep_mem)
         target = Limits(cpus, mem)
-        return None if target == current else target
+        return None if target == app.current else target
 
     def _recommend(self, app: _App, now: float) -> Recommendation:
         config = self.config
@@ -320,7 +325,7 @@ class Autopilot:
 
     def _bound_mem(self, spec: AutopilotSpec, value: float) -> int:
         b, c = spec.bounds, self.config
-        rounded = math.ceil(value / MIB) * MIB
+        rounded = math.ceil(value / MIB - 1e-9) * MIB  # 100 MiB × 1.1 is 110 MiB, not 111
         return int(_clamp(rounded, b.min_mem_bytes, b.max_mem_bytes, c.floor.mem_bytes,
                           c.cap.mem_bytes))
 

@@ -153,7 +153,8 @@ class MetaRecommender:
         table = tuple(sorted(costs.items(), key=lambda item: (item[1], item[0])))
         others = ", ".join(f"{name} {value:.3g}" for name, value in table
                            if name != candidate.recommender.name)
-        explanation = (f"{candidate.recommender.explain(now)}; chosen by cost "
+        explanation = (f"{candidate.recommender.name}: {candidate.recommender.explain(now)}; "
+                       f"chosen by cost "
                        f"{cost:.3g} over {others or 'no other variant'}")
         return Choice(candidate.recommender.name, self._bound(proposed), explanation,
                       tuple((name, round(value, 6)) for name, value in table))
