@@ -79,8 +79,7 @@ def python_group_by(rows: list[tuple]) -> dict[tuple[str, int], tuple[float, int
         else:
             acc[0] += row[12]
             acc[1] += 1
-            if row[15] > acc[2]:
-                acc[2] = row[15]
+            acc[2] = max(acc[2], row[15])
     return {k: (s / n, m) for k, (s, n, m) in sums.items()}
 
 

@@ -97,8 +97,11 @@ def parse_spec(obj: Any, path: str = "/autopilot") -> AutopilotSpec:
             problems.append((f"{path}/min/{name}", f"exceeds max ({low:g} > {high:g})"))
     if problems:
         raise SpecInvalid(problems)
-    as_bytes = lambda mib: None if mib is None else math.ceil(mib * MIB)  # noqa: E731
-    return AutopilotSpec(mode, Bounds(min_cpus, max_cpus, as_bytes(min_mem), as_bytes(max_mem)))
+    return AutopilotSpec(mode, Bounds(min_cpus, max_cpus, _bytes(min_mem), _bytes(max_mem)))
+
+
+def _bytes(mib: float | None) -> int | None:
+    return None if mib is None else math.ceil(mib * MIB)
 
 
 def unparse_spec(spec: AutopilotSpec) -> dict[str, Any]:
