@@ -17,6 +17,7 @@ read by `agent/docker_wire.py`.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import math
@@ -185,7 +186,7 @@ class DockerClient:
         operation = f"import {repository}:{tag}"
         async with self._stream("POST", "/images/create", operation,
                                 params={"fromSrc": "-", "repo": repository, "tag": tag},
-                                data=tarball, headers={"Content-Type": "application/x-tar"},
+                                data=io.BytesIO(tarball), headers={"Content-Type": "application/x-tar"},
                                 timeout=aiohttp.ClientTimeout(total=300)) as response:
             async for line in _json_lines(response, operation):
                 if isinstance(line, dict) and (line.get("error") or line.get("errorDetail")):
@@ -342,7 +343,7 @@ class DockerClient:
                 raise DockerError(operation, f"engine sent no JSON: {exc}") from None
 
     def _stream(self, method: str, path: str, operation: str, *,
-                params: dict[str, str] | None = None, body: Any = None, data: bytes | None = None,
+                params: dict[str, str] | None = None, body: Any = None, data: Any = None,
                 headers: dict[str, str] | None = None,
                 timeout: aiohttp.ClientTimeout | None = None) -> _Response:
         return _Response(self, method, path, operation, params, body, data, headers, timeout)
@@ -352,7 +353,7 @@ class _Response:
     """`async with`: the response once its status says success, else the error."""
 
     def __init__(self, client: DockerClient, method: str, path: str, operation: str,
-                 params: dict[str, str] | None, body: Any, data: bytes | None,
+                 params: dict[str, str] | None, body: Any, data: Any,
                  headers: dict[str, str] | None, timeout: aiohttp.ClientTimeout | None) -> None:
         self._args = (client, method, path, operation, params, body, data, headers, timeout)
         self._response: aiohttp.ClientResponse | None = None

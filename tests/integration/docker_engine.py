@@ -222,6 +222,9 @@ def engine_or_skip(directory: Path) -> DockerEngine:
         if REQUIRED:
             pytest.fail(f"{reason} (DYAD_DOCKER_REQUIRED=1)")
         pytest.skip(reason)
+    except BaseException:
+        engine.stop()  # a bug here must not leave a dockerd behind
+        raise
     return engine
 
 
