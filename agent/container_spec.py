@@ -171,19 +171,11 @@ def create_request(run: ContainerRun, config: DockerConfig) -> dict[str, object]
 
 
 def environment(run: ContainerRun) -> dict[str, str]:
-    """The container's environment: the run's, the sandbox's place, and under
-    BRIDGE `PORTn`/`HOST_PORTn` per mapping (the task binds `PORTn`, the
-    container port; the world reaches it at `HOST_PORTn`)."""
-    env = dict(run.env)
-    env["MESOS_SANDBOX"] = SANDBOX_MOUNT
-    docker = run.container.docker
-    if docker is not None and docker.network == Network.BRIDGE:
-        for i, mapping in enumerate(docker.port_mappings):
-            env[f"PORT{i}"] = str(mapping.container_port)
-            env[f"HOST_PORT{i}"] = str(mapping.host_port)
-        if docker.port_mappings:
-            env["PORT"] = env["PORT0"]
-    return env
+    """The container's environment: the run's own (the framework's `PORTn` are the
+    host ports, as for process tasks and in Marathon; a framework that wants a
+    BRIDGE task to bind `$PORT0` maps container port = host port), and where the
+    sandbox is. Nothing of the agent's own environment leaks in."""
+    return {**run.env, "MESOS_SANDBOX": SANDBOX_MOUNT}
 
 
 def _command(command: CommandInfo | None) -> dict[str, object]:

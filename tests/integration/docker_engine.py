@@ -58,6 +58,7 @@ class DockerEngine:
         self.log_path = directory / "dockerd.log"
         self.bridge = f"dyb{os.getpid() % 10000:04d}{random.randrange(16 ** 3):03x}"
         self.gateway = ""
+        self.bridge_made = False
         self.process: subprocess.Popen[bytes] | None = None
 
     def client(self) -> DockerClient:
@@ -122,7 +123,9 @@ class DockerEngine:
                 self.process.wait()
         self._kill_leftovers()
         self._unmount_all()
-        subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True)
+        if self.bridge_made:
+            subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True)
+            self.bridge_made = False
 
     async def _remove_containers(self) -> None:
         async with self.client() as client:
@@ -133,6 +136,8 @@ class DockerEngine:
                     pass  # going anyway: the engine stops next
 
     def _make_bridge(self) -> None:
+        if shutil.which("ip") is None:
+            raise EngineStartError("no ip command for the test bridge: apt-get install iproute2")
         used = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout
         free = [n for n in range(1, 255) if f"10.213.{n}." not in used]
         if not free:
@@ -145,6 +150,7 @@ class DockerEngine:
             done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode != 0:
                 raise EngineStartError(f"{' '.join(command)}: {done.stderr.strip()}")
+            self.bridge_made = True
 
     def _kill_leftovers(self) -> None:
         """SIGKILL processes the engine started that outlived it (containerd and

@@ -152,7 +152,7 @@ async def test_labels_find_an_agents_containers_again(client: DockerClient,
 async def test_a_bridged_port_is_reachable_from_the_host(client: DockerClient,
                                                          tmp_path: Path) -> None:
     host_port = free_port()
-    run = a_run(tmp_path / "sandbox", 'exec httpd -f -p "$PORT0" -h /www',
+    run = a_run(tmp_path / "sandbox", "exec httpd -f -p 8080 -h /www",
                 network=Network.BRIDGE, resources=f"cpus:0.5;mem:64;ports:[{host_port}]",
                 port_mappings=(PortMapping(host_port=host_port, container_port=8080),))
     container = await start(client, run)

@@ -171,15 +171,15 @@ def test_the_create_request_carries_sandbox_limits_ports_and_labels() -> None:
                        port_mappings=[PortMapping(host_port=31001, container_port=8080)],
                        volumes=[Volume(container_path="/data", host_path="state", mode="RO"),
                                 Volume(container_path="/srv", host_path="/srv/data/x")]),
-                command=CommandInfo(shell="exec httpd -p $PORT0"), env={"A": "1"},
+                command=CommandInfo(shell="exec httpd -p $PORT0"),
+                env={"A": "1", "PORT0": "31001"},
                 cpus=1.5, mem_bytes=256 * 1024 * 1024)
     body = create_request(run, DockerConfig(volume_roots=("/srv/data",)))
     sandbox = run.sandbox_dir
     assert body == {
         "Image": "busybox",
         "Entrypoint": ["/bin/sh", "-c"], "Cmd": ["exec httpd -p $PORT0"],
-        "Env": ["A=1", "HOST_PORT0=31001", "MESOS_SANDBOX=/mnt/mesos/sandbox", "PORT=8080",
-                "PORT0=8080"],
+        "Env": ["A=1", "MESOS_SANDBOX=/mnt/mesos/sandbox", "PORT0=31001"],
         "Labels": {"dyad.agent_id": "A1", "dyad.framework_id": "F1", "dyad.executor_id": "E1",
                    "dyad.run_id": "R1", "dyad.task_id": "T1"},
         "WorkingDir": "/mnt/mesos/sandbox", "User": "nobody",
@@ -219,8 +219,9 @@ def test_a_small_cpu_share_stays_above_the_kernels_floor() -> None:
     assert isinstance(host, dict) and host["CpuShares"] == 2 and "NanoCpus" not in host
 
 
-def test_the_environment_under_host_networking_leaves_ports_alone() -> None:
-    env = environment(a_run(docker(network=Network.HOST), env={"PORT0": "31000"}))
+@pytest.mark.parametrize("network", NETWORKS)
+def test_the_environment_is_the_runs_and_the_sandboxs(network: str) -> None:
+    env = environment(a_run(docker(network=network), env={"PORT0": "31000"}))
     assert env == {"PORT0": "31000", "MESOS_SANDBOX": "/mnt/mesos/sandbox"}
 
 
