@@ -166,7 +166,7 @@ class DockerClient:
                                         params={"fromImage": name, "tag": tag},
                                         timeout=UNLIMITED) as response:
                     async for line in _json_lines(response, operation):
-                        progress.feed(line)
+                        _parse(progress.feed, line, operation)
                         if on_progress is not None:
                             on_progress(progress)
         except TimeoutError:
@@ -184,14 +184,16 @@ class DockerClient:
         """Make image `repository:tag` from a root filesystem tarball (what
         `docker import` does): images without a registry, for tests and benchmarks."""
         operation = f"import {repository}:{tag}"
+        progress = PullProgress(f"{repository}:{tag}")  # the same lines as a pull
         async with self._stream("POST", "/images/create", operation,
                                 params={"fromSrc": "-", "repo": repository, "tag": tag},
-                                data=io.BytesIO(tarball), headers={"Content-Type": "application/x-tar"},
+                                data=io.BytesIO(tarball),
+                                headers={"Content-Type": "application/x-tar"},
                                 timeout=aiohttp.ClientTimeout(total=300)) as response:
             async for line in _json_lines(response, operation):
-                if isinstance(line, dict) and (line.get("error") or line.get("errorDetail")):
-                    detail = line.get("errorDetail") or {}
-                    raise DockerError(operation, str(detail.get("message") or line["error"]))
+                _parse(progress.feed, line, operation)
+        if progress.error:
+            raise DockerError(operation, progress.error)
 
     async def remove_image(self, image: str, force: bool = False) -> None:
         await self._call("DELETE", f"/images/{image}", f"remove image {image}",

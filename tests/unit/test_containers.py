@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import struct
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -31,18 +32,17 @@ from tests.unit.test_architecture import IO_MODULES, ROOT, _reachable
 PORTS = Resources.parse("cpus:1;mem:128;ports:[31000-31002]")
 
 
-def docker(**kwargs: object) -> ContainerInfo:
-    volumes = kwargs.pop("volumes", [])
-    return ContainerInfo(docker=DockerInfo(**{"image": "busybox", **kwargs}),  # type: ignore[arg-type]
-                         volumes=volumes)  # type: ignore[arg-type]
+def docker(volumes: list[Volume] | None = None, **kwargs: Any) -> ContainerInfo:
+    return ContainerInfo(docker=DockerInfo(**{"image": "busybox", **kwargs}),
+                         volumes=volumes or [])
 
 
-def a_run(container: ContainerInfo, **kwargs: object) -> ContainerRun:
-    fields: dict[str, object] = {
+def a_run(container: ContainerInfo, **kwargs: Any) -> ContainerRun:
+    fields: dict[str, Any] = {
         "agent_id": "A1", "framework_id": "F1", "executor_id": "E1", "run_id": "R1",
         "task_id": "T1", "sandbox_dir": "/work/frameworks/F1/executors/E1/runs/R1",
         "resources": PORTS, "container": container, **kwargs}
-    return ContainerRun(**fields)  # type: ignore[arg-type]
+    return ContainerRun(**fields)
 
 
 @pytest.mark.parametrize("module", ["dyad/containers.py", "agent/container_spec.py",
