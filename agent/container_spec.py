@@ -68,7 +68,8 @@ class DockerConfig:
 @attrs.frozen(kw_only=True)
 class ContainerRun:
     """One run the agent wants in a container. `command` None runs the image's own
-    entrypoint and command; `task_id` is empty for a custom executor's container."""
+    entrypoint, with `args` as its arguments if given (Marathon's `args`) or else
+    the image's command; `task_id` is empty for a custom executor's container."""
 
     agent_id: str
     framework_id: str
@@ -80,6 +81,7 @@ class ContainerRun:
     cpus: float = 0.0  # 0: no limit (the run's limits, as the agent computes them)
     mem_bytes: int = 0
     command: CommandInfo | None = None
+    args: tuple[str, ...] = ()
     env: dict[str, str] = attrs.field(factory=dict)
     task_id: str = ""
 
@@ -158,7 +160,7 @@ def create_request(run: ContainerRun, config: DockerConfig) -> dict[str, object]
         "Tty": False, "OpenStdin": False,
         "HostConfig": _host_config(run, docker, config),
     }
-    body.update(_command(run.command))
+    body.update(_command(run.command, run.args))
     user = docker.parameters.get("user") or (run.command.user if run.command else "")
     if user:
         body["User"] = user
@@ -178,11 +180,12 @@ def environment(run: ContainerRun) -> dict[str, str]:
     return {**run.env, "MESOS_SANDBOX": SANDBOX_MOUNT}
 
 
-def _command(command: CommandInfo | None) -> dict[str, object]:
+def _command(command: CommandInfo | None, args: tuple[str, ...]) -> dict[str, object]:
     """A shell command replaces the image's entrypoint with `/bin/sh -c` (the
-    image needs a shell); argv is exec'd as given; None keeps the image's own."""
+    image needs a shell); argv is exec'd as given; None keeps the image's own
+    entrypoint, given `args` if any."""
     if command is None:
-        return {}
+        return {"Cmd": list(args)} if args else {}
     if command.shell is not None:
         return {"Entrypoint": ["/bin/sh", "-c"], "Cmd": [command.shell]}
     argv = command.argv or []

@@ -46,7 +46,7 @@ def a_run(container: ContainerInfo, **kwargs: Any) -> ContainerRun:
 
 
 @pytest.mark.parametrize("module", ["dyad/containers.py", "agent/container_spec.py",
-                                    "agent/docker_wire.py"])
+                                    "agent/docker_wire.py", "agent/container_runs.py"])
 def test_the_pure_pieces_import_no_io(module: str) -> None:
     impure = sorted(name for name, _ in _reachable(ROOT / module) if name in IO_MODULES)
     assert not impure, f"{module} reaches {impure}"
@@ -211,6 +211,11 @@ def test_commands_map_onto_entrypoint_and_cmd(command: CommandInfo | None,
     host = body["HostConfig"]
     assert isinstance(host, dict)
     assert "Memory" not in host and "NanoCpus" not in host  # nothing asked, nothing limited
+
+
+def test_args_go_to_the_images_own_entrypoint() -> None:
+    body = create_request(a_run(docker(), args=("--port", "80")), DockerConfig())
+    assert body["Cmd"] == ["--port", "80"] and "Entrypoint" not in body
 
 
 def test_a_small_cpu_share_stays_above_the_kernels_floor() -> None:
