@@ -206,9 +206,10 @@ class DockerClient:
         params = {"name": name} if name else None
         data = await self._call("POST", "/containers/create", f"create {name or 'container'}",
                                 params=params, body=body)
+        container = _field(data, "Id", "create")
         for warning in data.get("Warnings") or []:
-            log.warning("engine on creating %s: %s", name or data.get("Id"), warning)
-        return str(data["Id"])
+            log.warning("engine on creating %s: %s", name or container, warning)
+        return container
 
     async def start(self, container: str) -> None:
         """Start it; starting a running container is not an error (304)."""
@@ -229,10 +230,12 @@ class DockerClient:
         try:
             return await self.inspect(container)
         except NotFound:  # removed at once (by someone else): the wait's code is all
-            error = (data.get("Error") or {}).get("Message", "") if data else ""
+            error = data.get("Error") if isinstance(data, dict) else None
             return ContainerState(id=container, status="removed", running=False,
-                                  exit_code=int(data.get("StatusCode", 0)), oom_killed=False,
-                                  error=str(error), pid=0, labels={})
+                                  exit_code=int(_field(data, "StatusCode", operation)),
+                                  oom_killed=False, labels={}, pid=0,
+                                  error=str(error.get("Message", "")) if isinstance(error, dict)
+                                  else "")
 
     async def stop(self, container: str, grace: float) -> None:
         """Ask the container to stop (its stop signal, SIGTERM by default) and
@@ -264,9 +267,9 @@ class DockerClient:
                          params={"force": _flag(force), "v": "1"}, expect_json=False)
 
     async def list(self, labels: dict[str, str] | None = None,
-                   all: bool = True) -> list[ContainerSummary]:
-        """Containers carrying every label in `labels` (stopped ones too if `all`)."""
-        params = {"all": _flag(all)}
+                   include_stopped: bool = True) -> list[ContainerSummary]:
+        """Containers carrying every label in `labels`."""
+        params = {"all": _flag(include_stopped)}
         if labels:
             params["filters"] = json.dumps({"label": [f"{k}={v}" for k, v in labels.items()]})
         data = await self._call("GET", "/containers/json", "list containers", params=params)
@@ -308,7 +311,7 @@ class DockerClient:
         operation = f"exec in {container}"
         created = await self._call("POST", f"/containers/{container}/exec", operation, body={
             "AttachStdout": True, "AttachStderr": True, "Tty": False, "Cmd": argv})
-        exec_id = str(created["Id"])
+        exec_id = _field(created, "Id", operation)
         output = bytearray()
         async with asyncio.timeout(timeout):
             async with self._stream("POST", f"/exec/{exec_id}/start", operation,
@@ -319,7 +322,8 @@ class DockerClient:
                     for _, payload in _parse(demuxer.feed, chunk, operation):
                         output += payload
             done = await self._call("GET", f"/exec/{exec_id}/json", operation)
-        return ExecResult(exit_code=int(done.get("ExitCode") or 0), output=bytes(output))
+        return ExecResult(exit_code=int(_field(done, "ExitCode", operation)),
+                          output=bytes(output))
 
     # --------------------------------------------------------------- plumbing
 
@@ -448,6 +452,13 @@ def _parse(read: Callable[[Any], Any], data: Any, operation: str) -> Any:
         return read(data)
     except WireError as exc:
         raise DockerError(operation, f"engine sent what its API does not: {exc}") from None
+
+
+def _field(data: Any, key: str, operation: str) -> str:
+    """`data[key]` of an engine answer, as text; its absence is a `DockerError`."""
+    if not isinstance(data, dict) or data.get(key) is None:
+        raise DockerError(operation, f"engine answer lacks {key}: {str(data)[:80]}")
+    return str(data[key])
 
 
 def _flag(value: bool) -> str:

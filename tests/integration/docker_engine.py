@@ -129,7 +129,7 @@ class DockerEngine:
 
     async def _remove_containers(self) -> None:
         async with self.client() as client:
-            for container in await client.list(all=True):
+            for container in await client.list():
                 try:
                     await client.remove(container.id, force=True)
                 except DockerError:

@@ -144,5 +144,12 @@ async def test_list_sends_label_filters_and_reads_summaries(engine: Callable,
         "c1", ("dyad-A1-R1",), "running", {"dyad.agent_id": "A1"})
 
 
+async def test_an_answer_without_what_it_must_carry_is_a_docker_error(
+        engine: Callable, client: DockerClient) -> None:
+    engine("POST", "/containers/create", answer(201, {"Warnings": []}))
+    with pytest.raises(DockerError, match="create: engine answer lacks Id"):
+        await client.create({"Image": "i"}, name="n")
+
+
 async def _body(data: bytes) -> web.Response:
     return web.Response(body=data)
