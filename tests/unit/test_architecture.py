@@ -15,7 +15,7 @@ IO_MODULES = {"asyncio", "zmq", "aiohttp", "kazoo", "socket", "subprocess",
               "os", "signal", "fcntl", "threading", "shutil", "selectors"}
 PURE_CORES = [
     "dyad/resources.py", "dyad/messages.py", "dyad/codec.py", "dyad/effects.py",
-    "master/state.py", "master/allocator",
+    "master/state.py", "master/allocator", "master/authz.py",
     "agent/state.py", "agent/status_updates.py",
     "frameworks/scheduler_core.py", "frameworks/executor_core.py",
     "frameworks/batch/core.py", "frameworks/service/core.py",
