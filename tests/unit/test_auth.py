@@ -12,7 +12,7 @@ import pytest
 import zmq
 from zmq.utils import z85
 
-from dyad import auth, keys_cli
+from dyad import auth, keys_cli, zk_acl
 
 
 @pytest.fixture(scope="module")
@@ -244,3 +244,29 @@ def test_refusals_are_logged_once_per_peer_per_interval() -> None:
 
 def test_frame_principal_is_none_without_authentication() -> None:
     assert auth.frame_principal(zmq.Frame(struct.pack("!I", 1))) is None
+
+
+# ------------------------------------------------------------ ZooKeeper
+
+def test_zookeeper_digest_from_the_generated_file(cluster: Path) -> None:
+    digest = zk_acl.load_digest(cluster / "zookeeper.digest")
+    assert digest.user == "dyad" and len(digest.password) >= 24
+    assert digest.password not in repr(digest)
+    options = zk_acl.client_options(digest)
+    assert options["auth_data"] == [("digest", f"dyad:{digest.password}")]
+    assert zk_acl.client_options(None) == {}
+
+
+@pytest.mark.parametrize("text", ["", "dyad", "dyad:", ":pw", "a b:pw"])
+def test_a_malformed_zookeeper_digest_is_refused(text: str, tmp_path: Path) -> None:
+    (tmp_path / "digest").write_text(text)
+    with pytest.raises(zk_acl.ZkCredentialsError, match="digest"):
+        zk_acl.load_digest(tmp_path / "digest")
+
+
+def test_znodes_under_the_root_are_world_readable_and_the_rest_private() -> None:
+    digest = zk_acl.parse_digest("dyad:pw")
+    for path in ("/dyad", "/dyad/json.info_0000000001"):
+        assert zk_acl.acl_for("/dyad", path, digest) == zk_acl.leader_acl(digest)
+    for path in ("/dyad-registry", "/dyadx", "/"):
+        assert zk_acl.acl_for("/dyad", path, digest) == zk_acl.private_acl(digest)
