@@ -34,14 +34,14 @@ import base64
 import binascii
 import hashlib
 import hmac
-import logging
+import ipaddress
 import os
 import re
 import secrets
 import ssl
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import zmq
@@ -49,10 +49,9 @@ import zmq.asyncio
 import zmq.auth
 from aiohttp import web
 from zmq.utils import z85
+from zmq.utils.monitor import recv_monitor_message
 
 from dyad import bounded_json
-
-log = logging.getLogger(__name__)
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # fixed by the ZAP specification (RFC 27)
 ZAP_DOMAIN = "dyad"
@@ -283,6 +282,13 @@ def frame_principal(frame: zmq.Frame) -> str | None:
     return value or None
 
 
+class KeyLookup(Protocol):
+    """What ZAP asks: whose is this Z85 public key? `Credentials` answers from the
+    file; an agent can answer for the per-run keys it gives its executors."""
+
+    def principal_for_key(self, z85_public_key: bytes) -> str | None: ...
+
+
 @attrs.frozen
 class ZapReply:
     status: bytes
@@ -290,7 +296,7 @@ class ZapReply:
     principal: str = ""
 
 
-def zap_decide(frames: list[bytes], credentials: Credentials) -> tuple[bytes, ZapReply]:
+def zap_decide(frames: list[bytes], credentials: KeyLookup) -> tuple[bytes, ZapReply]:
     """The answer to one ZAP request (RFC 27): (request id, reply). Pure."""
     if len(frames) < 6 or frames[0] != b"1.0":
         return (frames[1] if len(frames) > 1 else b""), ZapReply(b"500", b"malformed ZAP request")
@@ -312,7 +318,7 @@ class ZapAuthenticator:
     principal; refusals go to `refused("curve", peer_ip, reason)`. Replace
     `credentials` to rotate keys: it applies to new connections only."""
 
-    def __init__(self, context: zmq.asyncio.Context, credentials: Credentials,
+    def __init__(self, context: zmq.asyncio.Context, credentials: KeyLookup,
                  refused: Refused | None = None) -> None:
         self.context = context
         self.credentials = credentials
@@ -345,6 +351,39 @@ class ZapAuthenticator:
         if self._sock is not None:
             self._sock.close(linger=0)
         self._sock = self._task = None
+
+
+class HandshakeWatch:
+    """Tell a CURVE client why its handshakes fail; ZeroMQ itself only retries.
+
+    `refused(endpoint, reason)` is called on each failed handshake: the server
+    refused our key (ZAP said 400), or the handshake broke, which for a CURVE
+    client almost always means the server is not the one whose key we trust."""
+
+    def __init__(self, sock: zmq.asyncio.Socket, refused: Callable[[str, str], None]) -> None:
+        self._monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                                                | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                                                | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+        self._sock = sock
+        self._refused = refused
+        self._task = asyncio.ensure_future(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            event = await recv_monitor_message(self._monitor)
+            endpoint = event["endpoint"].decode(errors="replace")
+            if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self._refused(endpoint, f"the server refused our key (ZAP status "
+                                        f"{int(event['value'])})")
+            else:
+                self._refused(endpoint, "CURVE handshake failed: the server's key is not "
+                                        "the one we trust, or it does not speak CURVE")
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        self._sock.disable_monitor()
+        self._monitor.close(linger=0)
 
 
 # ---------------------------------------------------------------------- TLS
@@ -496,6 +535,68 @@ def _same_origin(request: web.Request) -> None:
     cross = request.headers.get("Sec-Fetch-Site") == "cross-site"
     if cross or (origin is not None and origin.split("://", 1)[-1] != request.host):
         raise AuthError("cross-origin write refused", kind="cross_origin")
+
+
+DYAD_CURVE_KEY = "DYAD_CURVE_KEY"
+DYAD_MASTER_KEY = "DYAD_MASTER_KEY"
+DYAD_CA = "DYAD_CA"
+
+
+@attrs.frozen
+class ClientCredentials:
+    """What a client of the master carries (agent, scheduler driver, CLI): its
+    own CURVE keys, the master public keys it trusts, the CA for HTTPS, a token."""
+
+    keys: CurveKeys | None = None
+    master_keys: tuple[bytes, ...] = ()
+    ca: Path | None = None
+    token: str | None = None
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> ClientCredentials:
+        """$DYAD_CURVE_KEY (our .key_secret file), $DYAD_MASTER_KEY (the master's
+        .key files, ':'-separated during a rotation), $DYAD_CA, and the token of
+        `client_token`. Unset variables leave the part out."""
+        env = os.environ if environ is None else environ
+        keys = load_keys(env[DYAD_CURVE_KEY]) if env.get(DYAD_CURVE_KEY) else None
+        masters = tuple(load_keys(path).public
+                        for path in env.get(DYAD_MASTER_KEY, "").split(os.pathsep) if path)
+        if (keys is None) != (not masters):
+            raise CredentialsError(f"CURVE needs both ${DYAD_CURVE_KEY} and ${DYAD_MASTER_KEY}")
+        return cls(keys, masters, Path(env[DYAD_CA]) if env.get(DYAD_CA) else None,
+                   client_token(env))
+
+    def master_key(self, advertised: bytes | None) -> bytes:
+        """The master key to connect with: the one the master advertises (in its
+        MasterInfo) if we trust it, else the first we trust. Refuse an untrusted
+        advertised key: ZooKeeper or plain HTTP may have been tampered with."""
+        if not self.master_keys:
+            raise CredentialsError("no trusted master key")
+        if advertised is None:
+            return self.master_keys[0]
+        if advertised not in self.master_keys:
+            raise CredentialsError(f"the master advertises CURVE key {advertised.decode()}, "
+                                   "which is not among the keys we trust")
+        return advertised
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_refusal(host: str, secured: bool, insecure: bool) -> str | None:
+    """Why a server must not start binding `host`, or None. Binding beyond
+    loopback without credentials hands the cluster to anyone on the network."""
+    if secured or insecure or is_loopback(host):
+        return None
+    return (f"refusing to listen on {host} without credentials: anyone who can reach it "
+            "could run tasks and read secrets. Give --credentials (see `dyad keys "
+            "generate`), bind 127.0.0.1, or pass --insecure to accept the risk")
 
 
 class RefusalLog:

@@ -16,6 +16,7 @@ import zmq.asyncio
 from aiohttp import web
 
 from dyad import auth, keys_cli
+from tests.helpers import wait_for
 
 DEADLINE = 5.0
 
@@ -153,6 +154,43 @@ async def test_rotated_credentials_apply_to_new_connections(
     newcomer = curve.client(keys(stranger_dir, "agent"))
     await newcomer.send(b"new key")
     assert (await curve.recv())[1:] == (b"new key", "agent")
+
+
+async def test_a_refused_client_is_told_why(curve: CurveServer, cluster_dir: Path,
+                                           stranger_dir: Path) -> None:
+    reasons: list[str] = []
+    rogue = curve.client(keys(stranger_dir, "agent"))
+    watch = auth.HandshakeWatch(rogue, lambda endpoint, reason: reasons.append(reason))
+    misled = curve.client(keys(cluster_dir, "agent"),
+                          server_public=keys(stranger_dir, "agent").public)
+    misled_watch = auth.HandshakeWatch(misled, lambda endpoint, reason: reasons.append(reason))
+    try:
+        await wait_for(lambda: len(set(reasons)) >= 2, DEADLINE, "both refusals")
+    finally:
+        await watch.stop()
+        await misled_watch.stop()
+    assert "the server refused our key (ZAP status 400)" in reasons
+    assert any("not the one we trust" in reason for reason in reasons)
+
+
+async def test_a_key_lookup_of_ones_own_admits_per_run_keys(cluster_dir: Path) -> None:
+    """How an agent admits its executors: a key made for one run names that run."""
+    public, secret = zmq.curve_keypair()
+    runs = {public: "executor:fw-1/ex-1/run-1"}
+
+    class Runs:
+        def principal_for_key(self, z85_public_key: bytes) -> str | None:
+            return runs.get(z85_public_key)
+
+    server = CurveServer(cluster_dir, authenticate=False)
+    server.zap.credentials = Runs()
+    server.zap.start()
+    try:
+        executor = server.client(auth.CurveKeys(public, secret))
+        await executor.send(b"register")
+        assert (await server.recv())[1:] == (b"register", "executor:fw-1/ex-1/run-1")
+    finally:
+        await server.close()
 
 
 # -------------------------------------------------------------------- TLS

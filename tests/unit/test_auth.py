@@ -270,3 +270,42 @@ def test_znodes_under_the_root_are_world_readable_and_the_rest_private() -> None
         assert zk_acl.acl_for("/dyad", path, digest) == zk_acl.leader_acl(digest)
     for path in ("/dyad-registry", "/dyadx", "/"):
         assert zk_acl.acl_for("/dyad", path, digest) == zk_acl.private_acl(digest)
+
+
+# -------------------------------------------------- clients, exposure
+
+def test_client_credentials_from_the_environment(cluster: Path, tmp_path: Path) -> None:
+    curve = cluster / "curve"
+    env = {"DYAD_CURVE_KEY": str(curve / "agent.key_secret"),
+           "DYAD_MASTER_KEY": f"{curve / 'master.key'}:{curve / 'operator.key'}",
+           "DYAD_CA": str(cluster / "tls" / "ca.pem"),
+           "DYAD_TOKEN_FILE": str(cluster / "tokens" / "agent.token")}
+    client = auth.ClientCredentials.from_env(env)
+    master = auth.load_keys(curve / "master.key").public
+    assert client.keys == auth.load_keys(curve / "agent.key_secret")
+    assert client.master_key(None) == master
+    assert client.master_key(auth.load_keys(curve / "operator.key").public) != master
+    with pytest.raises(auth.CredentialsError, match="not among the keys we trust"):
+        client.master_key(auth.load_keys(curve / "batch.key").public)
+    assert client.token == secret(cluster, "agent")
+    assert auth.ClientCredentials.from_env({}) == auth.ClientCredentials()
+    with pytest.raises(auth.CredentialsError, match="both"):
+        auth.ClientCredentials.from_env({"DYAD_CURVE_KEY": env["DYAD_CURVE_KEY"]})
+
+
+@pytest.mark.parametrize("host, secured, insecure, refused", [
+    ("127.0.0.1", False, False, False),
+    ("localhost", False, False, False),
+    ("::1", False, False, False),
+    ("0.0.0.0", False, False, True),
+    ("10.1.2.3", False, False, True),
+    ("master.example", False, False, True),
+    ("0.0.0.0", True, False, False),
+    ("0.0.0.0", False, True, False),
+])
+def test_binding_beyond_loopback_needs_credentials_or_insecure(
+        host: str, secured: bool, insecure: bool, refused: bool) -> None:
+    reason = auth.exposure_refusal(host, secured, insecure)
+    assert (reason is not None) == refused
+    if reason:
+        assert host in reason and "--insecure" in reason
