@@ -79,7 +79,7 @@ def _name(common_name: str) -> x509.Name:
 
 
 def _validity(builder: x509.CertificateBuilder, days: int) -> x509.CertificateBuilder:
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     return builder.not_valid_before(now - datetime.timedelta(minutes=5)) \
         .not_valid_after(now + datetime.timedelta(days=days)) \
         .serial_number(x509.random_serial_number())

@@ -270,11 +270,11 @@ async def test_a_missing_or_wrong_credential_gets_401_json_and_is_counted(
         https: tuple[str, list[tuple[str, str, str]]], cluster_dir: Path,
         headers: dict[str, str], reason: str) -> None:
     url, refusals = https
-    async with client_session(cluster_dir) as session:
-        async with session.get(f"{url}/state", headers=headers) as r:
-            assert r.status == 401
-            assert r.headers["WWW-Authenticate"].startswith("Bearer")
-            body = json.loads(await r.text())
+    async with client_session(cluster_dir) as session, \
+            session.get(f"{url}/state", headers=headers) as r:
+        assert r.status == 401
+        assert r.headers["WWW-Authenticate"].startswith("Bearer")
+        body = json.loads(await r.text())
     assert reason in body["error"] and body["path"] == "/state"
     assert len(refusals) == 1 and refusals[0][0] == "http_unauthenticated"
 
@@ -282,10 +282,9 @@ async def test_a_missing_or_wrong_credential_gets_401_json_and_is_counted(
 async def test_health_is_open(https: tuple[str, list[tuple[str, str, str]]],
                               cluster_dir: Path) -> None:
     url, refusals = https
-    async with client_session(cluster_dir) as session:
-        async with session.get(f"{url}/health") as r:
-            assert r.status == 200
-            assert await r.json() == {"principal": None}
+    async with client_session(cluster_dir) as session, session.get(f"{url}/health") as r:
+        assert r.status == 200
+        assert await r.json() == {"principal": None}
     assert refusals == []
 
 

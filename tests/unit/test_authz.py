@@ -7,12 +7,22 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dyad import keys_cli
 from master.authz import (
-    ANY, OWNER_ACTIONS, AclError, Acls, Action, Decision, Permission, Rule, loads_acls,
-    matches, parse_acls,
+    ANY,
+    OWNER_ACTIONS,
+    AclError,
+    Acls,
+    Action,
+    Decision,
+    Permission,
+    Rule,
+    loads_acls,
+    matches,
+    parse_acls,
 )
 
 PRINCIPALS = ["ops", "batch", "service", "agent"]
