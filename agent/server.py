@@ -74,6 +74,7 @@ class AgentOptions:
     fetcher_cache_dir: str = ""  # default: WORK_DIR/cache
     fetcher_cache_size: int = 2 * 1024 * 1024 * 1024
     fetch_timeout: float = 600.0
+    fetcher_allowed_paths: tuple[str, ...] = ()  # local URIs only from beneath these
     # Resource kinds the agent measured itself (not given by --resources): on a
     # restart they are taken from the checkpoint, not measured again.
     detected_resources: frozenset[str] = frozenset()
@@ -130,7 +131,7 @@ class AgentServer:
         self._containerizer = Containerizer(self._on_process_exit, self._base_env, isolator)
         cache_dir = self.options.fetcher_cache_dir or os.path.join(config.work_dir, "cache")
         self.fetcher = Fetcher(FetcherCache(cache_dir, self.options.fetcher_cache_size),
-                               self.options.fetch_timeout)
+                               self.options.fetch_timeout, self.options.fetcher_allowed_paths)
         self._exited = asyncio.Event()
         self._stopped = asyncio.Event()
         self._stopping: asyncio.Future[None] | None = None
