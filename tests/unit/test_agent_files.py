@@ -5,12 +5,12 @@ swapped for one while a request walks the path leaks a byte from outside."""
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 
 import pytest
 
 from agent import files
+from tests.unit.test_beneath import reads_while_swapping
 
 SANDBOX = "frameworks/F1/executors/E1/runs/R1"
 
@@ -57,27 +57,9 @@ def test_swapping_a_sandbox_directory_for_a_symlink_never_leaks(
     (tmp_path / "elsewhere" / "executors" / "E1" / "runs" / "R1").mkdir(parents=True)
     (tmp_path / "elsewhere" / "executors" / "E1" / "runs" / "R1" / "stdout").write_text(
         "SECRET")
-    framework, parked = work_dir / "frameworks" / "F1", work_dir / "frameworks" / "parked"
-    stop = threading.Event()
-
-    def swap() -> None:
-        while not stop.is_set():
-            os.rename(framework, parked)
-            os.symlink(tmp_path / "elsewhere", framework)
-            os.unlink(framework)
-            os.rename(parked, framework)
-
-    swapper = threading.Thread(target=swap)
-    swapper.start()
-    seen = set()
-    try:
-        for _ in range(2000):
-            try:
-                seen.add(files.read(str(work_dir), f"{work_dir}/{SANDBOX}/stdout", 0, None)[0])
-            except (files.FilesError, OSError):  # refused, or caught mid-swap
-                seen.add("refused")
-    finally:
-        stop.set()
-        swapper.join()
+    seen = reads_while_swapping(
+        work_dir / "frameworks" / "F1", tmp_path / "elsewhere",
+        lambda: files.read(str(work_dir), f"{work_dir}/{SANDBOX}/stdout", 0, None)[0],
+        (files.FilesError, OSError))  # refused, or caught mid-swap
     assert "SECRET" not in seen
     assert {"hello", "refused"} <= seen  # both sides of the race were exercised
