@@ -29,6 +29,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from agent import files
+from agent.metrics import COUNTERS, GAUGES
 from dyad import prometheus
 from dyad.supervision import LogLimiter
 from agent.state import AgentState
@@ -146,8 +147,11 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.json_response(request.app[SOURCE].metrics())
 
 
+_CATALOGUE = prometheus.catalogue(COUNTERS, GAUGES)
+
+
 async def _prometheus(request: web.Request) -> web.Response:
-    return web.Response(body=prometheus.render(request.app[SOURCE].metrics()),
+    return web.Response(body=prometheus.render(request.app[SOURCE].metrics(), _CATALOGUE),
                         headers={"Content-Type": prometheus.CONTENT_TYPE})
 
 
