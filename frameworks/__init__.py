@@ -7,7 +7,8 @@ yours: the built-in command executor runs them.
 
     from frameworks import (CommandInfo, Filters, FrameworkInfo, Scheduler,
                             SchedulerDriver, TaskInfo, TaskState)
-    from dyad.resources import Resources
+    from dyad.containers import ContainerInfo, DockerInfo, PortMapping, Volume
+from dyad.resources import Resources
 
     class Hello(Scheduler):
         def resource_offers(self, driver, offers):
@@ -37,8 +38,8 @@ from frameworks.executor_core import ExecutorEnvironmentError
 from frameworks.scheduler import Scheduler, SchedulerDriver
 
 __all__ = [
-    "URI", "AgentInfo", "CommandInfo", "DriverStatus", "Executor", "ExecutorDriver",
+    "URI", "AgentInfo", "CommandInfo", "ContainerInfo", "DockerInfo", "DriverStatus", "Executor", "ExecutorDriver",
     "ExecutorEnvironmentError", "ExecutorInfo", "Filters", "FrameworkInfo", "MasterInfo",
-    "Offer", "Operation", "OperationType", "Reason", "Resources", "Scheduler",
-    "SchedulerDriver", "Source", "TaskInfo", "TaskState", "TaskStatus",
+    "Offer", "Operation", "OperationType", "PortMapping", "Reason", "Resources", "Scheduler",
+    "SchedulerDriver", "Source", "TaskInfo", "TaskState", "TaskStatus", "Volume",
 ]

@@ -21,7 +21,7 @@ PURE_CORES = [
     "frameworks/scheduler_core.py", "frameworks/executor_core.py",
     "frameworks/batch/core.py", "frameworks/service/core.py", "frameworks/autopilot",
     "master/authz.py", "dyad/containers.py", "agent/container_spec.py",
-    "agent/container_runs.py", "agent/docker_wire.py",
+    "agent/container_runs.py", "agent/docker_wire.py", "agent/containers_core.py",
 ]
 ROLES = ["master", "agent", "frameworks"]
 
