@@ -32,13 +32,26 @@ from agent.container_runs import ending
 from agent.container_spec import ContainerRun, check_container
 from agent.docker_wire import ContainerState
 from agent.model import (
-    LAUNCHING, RUNNING, TERMINATING, AgentExecutor, AgentTask, KillDue, KillExecutor,
-    RegistrationTimeout, TaskEnd,
+    LAUNCHING,
+    RUNNING,
+    TERMINATING,
+    AgentExecutor,
+    AgentTask,
+    KillDue,
+    KillExecutor,
+    RegistrationTimeout,
+    TaskEnd,
 )
 from agent.runs import ExecutorRuns
 from dyad.containers import SANDBOX_MOUNT, ContainerInfo, Network
 from dyad.messages import (
-    URI, ExecutorInfo, HealthCheck, HealthCheckType, Reason, TaskInfo, TaskState,
+    URI,
+    ExecutorInfo,
+    HealthCheck,
+    HealthCheckType,
+    Reason,
+    TaskInfo,
+    TaskState,
 )
 
 if TYPE_CHECKING:

@@ -288,7 +288,7 @@ class AgentConfig:
     shutdown_slack: float = 2.0  # beyond grace + kill delay before exiting anyway
     completed_limit: int = 100  # completed frameworks/executors/tasks kept for /state
     containerizers: tuple[str, ...] = ("process",)  # "docker": runs from images too
-    docker: DockerConfig = DockerConfig()  # what containers may use (docs/containers.md)
+    docker: DockerConfig = attrs.field(factory=DockerConfig)  # docs/containers.md
 
     @property
     def executor_endpoint(self) -> str:
