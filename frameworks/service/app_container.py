@@ -17,7 +17,7 @@ a volume with ``persistent`` is refused (persistent volumes are not in yet).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -123,6 +123,18 @@ def _known(value: dict[str, Any], fields: set[str], where: str) -> None:
                                "(not supported by Dyad)")
 
 
+def _objects(items: list[Any], name: str,
+             fields: set[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each item of a list of objects with its path, checked to be an object of
+    known fields."""
+    for i, item in enumerate(items):
+        where = f"{name}[{i}]"
+        if not isinstance(item, dict):
+            raise ContainerInvalid(f"{where} must be an object")
+        _known(item, fields, f"{where}.")
+        yield where, item
+
+
 def _port(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
         raise ContainerInvalid(f"{where} must be a port number 0..65535")
@@ -133,11 +145,7 @@ def _mappings(value: Any) -> tuple[AppPortMapping, ...]:
     if not isinstance(value, list) or len(value) > MAX_MAPPINGS:
         raise ContainerInvalid(f"portMappings must be a list of at most {MAX_MAPPINGS}")
     result = []
-    for i, item in enumerate(value):
-        where = f"portMappings[{i}]"
-        if not isinstance(item, dict):
-            raise ContainerInvalid(f"{where} must be an object")
-        _known(item, _MAPPING_FIELDS, f"{where}.")
+    for where, item in _objects(value, "portMappings", _MAPPING_FIELDS):
         protocol = item.get("protocol", "tcp")
         if protocol not in PROTOCOLS:
             raise ContainerInvalid(f"{where}.protocol must be tcp or udp")
@@ -171,11 +179,7 @@ def _volumes(value: Any) -> tuple[Volume, ...]:
     if not isinstance(value, list):
         raise ContainerInvalid("volumes must be a list")
     result = []
-    for i, item in enumerate(value):
-        where = f"volumes[{i}]"
-        if not isinstance(item, dict):
-            raise ContainerInvalid(f"{where} must be an object")
-        _known(item, _VOLUME_FIELDS, f"{where}.")
+    for where, item in _objects(value, "volumes", _VOLUME_FIELDS):
         if "persistent" in item:
             raise ContainerInvalid(f"{where}: persistent volumes are not supported yet")
         mode = item.get("mode", "RW")
