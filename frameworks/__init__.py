@@ -7,8 +7,7 @@ yours: the built-in command executor runs them.
 
     from frameworks import (CommandInfo, Filters, FrameworkInfo, Scheduler,
                             SchedulerDriver, TaskInfo, TaskState)
-    from dyad.containers import ContainerInfo, DockerInfo, PortMapping, Volume
-from dyad.resources import Resources
+    from dyad.resources import Resources
 
     class Hello(Scheduler):
         def resource_offers(self, driver, offers):
@@ -28,6 +27,7 @@ See docs/framework-guide.md; `frameworks.testing` helps test a framework without
 cluster.
 """
 
+from dyad.containers import ContainerInfo, DockerInfo, PortMapping, Volume
 from dyad.messages import (
     URI, AgentInfo, CommandInfo, ExecutorInfo, Filters, FrameworkInfo, MasterInfo, Offer,
     Operation, OperationType, Reason, Source, TaskInfo, TaskState, TaskStatus)
@@ -38,8 +38,9 @@ from frameworks.executor_core import ExecutorEnvironmentError
 from frameworks.scheduler import Scheduler, SchedulerDriver
 
 __all__ = [
-    "URI", "AgentInfo", "CommandInfo", "ContainerInfo", "DockerInfo", "DriverStatus", "Executor", "ExecutorDriver",
-    "ExecutorEnvironmentError", "ExecutorInfo", "Filters", "FrameworkInfo", "MasterInfo",
-    "Offer", "Operation", "OperationType", "PortMapping", "Reason", "Resources", "Scheduler",
-    "SchedulerDriver", "Source", "TaskInfo", "TaskState", "TaskStatus", "Volume",
+    "URI", "AgentInfo", "CommandInfo", "ContainerInfo", "DockerInfo", "DriverStatus",
+    "Executor", "ExecutorDriver", "ExecutorEnvironmentError", "ExecutorInfo", "Filters",
+    "FrameworkInfo", "MasterInfo", "Offer", "Operation", "OperationType", "PortMapping",
+    "Reason", "Resources", "Scheduler", "SchedulerDriver", "Source", "TaskInfo",
+    "TaskState", "TaskStatus", "Volume",
 ]
