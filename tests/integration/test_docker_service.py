@@ -43,6 +43,9 @@ async def test_a_docker_app_is_healthy_through_its_mapped_port_and_heals(
         tmp_path: Path) -> None:
     argv = ["--master", cluster.master_address, "--work-dir", str(tmp_path / "state")]
     service = await services("service", *argv).started()
+    # It listens a moment before it leads (its state loads first).
+    await wait_for(lambda: "dyad-service leading" in service.log_path.read_text(), 20,
+                   "leadership")
     status, created = service.call("POST", "/v2/apps", WEB)
     assert status == 201, created
     await wait_for(settled(service, 1), 60, "a healthy task")
