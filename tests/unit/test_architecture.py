@@ -21,7 +21,7 @@ PURE_CORES = [
     "frameworks/scheduler_core.py", "frameworks/executor_core.py",
     "frameworks/batch/core.py", "frameworks/service/core.py", "frameworks/autopilot",
     "master/authz.py", "dyad/containers.py", "agent/container_spec.py",
-    "agent/container_runs.py", "agent/docker_wire.py",
+    "agent/container_runs.py", "agent/docker_wire.py", "agent/containers_core.py",
     "frameworks/service/appdef.py", "frameworks/service/constraints.py",
     "frameworks/service/deployment.py", "frameworks/service/placement.py",
     "frameworks/service/records.py", "frameworks/service/views.py",
