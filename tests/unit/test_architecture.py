@@ -21,7 +21,8 @@ PURE_CORES = [
     "frameworks/scheduler_core.py", "frameworks/executor_core.py",
     "frameworks/batch/core.py", "frameworks/service/core.py", "frameworks/autopilot",
     "master/authz.py", "dyad/containers.py", "agent/container_spec.py",
-    "agent/container_runs.py", "agent/docker_wire.py",
+    "agent/container_runs.py", "agent/docker_wire.py", "dyad/mesos_json.py",
+    "dyad/mesos_calls.py",
 ]
 ROLES = ["master", "agent", "frameworks"]
 
