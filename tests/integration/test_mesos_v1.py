@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import signal
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,6 +19,8 @@ import pytest
 from dyad.local import http_get_json
 
 from .conftest import wait_for
+from .test_ha import ha_cluster, leading  # noqa: F401 (the fixture)
+from .zookeeper import zookeeper  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -81,7 +84,7 @@ class V1Client:
         if self._reader is not None:
             self._reader.cancel()
 
-    async def next(self, kind: str, after: int = 0, timeout: float = 20.0,
+    async def next(self, kind: str, after: int = 0, timeout: float = 60.0,
                    where: Any = None) -> dict[str, Any]:
         def found() -> dict[str, Any] | None:
             for event in self.events[after:]:
@@ -268,3 +271,46 @@ async def test_refusals_are_4xx_with_reasons(v1: Any) -> None:
     assert metrics["master/v1/calls_invalid"] >= 9
     assert metrics["master/v1/streams"] == 1
     assert metrics["master/internal_errors"] == 0
+
+
+async def test_standby_redirects_and_a_failover_gives_the_framework_its_tasks_back(
+        ha_cluster: Any) -> None:
+    cluster = ha_cluster(masters=2, agents=1)
+    leader = cluster.leader()
+    (standby,) = [m for m in cluster.master_children if m is not leader]
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{standby.url}/api/v1/scheduler", allow_redirects=False,
+                                json={"type": "SUBSCRIBE"}) as answer:
+            assert answer.status == 307
+            assert answer.headers["Location"] == f"{leader.url}/api/v1/scheduler"
+
+        client = V1Client(session, leader.url)
+        try:
+            await client.subscribe(failover_timeout=120)
+            fid = client.framework_id
+            offer = (await client.next("OFFERS"))["offers"]["offers"][0]
+            launch = {"type": "LAUNCH", "launch": {"task_infos": [
+                small_task("survivor", offer, "sleep 120")]}}
+            assert await client.call("ACCEPT", accept={"offer_ids": [offer["id"]],
+                                                       "operations": [launch]}) == (202, "")
+            await client.reach("survivor", "TASK_RUNNING")
+            client.close()
+
+            leader.process.send_signal(signal.SIGKILL)
+            await wait_for(lambda: leading(cluster) not in (None, leader), 30, "a new leader")
+            new_leader = leading(cluster)
+            client.url = new_leader.url
+            subscribed = await client.subscribe(framework_id=fid)
+            assert subscribed["subscribed"]["framework_id"] == fid
+            assert subscribed["subscribed"]["master_info"]["address"]["port"] == int(
+                new_leader.url.rsplit(":", 1)[1])
+
+            def survivor_known() -> bool:
+                framework = [f for f in cluster.state()["frameworks"] if f["id"] == fid["value"]]
+                return bool(framework) and [t["id"] for t in framework[0]["tasks"]] == ["survivor"]
+            await wait_for(survivor_known, 30, "the agent to bring the task back")
+            seen = len(client.events)
+            assert await client.call("RECONCILE") == (202, "")
+            await client.next("UPDATE", after=seen, where=update_of("survivor", "TASK_RUNNING"))
+        finally:
+            client.close()
