@@ -118,6 +118,7 @@ class Service:
         await site.start()
         port = runner.addresses[0][1]
         self.advertised = f"{self.args.hostname or self.args.ip}:{port}"
+        self.api.advertised = self.advertised
         self.api.settings = {  # what /v2/info reports in Marathon's sections
             "master": self.args.master, "framework_name": self.args.name,
             "hostname": self.args.hostname or self.args.ip, "http_port": port,
