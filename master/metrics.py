@@ -132,6 +132,10 @@ COUNTERS = {
     "master/tasks_gone": "Tasks that ended TASK_GONE.",
     "master/tasks_unknown": "Tasks that ended TASK_UNKNOWN (the master never ends a task so; kept for dashboards).",
     "allocator/allocation_runs": "Allocation passes run.",
+    "master/usage_samples": "Usage samples handed to the usage store (one per executor per report).",
+    "master/usage_samples_unmatched": "Executor samples skipped: no live task of theirs is known.",
+    "master/usage_samples_rejected": "Executor samples skipped: numbers the usage store refuses.",
+    "master/usage_events": "Task state changes handed to the usage store.",
     # Kept by the shell (master/server.py).
     "master/internal_errors": "Events or frames that raised inside the master (bugs); each is logged.",
     "master/dropped_sends": "Messages the master could not send (peer gone, socket closed).",
@@ -139,6 +143,19 @@ COUNTERS = {
     "master/messages_received_as_standby": "Frames received while not leading (kept briefly, then dropped).",
     "master/leadership_pauses": "Times the leader paused because its ZooKeeper session was unconfirmed.",
     "master/loop_restarts": "Times a loop of the master shell died (a bug, logged) and was restarted.",
+    # Kept by the usage store (master/usage_api.py), reported when it is on.
+    "usage/samples": "Usage samples written to the usage store.",
+    "usage/events": "Task events written to the usage store.",
+    "usage/sampled_out": "Usage samples left out by --usage-sample-rate.",
+    "usage/dropped": "Rows dropped because the usage store's buffer was full.",
+    "usage/write_errors": "Batches the usage store failed to write (logged).",
+    "usage/expired": "Rows the usage store deleted for age or --usage-max-rows.",
+    "usage/expire_errors": "Expiry passes of the usage store that failed (logged).",
+    "usage/bad_requests": "POST /usage/query bodies refused before running (not JSON, no sql).",
+    "usage/queries": "Usage queries answered.",
+    "usage/query_errors": "Usage queries refused or failed (bad SQL, not read-only).",
+    "usage/query_timeouts": "Usage queries stopped at their time limit.",
+    "usage/query_busy": "Usage queries refused because too many were waiting.",
 }
 GAUGES = {
     "master/elected": "1 if this master is the leader, else 0.",
