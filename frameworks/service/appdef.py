@@ -22,11 +22,12 @@ from typing import Any
 import attrs
 
 from dyad.messages import CommandInfo, HealthCheck, HealthCheckType
+from frameworks.autopilot.spec import AutopilotSpec, SpecInvalid, parse_spec, unparse_spec
 from frameworks.service.constraints import (
     Constraint, ConstraintError, check_satisfiable, parse_constraint)
 
 _SEGMENT = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?")
-RESERVED_SEGMENTS = frozenset({"tasks", "restart", "versions", "delay"})
+RESERVED_SEGMENTS = frozenset({"tasks", "restart", "versions", "delay", "recommendation"})
 """Last segments that would make an app's URL ambiguous with its sub-resources."""
 MAX_ID_LENGTH = 200
 MAX_INSTANCES = 10_000
@@ -132,6 +133,7 @@ class AppDefinition:
     kill_selection: str = YOUNGEST_FIRST
     task_kill_grace_period_seconds: float | None = None
     user: str = ""
+    autopilot: AutopilotSpec = AutopilotSpec()  # right-sizing (docs/autopilot.md)
     version: str = ""
     config_version: str = ""
 
@@ -142,9 +144,11 @@ class AppDefinition:
         return self.id.strip("/").replace("/", "_")
 
     def same_config(self, other: AppDefinition) -> bool:
-        """True when only `instances` (or versions) differ: a scale, not an upgrade."""
+        """True when only `instances`, `autopilot` (or versions) differ: nothing the
+        tasks run with, so a scale, not an upgrade."""
         def blank(app: AppDefinition) -> AppDefinition:
-            return attrs.evolve(app, instances=0, version="", config_version="")
+            return attrs.evolve(app, instances=0, autopilot=AutopilotSpec(), version="",
+                                config_version="")
         return blank(self) == blank(other)
 
 
@@ -377,6 +381,7 @@ _FIELDS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "killSelection": ("kill_selection", _kill_selection),
     "taskKillGracePeriodSeconds": ("task_kill_grace_period_seconds", _number(0, 3600)),
     "user": ("user", _string),
+    "autopilot": ("autopilot", parse_spec),
 }
 
 
@@ -409,6 +414,12 @@ def parse_app(body: Any, *, app_id: str | None = None,
         name, parse = spec
         if raw is None and name in ("cmd", "args", "task_kill_grace_period_seconds"):
             fields[name] = None
+            continue
+        if name == "autopilot":  # its parser names every problem with its own path
+            try:
+                fields[name] = parse_spec(raw)
+            except SpecInvalid as exc:
+                details.extend(exc.details)
             continue
         try:
             fields[name] = parse(raw)
@@ -503,7 +514,7 @@ def app_to_json(app: AppDefinition) -> dict[str, Any]:
         "maxLaunchDelaySeconds": app.max_launch_delay_seconds,
         "killSelection": app.kill_selection,
         "taskKillGracePeriodSeconds": app.task_kill_grace_period_seconds,
-        "user": app.user,
+        "user": app.user, "autopilot": unparse_spec(app.autopilot),
     })
     return body
 
