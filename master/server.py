@@ -44,18 +44,19 @@ from dyad.effects import Send, TimerFired
 from dyad.ids import IdGenerator
 from dyad.timers import TimerTable
 from dyad.messages import Address, MasterInfo
+from dyad.supervision import LogLimiter, Supervisor
 from dyad.transport import Inbound, Router
 from dyad.zk import (
     CONNECTED, LOST, SUSPENDED, LeaderWatch, Lease, SessionState, ZkAddress, ZkError,
     ZkSession, create_contender,
 )
+from master.api_v1 import SchedulerStreams, add_routes as add_v1_routes
 from master.http import make_app
 from master.registry import (
     FileRegistry, Registry, RegistryData, RegistryError, ZooKeeperRegistry, snapshot_of,
 )
 from master.restore import restore
 from master.metrics import LATENCY_BOUNDS, Histogram
-from master.supervision import LogLimiter, Supervisor
 from master.operator import INTERNAL, OperatorCall, Reply, Request
 from master.model import (
     VERSION, Allocate, AllocationTimed, Effect, Event, InvalidFrame, MasterConfig,
@@ -125,9 +126,10 @@ class MasterServer:
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self._timers = TimerTable(self._clock.now, self._fire)
         self._internal_errors = 0
-        self._supervisor = Supervisor(on_fatal=self._give_up, count=self._count_internal_error)
-        self._log_limiter = LogLimiter()
+        self._supervisor = Supervisor(self._give_up, self._count_internal_error, logger=log)
+        self._log_limiter = LogLimiter(log)
         self._dropped_sends = 0
+        self.v1_streams = SchedulerStreams()  # Mesos v1 HTTP subscribers (master/api_v1.py)
         # Election and registry.
         self.leader: MasterInfo | None = None
         self._session: ZkSession | None = None
@@ -170,7 +172,9 @@ class MasterServer:
             self.usage = UsageService(self._usage_config, self._usage_memory_limit,
                                       self._clock.now)
             self.usage.start()
-        self._runner = web.AppRunner(make_app(self), access_log=None)
+        app = make_app(self)
+        add_v1_routes(app, self)
+        self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.SockSite(self._runner, http_socket).start()
         self._supervisor.loop("master-receive", self._receive)
@@ -239,10 +243,7 @@ class MasterServer:
     def _log_limited(self, key: str, level: int, text: str, *args: Any,
                      exc_info: bool = False) -> None:
         """Log at most once per `key` (a peer) per interval."""
-        held = self._log_limiter.allow(key)
-        if held is not None:
-            suffix = f" ({held} more since the last report)" if held else ""
-            log.log(level, text + suffix, *args, exc_info=exc_info)
+        self._log_limiter.log(key, level, text, *args, exc_info=exc_info)
 
     # --------------------------------------------------------------- HTTP view
 
@@ -304,6 +305,7 @@ class MasterServer:
         result["master/loop_restarts"] = self._supervisor.restarts
         if self.usage is not None:
             result.update(self.usage.metrics())
+        result.update(self.v1_streams.metrics())
         return result
 
     def histograms(self) -> dict[str, Histogram]:
@@ -514,6 +516,8 @@ class MasterServer:
             if self.usage is not None:  # None only while stopping
                 self.usage.store.submit(effect.samples, effect.events)
         elif isinstance(effect, Send):
+            if self.v1_streams.deliver(effect.to, effect.message):
+                return  # an HTTP subscriber's: queued for its event stream
             sent = False
             if self._router is not None:
                 try:
