@@ -108,7 +108,7 @@ def main() -> int:
         print(f"demo: word count done in {result.elapsed:.1f}s; top words: {top}")
 
         for task in http("GET", f"{api}/v2/apps/demo/web/tasks")["tasks"]:
-            url = f"http://127.0.0.1:{task['ports'][0]}/"
+            url = f"http://{task['host']}:{task['ports'][0]}/"
             with urllib.request.urlopen(url, timeout=5) as response:
                 print(f"demo: task {task['id']} on {task['host']} answers {url}: "
                       f"HTTP {response.status}")
