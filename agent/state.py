@@ -253,7 +253,8 @@ class AgentState(ExecutorRuns):
         return Task(task_id=task.task_id, framework_id=task.framework_id,
                     agent_id=self.agent_id or "", executor_id=task.executor_id,
                     name=task.info.name, state=task.state, resources=task.info.resources,
-                    status_uuid=task.status_uuid, labels=dict(task.info.labels))
+                    status_uuid=task.status_uuid, labels=dict(task.info.labels),
+                    priority=task.info.priority, revocable=task.info.revocable)
 
     def _on_registered(self, msg: AgentRegistered, now: float) -> list[Effect]:
         effects, first = self.link.answered(msg, now)

@@ -153,6 +153,8 @@ class MasterTask:
     story: collections.deque[str]
     healthy: bool | None = None
     usage: dict[str, Any] | None = None  # latest UsageReport of its executor
+    priority: int = 100  # dyad/priority.py
+    revocable: bool = False  # runs on revocable resources: not in `used`, DRF or quota
 
 
 @attrs.define(eq=False)

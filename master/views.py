@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING, Any
 
+from dyad import priority
 from dyad.codec import to_json
 from dyad.messages import TaskState
 from dyad.resources import SHARE_KINDS, UNRESERVED, Resources
@@ -209,4 +210,6 @@ def _task_json(task: MasterTask) -> dict[str, Any]:
         "labels": dict(task.labels),
         "statuses": [{"state": s.name, "timestamp": t} for s, t in task.statuses],
         "healthy": task.healthy, "usage": task.usage,
+        "priority": task.priority, "band": priority.band(task.priority),
+        "revocable": task.revocable,
     }

@@ -21,6 +21,7 @@ from typing import Any
 
 import attrs
 
+from dyad import priority as priorities
 from dyad.messages import CommandInfo, HealthCheck, HealthCheckType
 from frameworks.service.constraints import (
     Constraint, ConstraintError, check_satisfiable, parse_constraint)
@@ -132,6 +133,7 @@ class AppDefinition:
     kill_selection: str = YOUNGEST_FIRST
     task_kill_grace_period_seconds: float | None = None
     user: str = ""
+    priority: int = priorities.DEFAULT_PRODUCTION  # a service is production by default
     version: str = ""
     config_version: str = ""
 
@@ -350,6 +352,13 @@ def _kill_selection(value: Any) -> str:
     return str(value)
 
 
+def _priority(value: Any) -> int:
+    try:
+        return priorities.check_priority(value)
+    except priorities.PriorityError as exc:
+        raise _Bad(str(exc)) from None
+
+
 def _optional_cmd(value: Any) -> str:
     text = _string(value)
     if not text.strip():
@@ -377,6 +386,7 @@ _FIELDS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "killSelection": ("kill_selection", _kill_selection),
     "taskKillGracePeriodSeconds": ("task_kill_grace_period_seconds", _number(0, 3600)),
     "user": ("user", _string),
+    "priority": ("priority", _priority),
 }
 
 
@@ -503,7 +513,7 @@ def app_to_json(app: AppDefinition) -> dict[str, Any]:
         "maxLaunchDelaySeconds": app.max_launch_delay_seconds,
         "killSelection": app.kill_selection,
         "taskKillGracePeriodSeconds": app.task_kill_grace_period_seconds,
-        "user": app.user,
+        "user": app.user, "priority": app.priority,
     })
     return body
 
