@@ -13,6 +13,8 @@ from typing import Iterator
 
 import attrs
 
+from agent.qos import QosConfig
+from agent.reclaim import ReclaimConfig
 from dyad.effects import TimerKey
 from dyad.messages import (
     CommandInfo, ExecutorInfo, ExecutorUsage, FrameworkInfo, MasterInfo, Message,
@@ -285,6 +287,9 @@ class AgentConfig:
     usage_report_interval: float = 5.0
     shutdown_slack: float = 2.0  # beyond grace + kill delay before exiting anyway
     completed_limit: int = 100  # completed frameworks/executors/tasks kept for /state
+    # Oversubscription (docs/oversubscription.md): what is lent, and when it is taken back.
+    reclaim: ReclaimConfig = ReclaimConfig()
+    qos: QosConfig = QosConfig()
 
     @property
     def executor_endpoint(self) -> str:

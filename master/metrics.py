@@ -132,6 +132,10 @@ COUNTERS = {
     "master/tasks_gone": "Tasks that ended TASK_GONE.",
     "master/tasks_unknown": "Tasks that ended TASK_UNKNOWN (the master never ends a task so; kept for dashboards).",
     "allocator/allocation_runs": "Allocation passes run.",
+    "master/revocable_offers_sent": "Offers that carried revocable resources.",
+    "master/preemptions": "Tasks the master preempted (killed for higher-priority work).",
+    "master/preemptions_refused": "Preempt requests refused (preemption off, not allowed, or nothing to free).",
+    "master/preemptions_rate_limited": "Preemptions put off by --max-preemptions-per-minute.",
     # Kept by the shell (master/server.py).
     "master/internal_errors": "Events or frames that raised inside the master (bugs); each is logged.",
     "master/dropped_sends": "Messages the master could not send (peer gone, socket closed).",
@@ -163,6 +167,11 @@ GAUGES = {
        for kind in SHARE_KINDS
        for what, meaning in (("total", "in total"), ("used", "used by tasks and executors"),
                              ("offered", "held by outstanding offers"))},
+    **{f"master/{kind}_{what}": f"{kind} {meaning} over registered agents (revocable)."
+       for kind in ("cpus", "mem")
+       for what, meaning in (("revocable", "agents lend"),
+                             ("revocable_offered", "lent and held by outstanding offers"),
+                             ("revocable_used", "lent and held by revocable tasks"))},
 }
 HISTOGRAMS = {
     "allocator/allocation_run_seconds": "Duration of allocation passes, in seconds.",

@@ -66,6 +66,8 @@ class MasterConfig:
     # a partition look alike); None: no limit. dyad-master defaults to 1/10s.
     agent_removal_rate: tuple[int, float] | None = None
     max_events: int = DEFAULT_EVENTS  # entries kept in the events log (GET /events)
+    # Offer what agents lend (master/revocable.py) to frameworks that opt in.
+    oversubscription: bool = True
 
 
 # ------------------------------------------------------------------------ timer keys
@@ -194,6 +196,13 @@ class MasterAgent:
     # agent knows its static resources (`info.resources`), and tasks on these are
     # sent to it as unreserved (see `_for_agent`).
     reservations: Resources = EMPTY
+    # Oversubscription (master/revocable.py): what the agent lends, and what of it
+    # offers and revocable tasks hold; none of it is in `offered`, `used` or the
+    # allocator. `reservation` is the agent's estimate of what its tasks reserve.
+    revocable: Resources = EMPTY
+    revocable_offered: Resources = EMPTY
+    revocable_used: Resources = EMPTY
+    reservation: Resources = EMPTY
 
     @property
     def id(self) -> str:

@@ -22,7 +22,7 @@ PURE_CORES = [
     "frameworks/batch/core.py", "frameworks/service/core.py", "frameworks/autopilot",
     "master/authz.py", "dyad/containers.py", "agent/container_spec.py",
     "agent/container_runs.py", "agent/docker_wire.py",
-    "dyad/priority.py",
+    "dyad/priority.py", "agent/reclaim.py", "agent/qos.py", "agent/oversubscription.py",
 ]
 ROLES = ["master", "agent", "frameworks"]
 
