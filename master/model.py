@@ -18,6 +18,7 @@ from dyad.messages import (
     AgentInfo, ExecutorInfo, FrameworkInfo, Message, MessageError, TaskState,
 )
 from dyad.resources import Resources, is_valid_role
+from master.allocator.preemption import PreemptionConfig
 from master.events import DEFAULT_CAPACITY as DEFAULT_EVENTS
 from master.operator import OperatorCall, Reply
 
@@ -68,6 +69,7 @@ class MasterConfig:
     max_events: int = DEFAULT_EVENTS  # entries kept in the events log (GET /events)
     # Offer what agents lend (master/revocable.py) to frameworks that opt in.
     oversubscription: bool = True
+    preemption: PreemptionConfig = PreemptionConfig()  # master/preempting.py; off by default
 
 
 # ------------------------------------------------------------------------ timer keys

@@ -60,13 +60,14 @@ from dyad.ids import IdGenerator
 from dyad.messages import (
     Accept, Acknowledge, Decline, DrainAgent, Error, ExecutorExited, ExecutorToFramework,
     FrameworkInfo, FrameworkToExecutor, Heartbeat, Kill, KillTask, MasterInfo, Message,
-    Offer, Offers, OperationType, Pong, Reason, Reconcile, RegisterAgent, Revive, RunTask,
+    Offer, Offers, OperationType, Pong, Preempt, Reason, Reconcile, RegisterAgent, Revive, RunTask,
     SchedulerHeartbeat, StatusUpdate, StatusUpdateAck, Subscribe, Subscribed, Suppress,
     TaskInfo, TaskState, TaskStatus, Teardown, Unsubscribe, Update, UsageReport,
 )
 from dyad.resources import Resources
 from master import revocable
 from master.agents import AgentHandlers
+from master.preempting import PreemptionHandlers
 from master.allocator import Allocator, PolicyError
 from master.model import (
     EMPTY, Allocate, AllocationTimed, Effect, Event, FailoverTimeout, HeartbeatDue,
@@ -81,7 +82,7 @@ from master.reservations import for_agent, reservation_problem
 from master.tasks import claim_offers, launched, reconciled, status_of, task_problem
 
 
-class MasterState(AgentHandlers):
+class MasterState(PreemptionHandlers, AgentHandlers):
     """The master as a pure state machine; see the module docstring."""
 
     def __init__(self, config: MasterConfig, info: MasterInfo, ids: IdGenerator,
@@ -107,6 +108,7 @@ class MasterState(AgentHandlers):
             ExecutorExited: self._on_executor_exited,
             UsageReport: self._on_usage_report,
             DrainAgent: self._on_drain_agent,
+            Preempt: self._on_preempt,
         }
 
     def handle(self, event: Event, now: float) -> list[Effect]:
@@ -336,6 +338,7 @@ class MasterState(AgentHandlers):
         for framework_id, offers in batches.items():
             self.counters.inc("master/offers_sent", len(offers))
             self._to_framework(self.frameworks[framework_id], Offers(offers=offers))
+        self._guarantee_preemption()
 
     def _offer(self, framework_id: str, agent_id: str, resources: Resources,
                lent: Resources, batches: dict[str, list[Offer]]) -> None:

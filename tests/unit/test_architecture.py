@@ -23,6 +23,7 @@ PURE_CORES = [
     "master/authz.py", "dyad/containers.py", "agent/container_spec.py",
     "agent/container_runs.py", "agent/docker_wire.py",
     "dyad/priority.py", "agent/reclaim.py", "agent/qos.py", "agent/oversubscription.py",
+    "master/revocable.py", "master/preempting.py",
 ]
 ROLES = ["master", "agent", "frameworks"]
 
