@@ -90,6 +90,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="where fetched URIs are cached (default WORK_DIR/cache)")
     p.add_argument("--fetcher-cache-size", type=_size, default=2 * 1024 ** 3,
                    help="bound of the fetcher cache (e.g. 2GB)")
+    p.add_argument("--fetcher-allowed-paths", type=_directories, default=(),
+                   metavar="DIR[:DIR...]",
+                   help="host directories file:// URIs and absolute paths may be copied "
+                        "from (default: none; other local URIs fail the task)")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error", "critical"])
     p.add_argument("--log-format", default="text", choices=logs.FORMATS,
@@ -191,6 +195,14 @@ def _config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> AgentC
                        qos=QosConfig(mem_watermark=args.qos_mem_watermark))
 
 
+def _directories(text: str) -> tuple[str, ...]:
+    paths = tuple(path for path in text.split(os.pathsep) if path)
+    relative = [path for path in paths if not os.path.isabs(path)]
+    if relative:
+        raise argparse.ArgumentTypeError(f"allowed paths must be absolute: {relative}")
+    return paths
+
+
 def _options(args: argparse.Namespace) -> AgentOptions:
     given = Resources.parse(args.resources).names() if args.resources else set()
     return AgentOptions(
@@ -199,7 +211,8 @@ def _options(args: argparse.Namespace) -> AgentOptions:
         disk_watch_interval=args.disk_watch_interval, gc_delay=args.gc_delay,
         gc_disk_headroom=args.gc_disk_headroom, log_max_size=args.log_max_size,
         log_keep=args.log_keep, fetcher_cache_dir=args.fetcher_cache_dir,
-        fetcher_cache_size=args.fetcher_cache_size)
+        fetcher_cache_size=args.fetcher_cache_size,
+        fetcher_allowed_paths=args.fetcher_allowed_paths)
 
 
 async def _serve(config: AgentConfig, master: str, isolator: Isolator,

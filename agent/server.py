@@ -43,19 +43,21 @@ from agent.model import (
     UpdateLimits, UsageSampled,
 )
 from agent.probes import probe, probe_host
-from agent.supervision import LogLimiter, Supervisor
 from agent.state import AgentState, Event
 from agent.status_updates import SendMaster
 from dyad.clock import Clock, SystemClock
 from dyad.detector import Detector, make_detector
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired
 from dyad.messages import Reason
+from dyad.supervision import LogLimiter, Supervisor
 from dyad.timers import TimerTable
 from dyad.transport import Dealer, Inbound, Router
 
 log = logging.getLogger(__name__)
 
 FAREWELL_LINGER_MS = 1000
+LOOP_RESTART_DELAY = 0.5
+ERROR_LOG_INTERVAL = 60.0  # seconds: one line per failing peer or loop per minute
 
 
 @attrs.frozen(kw_only=True)
@@ -72,6 +74,7 @@ class AgentOptions:
     fetcher_cache_dir: str = ""  # default: WORK_DIR/cache
     fetcher_cache_size: int = 2 * 1024 * 1024 * 1024
     fetch_timeout: float = 600.0
+    fetcher_allowed_paths: tuple[str, ...] = ()  # local URIs only from beneath these
     # Resource kinds the agent measured itself (not given by --resources): on a
     # restart they are taken from the checkpoint, not measured again.
     detected_resources: frozenset[str] = frozenset()
@@ -111,8 +114,10 @@ class AgentServer:
             "agent/sandboxes_removed": 0, "agent/logs_rotated": 0,
             "agent/checkpoints_written": 0, "agent/receive_errors": 0,
             "agent/loop_errors": 0, "agent/loop_crashes": 0, "agent/http_errors": 0})
-        self._loops = Supervisor(log, self.shell_counters)
-        self._errors = LogLimiter(log)
+        self._failed = asyncio.Event()
+        self._loops = Supervisor(self._give_up, lambda: self.count("agent/loop_crashes"),
+                                 logger=log, restart_delay=LOOP_RESTART_DELAY)
+        self._errors = LogLimiter(log, interval=ERROR_LOG_INTERVAL)
         self._started = False
         self._jobs: set[asyncio.Task[Any]] = set()  # launches and health checks
         self._fetching: dict[RunKey, asyncio.Task[None]] = {}
@@ -126,7 +131,7 @@ class AgentServer:
         self._containerizer = Containerizer(self._on_process_exit, self._base_env, isolator)
         cache_dir = self.options.fetcher_cache_dir or os.path.join(config.work_dir, "cache")
         self.fetcher = Fetcher(FetcherCache(cache_dir, self.options.fetcher_cache_size),
-                               self.options.fetch_timeout)
+                               self.options.fetch_timeout, self.options.fetcher_allowed_paths)
         self._exited = asyncio.Event()
         self._stopped = asyncio.Event()
         self._stopping: asyncio.Future[None] | None = None
@@ -167,11 +172,11 @@ class AgentServer:
         self._dealer = Dealer()
         assert self._router is not None
         dealer, router = self._dealer, self._router
-        self._loops.start("core", self._run_core)
-        self._loops.start("master-socket", lambda: self._receive(dealer, "master"))
-        self._loops.start("executor-socket", lambda: self._receive(router, "executor"))
-        self._loops.start("usage", self._watch_usage)
-        self._loops.start("disk", self._watch_disk)
+        self._loops.loop("core", self._run_core)
+        self._loops.loop("master-socket", lambda: self._receive(dealer, "master"))
+        self._loops.loop("executor-socket", lambda: self._receive(router, "executor"))
+        self._loops.loop("usage", self._watch_usage)
+        self._loops.loop("disk", self._watch_disk)
         self._started = True
         if saved is not None:
             await self._recover(saved)
@@ -251,7 +256,7 @@ class AgentServer:
         self._events.put_nowait(Drain())
 
     async def _stop(self) -> None:
-        if self._started and "core" not in self._loops.dead():
+        if self._started and "core" not in self._loops.down():
             self._events.put_nowait(Shutdown())
             await self._wait_exited()
         for job in [*self._jobs, *self._fetching.values()]:
@@ -471,11 +476,15 @@ class AgentServer:
 
     def dead_loops(self) -> list[str]:
         """The agent's loops not running now (`/health` is 503 while any is)."""
-        return self._loops.dead()
+        return self._loops.down()
 
     def count(self, counter: str) -> None:
         self.shell_counters[counter] += 1
 
     async def wait_failed(self) -> None:
         """Returns when a loop died too often to restart: the process should exit."""
-        await self._loops.failed.wait()
+        await self._failed.wait()
+
+    def _give_up(self, reason: str) -> None:
+        log.critical("agent giving up: %s", reason)
+        self._failed.set()

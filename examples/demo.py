@@ -31,7 +31,7 @@ from frameworks.batch import Job, run_job
 HERE = Path(__file__).resolve().parent
 APP = {
     "id": "/demo/web",
-    "cmd": "exec python3 -m http.server --bind 127.0.0.1 $PORT0",
+    "cmd": "exec python3 -m http.server --bind $HOST $PORT0",
     "instances": 2, "cpus": 0.1, "mem": 96, "ports": [0],
     "constraints": [["hostname", "UNIQUE"]],
     "healthChecks": [{"protocol": "HTTP", "path": "/", "portIndex": 0,

@@ -43,6 +43,7 @@ from dyad.effects import Send, TimerFired
 from dyad.ids import IdGenerator
 from dyad.timers import TimerTable
 from dyad.messages import Address, MasterInfo
+from dyad.supervision import LogLimiter, Supervisor
 from dyad.transport import Inbound, Router
 from dyad.zk import (
     CONNECTED, LOST, SUSPENDED, LeaderWatch, Lease, SessionState, ZkAddress, ZkError,
@@ -54,7 +55,6 @@ from master.registry import (
 )
 from master.restore import restore
 from master.metrics import LATENCY_BOUNDS, Histogram
-from master.supervision import LogLimiter, Supervisor
 from master.operator import INTERNAL, OperatorCall, Reply, Request
 from master.model import (
     VERSION, Allocate, AllocationTimed, Effect, Event, InvalidFrame, MasterConfig,
@@ -116,8 +116,8 @@ class MasterServer:
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self._timers = TimerTable(self._clock.now, self._fire)
         self._internal_errors = 0
-        self._supervisor = Supervisor(on_fatal=self._give_up, count=self._count_internal_error)
-        self._log_limiter = LogLimiter()
+        self._supervisor = Supervisor(self._give_up, self._count_internal_error, logger=log)
+        self._log_limiter = LogLimiter(log)
         self._dropped_sends = 0
         # Election and registry.
         self.leader: MasterInfo | None = None
@@ -223,10 +223,7 @@ class MasterServer:
     def _log_limited(self, key: str, level: int, text: str, *args: Any,
                      exc_info: bool = False) -> None:
         """Log at most once per `key` (a peer) per interval."""
-        held = self._log_limiter.allow(key)
-        if held is not None:
-            suffix = f" ({held} more since the last report)" if held else ""
-            log.log(level, text + suffix, *args, exc_info=exc_info)
+        self._log_limiter.log(key, level, text, *args, exc_info=exc_info)
 
     # --------------------------------------------------------------- HTTP view
 

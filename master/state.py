@@ -60,9 +60,9 @@ from dyad.ids import IdGenerator
 from dyad.messages import (
     Accept, Acknowledge, Decline, DrainAgent, Error, ExecutorExited, ExecutorToFramework,
     FrameworkInfo, FrameworkToExecutor, Heartbeat, Kill, KillTask, MasterInfo, Message,
-    Offer, Offers, OperationType, Pong, Preempt, Reason, Reconcile, RegisterAgent, Revive, RunTask,
-    SchedulerHeartbeat, StatusUpdate, StatusUpdateAck, Subscribe, Subscribed, Suppress,
-    TaskInfo, TaskState, TaskStatus, Teardown, Unsubscribe, Update, UsageReport,
+    Offer, Offers, OperationType, Pong, Preempt, Reason, Reconcile, RegisterAgent, Rejected,
+    Revive, RunTask, SchedulerHeartbeat, StatusUpdate, StatusUpdateAck, Subscribe, Subscribed,
+    Suppress, TaskInfo, TaskState, TaskStatus, Teardown, Unsubscribe, Update, UsageReport,
 )
 from dyad.resources import Resources
 from master import revocable
@@ -123,7 +123,9 @@ class MasterState(PreemptionHandlers, AgentHandlers):
         elif isinstance(event, InvalidFrame):
             self.counters.inc("master/messages_received")
             self.counters.inc("master/messages_invalid")
-            self._reply_rejected(event.peer, event.error.reason, event.error.type_name)
+            # Never answer a broken rejection with one: two peers could loop forever.
+            if event.error.type_name != Rejected.TYPE:
+                self._reply_rejected(event.peer, event.error.reason, event.error.type_name)
         elif isinstance(event, TimerFired):
             self._timer(event.key)
         elif isinstance(event, AllocationTimed):

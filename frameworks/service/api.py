@@ -87,6 +87,7 @@ class ServiceApi:
                  name: str = "dyad-service") -> None:
         self.runtime: ServiceRuntime | None = None
         self.leader = leader
+        self.advertised: str | None = None  # this instance's address, once bound
         self.name = name
         self.counters: Counter[str] = Counter()
         self.app = web.Application(client_max_size=MAX_BODY_BYTES)
@@ -142,6 +143,9 @@ class ServiceApi:
                 continue
             if leader_only and self.runtime is None:
                 leader = await self.leader()
+                if leader is not None and leader == self.advertised:
+                    return _error(503, "this instance leads but is still loading its state; "
+                                  "retry in a moment", leader=leader)
                 return _error(503, f"this instance is a standby; the leader is {leader or 'not elected yet'}",
                               leader=leader)
             try:

@@ -118,6 +118,7 @@ class Service:
         await site.start()
         port = runner.addresses[0][1]
         self.advertised = f"{self.args.hostname or self.args.ip}:{port}"
+        self.api.advertised = self.advertised
         print(f"dyad-service listening on http://{self.args.ip}:{port}", flush=True)
         try:
             return await self._serve()

@@ -37,7 +37,7 @@ HEALTH = {"protocol": "HTTP", "path": "/", "portIndex": 0, "gracePeriodSeconds":
           "maxConsecutiveFailures": 3}
 # Every address: clients use the task's host (its agent's own 127.0.0.N in `dyad
 # local`), while the agent's health checks probe 127.0.0.1.
-WEB = {"id": "/web", "cmd": "exec python3 -m http.server $PORT0",
+WEB = {"id": "/web", "cmd": "exec python3 -m http.server --bind $HOST $PORT0",
        "instances": 3, "cpus": 0.1, "mem": 32, "ports": [0],
        "constraints": [["hostname", "UNIQUE"]], "healthChecks": [HEALTH],
        "upgradeStrategy": {"minimumHealthCapacity": 1.0, "maximumOverCapacity": 0.5},
@@ -64,6 +64,15 @@ class Service:
             assert self.process.poll() is None, self.log_path.read_text()[-3000:]
             return found[-1] if found else None
         self.url = await wait_for(listening, 20, "the service's API")
+
+        def settled_role() -> bool:
+            # The API listens before the state is loaded: until this instance
+            # leads (or names another leader) it answers 503.
+            if "dyad-service leading" in self.log_path.read_text():
+                return True
+            leader = self.get("/v2/leader")["leader"]
+            return leader is not None and f"http://{leader}" != self.url
+        await wait_for(settled_role, 20, "the service to lead or name its leader")
         return self
 
     def call(self, method: str, path: str, body: Any = None,

@@ -22,9 +22,15 @@ PURE_CORES = [
     "frameworks/batch/core.py", "frameworks/service/core.py", "frameworks/autopilot",
     "master/authz.py", "dyad/containers.py", "agent/container_spec.py",
     "agent/container_runs.py", "agent/docker_wire.py",
+    "frameworks/service/appdef.py", "frameworks/service/constraints.py",
+    "frameworks/service/deployment.py", "frameworks/service/placement.py",
+    "frameworks/service/records.py", "frameworks/service/views.py",
+    "frameworks/service/testing.py",
     "dyad/priority.py", "agent/reclaim.py", "agent/qos.py", "agent/oversubscription.py",
     "master/revocable.py", "master/preempting.py",
 ]
+CLOCK_FREE = ["frameworks/autopilot"]
+"""Cores that must not even read the wall clock (`time`): given time, always."""
 ROLES = ["master", "agent", "frameworks"]
 
 
@@ -114,3 +120,11 @@ def test_roles_meet_only_on_the_wire(role: str) -> None:
     for path in _python_files(role):
         imported = {name.split(".")[0] for name in _imports(path)}
         assert not imported & others, path
+
+
+@pytest.mark.parametrize("core", CLOCK_FREE)
+def test_clock_free_cores_never_read_the_time(core: str) -> None:
+    for path in _python_files(core):
+        reads = sorted(str(where.relative_to(ROOT)) for name, where in _reachable(path)
+                       if name == "time")
+        assert not reads, f"{path.relative_to(ROOT)} reaches time through {reads}"
