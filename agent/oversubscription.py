@@ -23,7 +23,14 @@ from collections.abc import Iterable
 
 from agent.model import MIB, AgentExecutor, AgentTask
 from agent.qos import Lent, QosConfig, corrections
-from agent.reclaim import ZERO, Amount, Estimate, ReclaimConfig, ReclaimEstimator, RunSample
+from agent.reclaim import (
+    ZERO,
+    Amount,
+    Estimate,
+    ReclaimConfig,
+    ReclaimEstimator,
+    RunSample,
+)
 from agent.records import LIVE_PHASES
 from dyad.messages import TaskState
 from dyad.resources import Resources

@@ -105,7 +105,8 @@ def place(need: Resources, priority: int, free: Mapping[str, Resources],
     best: tuple[tuple[object, ...], Plan] | None = None
     for agent_id in sorted(free):
         here = [c for c in allowed if c.agent_id == agent_id]
-        victims = _cover(lambda chosen: need <= _sum(chosen, free[agent_id]), here)
+        have = free[agent_id]
+        victims = _cover(lambda chosen, have=have: need <= _sum(chosen, have), here)
         if victims is None:
             continue
         # Fewest victims; then the lowest priorities, most important victim

@@ -105,6 +105,5 @@ async def test_idle_reservations_are_lent_and_taken_back(make_cluster: Any, driv
     assert not [s for s in service.statuses if s.task_id == "svc" and s.state.is_terminal]
     agent_state = http_get_json(f"{agent['url']}/state")
     assert agent_state["oversubscription"]["evicted"] >= 1
-    svc_usage = [t for f in cluster.state()["frameworks"] for t in f["tasks"]
-                 if t["id"] == "svc"][0]["usage"]
-    assert svc_usage is None or svc_usage["mem_rss_mb"] > 400
+    svc = next(t for f in cluster.state()["frameworks"] for t in f["tasks"] if t["id"] == "svc")
+    assert svc["state"] == "TASK_RUNNING" and svc["usage"]["mem_rss_mb"] > 400

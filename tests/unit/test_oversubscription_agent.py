@@ -11,17 +11,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.model import MIB, UsageSampled
+from agent.model import UsageSampled
 from agent.qos import EPSILON, Lent, QosConfig, corrections, victim_order
 from agent.reclaim import ZERO, Amount, ReclaimConfig, ReclaimEstimator, RunSample
 from dyad.messages import KillTask, Reason, StatusUpdate, TaskState, UsageReport
 from dyad.resources import Resources
 from tests.unit.test_agent_state import (
-    Agent, command_task, running_executor, status, to_master, to_peer, updates,
+    Agent,
+    command_task,
+    running_executor,
+    status,
+    to_master,
+    to_peer,
+    updates,
 )
 from tests.unit.test_agent_usage import sample
-
-MB = Amount(mem=1.0)
 
 
 def run(alloc_mem: float, used_mem: float | None, cpus: float = 0.0,

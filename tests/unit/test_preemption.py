@@ -12,11 +12,23 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from dyad.messages import (
-    KillTask, Preempt, Reason, Rejected, StatusUpdate, Suppress, TaskState,
+    KillTask,
+    Preempt,
+    Reason,
+    Rejected,
+    StatusUpdate,
+    Suppress,
+    TaskState,
 )
 from dyad.resources import Resources
 from master.allocator import Quota
-from master.allocator.preemption import Candidate, PreemptionConfig, order, place, reclaim
+from master.allocator.preemption import (
+    Candidate,
+    PreemptionConfig,
+    order,
+    place,
+    reclaim,
+)
 from master.model import MasterConfig
 from master.operator import SetQuota
 from tests.unit.test_master_state import Harness, launch, messages, status, task
@@ -194,7 +206,7 @@ def test_preempt_is_refused_when_off_or_not_allowed() -> None:
 
 def test_a_flagged_framework_preempts_the_lowest_priority_task_and_holds_the_room() -> None:
     h = Harness(PREEMPTING)
-    batch, aid = batch_cluster(h)
+    batch, _ = batch_cluster(h)
     other = h.subscribe("o1", name="other")
     prod = h.subscribe("p1", name="prod", capabilities=["PREEMPTION"])
     sends = ask(h, "p1", prod, "cpus:2;mem:1024", 250)

@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 
 from dyad import priority
 from dyad.messages import (
-    FrameworkInfo, MessageError, RunTask, TaskInfo, TaskState, decode, encode)
+    FrameworkInfo,
+    MessageError,
+    RunTask,
+    TaskInfo,
+    TaskState,
+    decode,
+    encode,
+)
 from dyad.resources import Resources
 from frameworks.batch.cli import build_parser
 from frameworks.service.appdef import AppInvalid, app_to_json, parse_app

@@ -6,7 +6,16 @@ validated by the harness (the books, revocable amounts included)."""
 from __future__ import annotations
 
 from dyad.messages import (
-    Decline, Filters, Kill, KillTask, Rescind, Revive, RunTask, StatusUpdate, Suppress, TaskState,
+    Decline,
+    Filters,
+    Kill,
+    KillTask,
+    Rescind,
+    Revive,
+    RunTask,
+    StatusUpdate,
+    Suppress,
+    TaskState,
     UsageReport,
 )
 from dyad.resources import Resources
@@ -72,7 +81,7 @@ def test_revocable_task_is_marked_and_counts_toward_no_share() -> None:
 
 def test_revocable_launches_are_checked() -> None:
     h = Harness()
-    service, batch, aid = full_cluster(h)
+    _, batch, aid = full_cluster(h)
     lend(h, aid)
     (offer,) = h.offers_to(h.allocate(), "b1")
     sends = h.recv("b1", launch(batch, [offer],
@@ -100,7 +109,7 @@ def test_a_framework_without_the_capability_cannot_launch_revocable() -> None:
 
 def test_shrinking_report_rescinds_revocable_offers() -> None:
     h = Harness()
-    _, batch, aid = full_cluster(h)
+    _, _, aid = full_cluster(h)
     lend(h, aid)
     (offer,) = h.offers_to(h.allocate(), "b1")
     sends = lend(h, aid, text="cpus:1;mem:256")
