@@ -32,6 +32,7 @@ from dyad.zk import ZkAddress, parse_zk_url
 from master.registry import RegistryError
 from master.usage import StoreConfig
 from master.server import DEFAULT_ZK_SESSION_TIMEOUT, MasterServer
+from master.allocator.preemption import PreemptionConfig
 from master.model import MasterConfig
 
 log = logging.getLogger("dyad.master")
@@ -133,6 +134,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-agent-ping-timeouts", type=_positive_int, default=5)
     parser.add_argument("--heartbeat-interval", type=_duration, default="5s",
                         help="framework heartbeat interval (both directions)")
+    parser.add_argument("--oversubscription", choices=["on", "off"], default="on",
+                        help="offer what agents lend (revocable resources) to frameworks "
+                             "with REVOCABLE_RESOURCES (docs/oversubscription.md)")
+    parser.add_argument("--preemption", action="store_true",
+                        help="preempt lower-priority tasks for unmet quota guarantees and "
+                             "for frameworks that ask (off by default)")
+    parser.add_argument("--max-preemptions-per-minute", type=_positive_int, default=60)
+    parser.add_argument("--preemption-hold", type=_duration, default="10s",
+                        help="how long agents freed by preemption are kept for the preemptor")
+    parser.add_argument("--preemption-guarantees", choices=["on", "off"], default="on",
+                        help="with --preemption: also preempt, unasked, for unmet guarantees")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="text", choices=logs.FORMATS,
@@ -188,7 +200,12 @@ def config_from(args: argparse.Namespace) -> MasterConfig:
         max_agent_ping_timeouts=args.max_agent_ping_timeouts,
         heartbeat_interval=args.heartbeat_interval,
         agent_reregister_timeout=args.agent_reregister_timeout,
-        agent_removal_rate=args.agent_removal_rate_limit)
+        agent_removal_rate=args.agent_removal_rate_limit,
+        oversubscription=args.oversubscription == "on",
+        preemption=PreemptionConfig(enabled=args.preemption,
+                                    max_per_minute=args.max_preemptions_per_minute,
+                                    hold=args.preemption_hold,
+                                    guarantees=args.preemption_guarantees == "on"))
 
 
 async def _serve(args: argparse.Namespace) -> int:

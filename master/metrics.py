@@ -136,6 +136,10 @@ COUNTERS = {
     "master/usage_samples_unmatched": "Executor samples skipped: no live task of theirs is known.",
     "master/usage_samples_rejected": "Executor samples skipped: numbers the usage store refuses.",
     "master/usage_events": "Task state changes handed to the usage store.",
+    "master/revocable_offers_sent": "Offers that carried revocable resources.",
+    "master/preemptions": "Tasks the master preempted (killed for higher-priority work).",
+    "master/preemptions_refused": "Preempt requests refused (preemption off, not allowed, or nothing to free).",
+    "master/preemptions_rate_limited": "Preemptions put off by --max-preemptions-per-minute.",
     # Kept by the shell (master/server.py).
     "master/internal_errors": "Events or frames that raised inside the master (bugs); each is logged.",
     "master/dropped_sends": "Messages the master could not send (peer gone, socket closed).",
@@ -189,6 +193,11 @@ GAUGES = {
        for kind in SHARE_KINDS
        for what, meaning in (("total", "in total"), ("used", "used by tasks and executors"),
                              ("offered", "held by outstanding offers"))},
+    **{f"master/{kind}_{what}": f"{kind} {meaning} over registered agents (revocable)."
+       for kind in ("cpus", "mem")
+       for what, meaning in (("revocable", "agents lend"),
+                             ("revocable_offered", "lent and held by outstanding offers"),
+                             ("revocable_used", "lent and held by revocable tasks"))},
 }
 HISTOGRAMS = {
     "allocator/allocation_run_seconds": "Duration of allocation passes, in seconds.",

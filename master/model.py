@@ -18,6 +18,7 @@ from dyad.messages import (
     AgentInfo, ExecutorInfo, FrameworkInfo, Message, MessageError, TaskState,
 )
 from dyad.resources import Resources, is_valid_role
+from master.allocator.preemption import PreemptionConfig
 from master.events import DEFAULT_CAPACITY as DEFAULT_EVENTS
 from master.operator import OperatorCall, Reply
 from master.usage_rows import RecordUsage
@@ -70,6 +71,9 @@ class MasterConfig:
     # Emit `RecordUsage` rows for the usage store (master/usage_rows.py); the shell
     # sets it when it has a store, so without one the core builds no rows.
     record_usage: bool = False
+    # Offer what agents lend (master/revocable.py) to frameworks that opt in.
+    oversubscription: bool = True
+    preemption: PreemptionConfig = PreemptionConfig()  # master/preempting.py; off by default
 
 
 # ------------------------------------------------------------------------ timer keys
@@ -157,6 +161,8 @@ class MasterTask:
     story: collections.deque[str]
     healthy: bool | None = None
     usage: dict[str, Any] | None = None  # latest UsageReport of its executor
+    priority: int = 100  # dyad/priority.py
+    revocable: bool = False  # runs on revocable resources: not in `used`, DRF or quota
 
 
 @attrs.define(eq=False)
@@ -196,6 +202,13 @@ class MasterAgent:
     # agent knows its static resources (`info.resources`), and tasks on these are
     # sent to it as unreserved (see `_for_agent`).
     reservations: Resources = EMPTY
+    # Oversubscription (master/revocable.py): what the agent lends, and what of it
+    # offers and revocable tasks hold; none of it is in `offered`, `used` or the
+    # allocator. `reservation` is the agent's estimate of what its tasks reserve.
+    revocable: Resources = EMPTY
+    revocable_offered: Resources = EMPTY
+    revocable_used: Resources = EMPTY
+    reservation: Resources = EMPTY
 
     @property
     def id(self) -> str:

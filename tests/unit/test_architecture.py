@@ -28,6 +28,8 @@ PURE_CORES = [
     "frameworks/service/records.py", "frameworks/service/views.py",
     "frameworks/service/testing.py", "frameworks/service/marathon_shape.py",
     "dyad/mesos_json.py", "dyad/mesos_calls.py",
+    "dyad/priority.py", "agent/reclaim.py", "agent/qos.py", "agent/oversubscription.py",
+    "master/revocable.py", "master/preempting.py",
 ]
 CLOCK_FREE = ["frameworks/autopilot"]
 """Cores that must not even read the wall clock (`time`): given time, always."""
