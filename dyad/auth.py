@@ -2,7 +2,7 @@
 
 Every Dyad process that accepts connections learns *principals* (short names such
 as ``agent`` or ``ops``) from one credentials file; authorization (who may do
-what) is a separate question asked later with the principal (`master.authz`).
+what) is a separate question asked later with the principal (`dyad.authz`).
 
 - ZeroMQ: CURVE. Keys are pyzmq certificate files (`create_keys`, `load_keys`).
   A server socket (`curve_server`) hands each handshake to the `ZapAuthenticator`
@@ -520,7 +520,10 @@ class HttpAuthenticator:
             if self._refused is not None:
                 self._refused(f"http_{exc.kind}", request.remote or "?", exc.reason)
             status = 403 if exc.kind == "cross_origin" else 401
-            headers = {"WWW-Authenticate": 'Bearer realm="dyad"'} if status == 401 else {}
+            # Basic too, so a browser opening the web UI asks for a login (a
+            # principal and its password or token).
+            headers = ({"WWW-Authenticate": 'Bearer realm="dyad", Basic realm="dyad"'}
+                       if status == 401 else {})
             return web.json_response({"error": exc.reason, "path": request.path},
                                      status=status, headers=headers)
         return await handler(request)
@@ -565,6 +568,25 @@ class ClientCredentials:
             raise CredentialsError(f"CURVE needs both ${DYAD_CURVE_KEY} and ${DYAD_MASTER_KEY}")
         return cls(keys, masters, Path(env[DYAD_CA]) if env.get(DYAD_CA) else None,
                    client_token(env))
+
+    @property
+    def curve(self) -> bool:
+        return self.keys is not None
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """TLS trusting only the cluster CA, or None when no CA is given."""
+        return client_ssl_context(self.ca) if self.ca is not None else None
+
+    def headers(self) -> dict[str, str]:
+        return bearer_header(self.token) if self.token else {}
+
+    def base_url(self, address: str) -> str:
+        """'host:port' -> https://host:port with a CA (the servers speak TLS),
+        else http://; an address with a scheme is kept as it is."""
+        address = address.strip().rstrip("/")
+        if address.startswith(("http://", "https://")):
+            return address
+        return f"{'https' if self.ca is not None else 'http'}://{address}"
 
     def master_key(self, advertised: bytes | None) -> bytes:
         """The master key to connect with: the one the master advertises (in its

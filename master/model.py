@@ -13,6 +13,7 @@ from typing import Any
 
 import attrs
 
+from dyad.authz import Acls
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired, TimerKey
 from dyad.messages import (
     AgentInfo, ExecutorInfo, FrameworkInfo, Message, MessageError, TaskState,
@@ -66,6 +67,8 @@ class MasterConfig:
     # a partition look alike); None: no limit. dyad-master defaults to 1/10s.
     agent_removal_rate: tuple[int, float] | None = None
     max_events: int = DEFAULT_EVENTS  # entries kept in the events log (GET /events)
+    # Who may do what (master/authorization.py); open: security is off.
+    acls: Acls = attrs.field(factory=Acls.open)
 
 
 # ------------------------------------------------------------------------ timer keys
@@ -112,6 +115,7 @@ class RemovalDue(TimerKey):
 class Received:
     peer: str
     message: Message
+    principal: str | None = None  # ZAP's name for the sender; None: no authentication
 
 
 @attrs.frozen

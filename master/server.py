@@ -37,6 +37,7 @@ import zmq
 import zmq.asyncio
 from aiohttp import web
 
+from dyad import security
 from dyad.clock import Clock, SystemClock
 from dyad.codec import to_json
 from dyad.effects import Send, TimerFired
@@ -97,7 +98,8 @@ class MasterServer:
                  clock: Clock | None = None, ids: IdGenerator | None = None,
                  context: zmq.asyncio.Context | None = None, work_dir: Path | None = None,
                  zk: ZkAddress | None = None,
-                 zk_session_timeout: float = DEFAULT_ZK_SESSION_TIMEOUT) -> None:
+                 zk_session_timeout: float = DEFAULT_ZK_SESSION_TIMEOUT,
+                 secure: security.ServerSecurity | None = None) -> None:
         self.ip = ip
         self.hostname = hostname or socket.gethostname()
         self.config = config or MasterConfig()
@@ -109,6 +111,9 @@ class MasterServer:
         self._work_dir = work_dir
         self._zk = zk
         self._zk_session_timeout = zk_session_timeout
+        self.security = secure or security.ServerSecurity()
+        self._refusals = security.Refusals("master", log)
+        self._zap: Any = None  # (context, ZapAuthenticator) with CURVE
         self._info: MasterInfo | None = None
         self._state: MasterState | None = None
         self._router: Router | None = None
@@ -144,7 +149,8 @@ class MasterServer:
         `RegistryError` (another master holds the work dir) is raised from here.
         With ZooKeeper: enter the election and return as a standby."""
         self._lost = asyncio.get_running_loop().create_future()
-        router = Router(self._context)
+        self._zap = security.zap(self.security, self._refusals)
+        router = Router(self._zap[0] if self._zap else self._context, curve=self.security.curve)
         try:
             zmq_port = router.bind(self.ip, self._zmq_port)
             http_socket = socket.create_server((self.ip, self._port))
@@ -157,9 +163,11 @@ class MasterServer:
             zmq_port=zmq_port, version=VERSION,
             address=Address(hostname=self.hostname, ip=self.ip, port=port))
         self._router = router
-        self._runner = web.AppRunner(make_app(self), access_log=None)
+        app = make_app(self)
+        security.protect(app, self.security, self._refusals)
+        self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        await web.SockSite(self._runner, http_socket).start()
+        await web.SockSite(self._runner, http_socket, ssl_context=self.security.tls).start()
         self._supervisor.loop("master-receive", self._receive)
         if self._zk is None:
             registry = FileRegistry(self._work_dir) if self._work_dir is not None else None
@@ -188,6 +196,10 @@ class MasterServer:
         if self._router is not None:
             self._router.close()
             self._router = None
+        if self._zap is not None:
+            await self._zap[1].stop()
+            self._zap[0].destroy(linger=0)
+            self._zap = None
         if self._registry is not None:
             await self._registry.close()
         if self._session is not None:
@@ -263,7 +275,8 @@ class MasterServer:
         """Queue an event for the core, in turn with the messages and timers."""
         self._events.put_nowait(event)
 
-    async def call(self, request: Request, timeout: float = OPERATOR_CALL_TIMEOUT) -> Reply:
+    async def call(self, request: Request, timeout: float = OPERATOR_CALL_TIMEOUT,
+                   principal: str | None = None) -> Reply:
         """Hand an operator request to the core through the event queue and wait
         for its `Reply`. `asyncio.TimeoutError` if the core does not answer in
         `timeout` seconds (its lease is unconfirmed, or it is stepping down)."""
@@ -272,7 +285,7 @@ class MasterServer:
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._calls[call_id] = future
         try:
-            self.submit(OperatorCall(call_id, request))
+            self.submit(OperatorCall(call_id, request, principal))
             return await asyncio.wait_for(future, timeout)
         finally:
             self._calls.pop(call_id, None)
@@ -286,6 +299,10 @@ class MasterServer:
         result["master/messages_received_as_standby"] = self._counts["received_as_standby"]
         result["master/leadership_pauses"] = self._counts["paused"]
         result["master/loop_restarts"] = self._supervisor.restarts
+        for key, count in self._refusals.counts.items():  # the core counts forbidden too
+            result[key] = result.get(key, 0) + count
+        if self._router is not None and self._router.principal_changes:
+            result["master/auth_failures/principal_changed"] = self._router.principal_changes
         return result
 
     def histograms(self) -> dict[str, Histogram]:
@@ -441,7 +458,7 @@ class MasterServer:
         """Queue one received frame for the core (or keep it, as a standby)."""
         peer = inbound.identity.hex()
         if inbound.message is not None:
-            event: Event = Received(peer, inbound.message)
+            event: Event = Received(peer, inbound.message, inbound.principal)
         elif inbound.error is not None:
             self._log_limited(peer, logging.INFO, "bad frame from %s: %s", peer,
                               inbound.error.reason)
