@@ -13,9 +13,9 @@ With credentials, what a server does:
 
 - `protect(app)`: every HTTP route but ``/health`` needs a token or a basic login
   (`dyad.auth.HttpAuthenticator`), and reading (GET) needs `view_state`;
-- `zap(context)`: the ZAP handler that admits known CURVE keys, started before a
-  server socket binds, in a ZeroMQ context of the server's own (a ZAP handler
-  belongs to one context, and two servers in one process must not share it);
+- `Zap`: the ZAP handler that admits known CURVE keys, started before a server
+  socket binds, in a ZeroMQ context of the server's own (a ZAP handler belongs
+  to one context, and two servers in one process must not share it);
 - every refusal is counted (``<prefix>/auth_failures/<kind>``) and logged once
   per peer and kind per minute (`Refusals`).
 
@@ -40,7 +40,7 @@ import zmq.asyncio
 from aiohttp import web
 
 from dyad.auth import (
-    ClientCredentials, CredentialsError, Credentials, CurveKeys, HttpAuthenticator,
+    ClientCredentials, CredentialsError, Credentials, CurveKeys, HttpAuthenticator, KeyLookup,
     RefusalLog, ZapAuthenticator, exposure_refusal, load_credentials, load_keys,
     request_principal, server_ssl_context,
 )
@@ -140,16 +140,18 @@ class Refusals:
                                  kind, peer, reason)
 
 
-def zap(security: ServerSecurity, refusals: Refusals,
-        credentials: Any = None) -> tuple[zmq.asyncio.Context, ZapAuthenticator] | None:
-    """A fresh context with a started ZAP handler for `credentials` (default: the
-    file's), for a CURVE server socket; None when this server has no CURVE key."""
-    if security.curve is None:
-        return None
-    context = zmq.asyncio.Context()
-    authenticator = ZapAuthenticator(context, credentials or security.credentials, refusals)
-    authenticator.start()
-    return context, authenticator
+class Zap:
+    """A ZeroMQ context of a CURVE server's own, with its ZAP handler running."""
+
+    def __init__(self, lookup: KeyLookup, refusals: Refusals) -> None:
+        self.context = zmq.asyncio.Context()
+        self.authenticator = ZapAuthenticator(self.context, lookup, refusals)
+        self.authenticator.start()
+
+    async def stop(self) -> None:
+        """After the server socket is closed."""
+        await self.authenticator.stop()
+        self.context.destroy(linger=0)
 
 
 CLIENT = web.AppKey("dyad.client", ClientCredentials)

@@ -113,7 +113,7 @@ class MasterServer:
         self._zk_session_timeout = zk_session_timeout
         self.security = secure or security.ServerSecurity()
         self._refusals = security.Refusals("master", log)
-        self._zap: Any = None  # (context, ZapAuthenticator) with CURVE
+        self._zap: security.Zap | None = None
         self._info: MasterInfo | None = None
         self._state: MasterState | None = None
         self._router: Router | None = None
@@ -149,8 +149,10 @@ class MasterServer:
         `RegistryError` (another master holds the work dir) is raised from here.
         With ZooKeeper: enter the election and return as a standby."""
         self._lost = asyncio.get_running_loop().create_future()
-        self._zap = security.zap(self.security, self._refusals)
-        router = Router(self._zap[0] if self._zap else self._context, curve=self.security.curve)
+        if self.security.curve is not None and self.security.credentials is not None:
+            self._zap = security.Zap(self.security.credentials, self._refusals)
+        router = Router(self._zap.context if self._zap else self._context,
+                        curve=self.security.curve)
         try:
             zmq_port = router.bind(self.ip, self._zmq_port)
             http_socket = socket.create_server((self.ip, self._port))
@@ -197,8 +199,7 @@ class MasterServer:
             self._router.close()
             self._router = None
         if self._zap is not None:
-            await self._zap[1].stop()
-            self._zap[0].destroy(linger=0)
+            await self._zap.stop()
             self._zap = None
         if self._registry is not None:
             await self._registry.close()
@@ -314,7 +315,8 @@ class MasterServer:
 
     async def _campaign(self, zk: ZkAddress) -> None:
         """Enter the election and follow it; `_leader_changed` takes over from here."""
-        self._session = ZkSession(zk.hosts, self._zk_session_timeout, self._session_state)
+        self._session = ZkSession(zk.hosts, self._zk_session_timeout, self._session_state,
+                                  digest=self.security.zk_digest, leader_root=zk.root)
         try:
             await self._session.start()
             self._contender = await create_contender(self._session, zk.root, self.info)
