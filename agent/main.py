@@ -211,15 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(args.log_level, args.log_format)
     options = _options(args)
     try:
-        secure = security.load(args)
+        secure = security.for_server(args, args.ip)
         # How we reach the master: our CURVE keys, its keys, the CA, our token.
         client = ClientCredentials.from_env()
     except (security.SecurityError, CredentialsError) as exc:
         print(f"dyad-agent: error: {exc}", file=sys.stderr)
-        return 1
-    refusal = security.refuse_exposure(args.ip, secure, args)
-    if refusal:
-        print(f"dyad-agent: error: {refusal}", file=sys.stderr)
         return 1
     try:
         isolator = detect(args.isolation, options.cgroups_root)

@@ -39,6 +39,7 @@ import os
 import re
 import secrets
 import ssl
+import urllib.request
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
@@ -587,6 +588,15 @@ class ClientCredentials:
         if address.startswith(("http://", "https://")):
             return address
         return f"{'https' if self.ca is not None else 'http'}://{address}"
+
+    def urlopen(self, request: urllib.request.Request | str, timeout: float) -> Any:
+        """`urllib.request.urlopen` with our token and, with a CA, TLS trusting
+        only it (for the CLI and other blocking clients)."""
+        if isinstance(request, str):
+            request = urllib.request.Request(request)
+        for name, value in self.headers().items():
+            request.add_header(name, value)
+        return urllib.request.urlopen(request, timeout=timeout, context=self.ssl_context())
 
     def master_key(self, advertised: bytes | None) -> bytes:
         """The master key to connect with: the one the master advertises (in its

@@ -118,9 +118,15 @@ def load(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Ser
         raise SecurityError(str(exc)) from None
 
 
-def refuse_exposure(host: str, security: ServerSecurity, args: argparse.Namespace) -> str | None:
-    """Why a server must not start listening on `host` (None: it may)."""
-    return exposure_refusal(host, security.enabled, bool(getattr(args, "insecure", False)))
+def for_server(args: argparse.Namespace, host: str,
+               environ: dict[str, str] | None = None) -> ServerSecurity:
+    """`load`, then refuse (`SecurityError`) to listen on `host` beyond loopback
+    without credentials unless ``--insecure``."""
+    security = load(args, environ)
+    refusal = exposure_refusal(host, security.enabled, bool(getattr(args, "insecure", False)))
+    if refusal:
+        raise SecurityError(refusal)
+    return security
 
 
 class Refusals:

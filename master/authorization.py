@@ -137,11 +137,11 @@ class Authorizer:
 
     def _launches(self, message: Accept, framework_user: str,
                   principal: str | None) -> Message | str:
-        users = {(task.command or (task.executor.command if task.executor else None))
-                 for op in message.operations if op.type == OperationType.LAUNCH
-                 for task in op.tasks}
+        commands = [task.command or (task.executor.command if task.executor else None)
+                    for op in message.operations if op.type == OperationType.LAUNCH
+                    for task in op.tasks]
         wanted = sorted({(command.user if command is not None else "") or framework_user
-                         for command in users})
+                         for command in commands})
         decision = self.acls.authorize_all(principal, [
             Permission(Action.RUN_TASK, user) for user in wanted])
         return message if decision else decision.reason

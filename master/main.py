@@ -174,13 +174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logs.configure(args.log_level, args.log_format)
     try:
-        secure = security.load(args)
+        secure = security.for_server(args, args.ip)
     except security.SecurityError as exc:
         log.error("cannot start the master: %s", exc)
-        return 1
-    refusal = security.refuse_exposure(args.ip, secure, args)
-    if refusal:
-        log.error("%s", refusal)
         return 1
     try:
         # The registry will live here; creating it now surfaces permission problems

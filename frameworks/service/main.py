@@ -260,13 +260,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"dyad-service: {exc}", file=sys.stderr)
             return 2
     try:
-        secure = security.load(args)
+        secure = security.for_server(args, args.ip)
     except security.SecurityError as exc:
         print(f"dyad-service: {exc}", file=sys.stderr)
-        return 2
-    refusal = security.refuse_exposure(args.ip, secure, args)
-    if refusal:
-        print(f"dyad-service: {refusal}", file=sys.stderr)
         return 2
     try:
         return asyncio.run(Service(args, secure).run())
