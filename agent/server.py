@@ -47,7 +47,9 @@ from agent.supervision import LogLimiter, Supervisor
 from agent.state import AgentState, Event
 from agent.status_updates import SendMaster
 from dyad import security
-from dyad.auth import DYAD_CURVE_KEY, DYAD_MASTER_KEY, TOKEN_ENV, TOKEN_FILE_ENV, ClientCredentials
+from dyad.auth import (
+    DYAD_CURVE_KEY, DYAD_MASTER_KEY, TOKEN_ENV, TOKEN_FILE_ENV, ClientCredentials, HandshakeWatch,
+)
 from dyad.clock import Clock, SystemClock
 from dyad.detector import Detector, make_detector
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired
@@ -116,6 +118,7 @@ class AgentServer:
         server_keys = self.security.curve or self.client.keys
         self._executor_keys = access.ExecutorKeys(server_keys) if server_keys else None
         self._zap: security.Zap | None = None
+        self._master_watch: HandshakeWatch | None = None
         self._detector = detector or make_detector(master, self.client)
         self._clock = clock or SystemClock()
         self.state = AgentState(config)
@@ -180,6 +183,9 @@ class AgentServer:
         await asyncio.to_thread(self.fetcher.cache.load)
         self._dealer = Dealer(curve=self.client.keys, server_key=self.client.master_key(None)
                               if self.client.keys else None)
+        if self.client.keys is not None:  # say why the master does not answer, if it refuses us
+            self._master_watch = HandshakeWatch(
+                self._dealer.socket, lambda where, why: self.refusals("by_master", where, why))
         assert self._router is not None
         dealer, router = self._dealer, self._router
         self._loops.start("core", self._run_core)
@@ -251,7 +257,9 @@ class AgentServer:
             return Router()
         if self._zap is None:
             self._zap = security.Zap(self._executor_keys, self.refusals)
-        return Router(self._zap.context, curve=self._executor_keys.agent_keys)
+        router = Router(self._zap.context, curve=self._executor_keys.agent_keys)
+        self._zap.watch(router.socket)
+        return router
 
     async def _recover(self, saved: SavedAgent) -> None:
         keys = [(e.framework_id, e.info.executor_id, e.run_id) for e in saved.executors]
@@ -304,6 +312,8 @@ class AgentServer:
             await self._runner.cleanup()
         if self._router is not None:
             self._router.close()
+        if self._master_watch is not None:
+            await self._master_watch.stop()
         if self._dealer is not None:
             # The last ExecutorExited and status updates may still be queued.
             self._dealer.close(linger_ms=FAREWELL_LINGER_MS)

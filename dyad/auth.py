@@ -361,10 +361,15 @@ class HandshakeWatch:
     refused our key (ZAP said 400), or the handshake broke, which for a CURVE
     client almost always means the server is not the one whose key we trust."""
 
-    def __init__(self, sock: zmq.asyncio.Socket, refused: Callable[[str, str], None]) -> None:
-        self._monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                                                | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-                                                | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+    CLIENT_EVENTS = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+    # On a server, ZAP refusals are told by the ZAP handler; these are the rest
+    # (a client without CURVE, or one that does not know the server's key).
+    SERVER_EVENTS = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+
+    def __init__(self, sock: zmq.asyncio.Socket, refused: Callable[[str, str], None],
+                 events: int = CLIENT_EVENTS) -> None:
+        self._monitor = sock.get_monitor_socket(events)
         self._sock = sock
         self._refused = refused
         self._task = asyncio.ensure_future(self._watch())
@@ -383,7 +388,8 @@ class HandshakeWatch:
     async def stop(self) -> None:
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
-        self._sock.disable_monitor()
+        if not self._sock.closed:
+            self._sock.disable_monitor()
         self._monitor.close(linger=0)
 
 

@@ -40,7 +40,8 @@ import zmq.asyncio
 from aiohttp import web
 
 from dyad.auth import (
-    ClientCredentials, CredentialsError, Credentials, CurveKeys, HttpAuthenticator, KeyLookup,
+    ClientCredentials, CredentialsError, Credentials, CurveKeys, HandshakeWatch,
+    HttpAuthenticator, KeyLookup,
     RefusalLog, ZapAuthenticator, exposure_refusal, load_credentials, load_keys,
     request_principal, server_ssl_context,
 )
@@ -153,9 +154,22 @@ class Zap:
         self.context = zmq.asyncio.Context()
         self.authenticator = ZapAuthenticator(self.context, lookup, refusals)
         self.authenticator.start()
+        self._refusals = refusals
+        self._watches: list[HandshakeWatch] = []
+
+    def watch(self, sock: zmq.asyncio.Socket) -> None:
+        """Count the handshakes on `sock` that fail before ZAP is asked (``handshake``)."""
+        self._watches.append(HandshakeWatch(sock, self._handshake_failed,
+                                            HandshakeWatch.SERVER_EVENTS))
+
+    def _handshake_failed(self, endpoint: str, reason: str) -> None:
+        self._refusals("handshake", endpoint, "a CURVE handshake failed: a client without "
+                                              "CURVE, or one that does not know our key")
 
     async def stop(self) -> None:
         """After the server socket is closed."""
+        for watch in self._watches:
+            await watch.stop()
         await self.authenticator.stop()
         self.context.destroy(linger=0)
 

@@ -108,6 +108,11 @@ class Router:
         # retransmission. The kernel caps this at net.core.somaxconn.
         self._sock.setsockopt(zmq.BACKLOG, LISTEN_BACKLOG)
 
+    @property
+    def socket(self) -> zmq.asyncio.Socket:
+        """The raw socket, for a `dyad.auth.HandshakeWatch`."""
+        return self._sock
+
     def bind(self, host: str, port: int) -> int:
         """Bind to host:port (port 0 picks a free one); return the bound port."""
         if port == 0:

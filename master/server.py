@@ -153,6 +153,8 @@ class MasterServer:
             self._zap = security.Zap(self.security.credentials, self._refusals)
         router = Router(self._zap.context if self._zap else self._context,
                         curve=self.security.curve)
+        if self._zap is not None:
+            self._zap.watch(router.socket)
         try:
             zmq_port = router.bind(self.ip, self._zmq_port)
             http_socket = socket.create_server((self.ip, self._port))
