@@ -77,9 +77,10 @@ class Flood(Scheduler):
             self.done.set()
 
 
-async def run_dyad(cluster: LocalCluster, total: int) -> Flood:
+async def run_dyad(cluster: LocalCluster, total: int, credentials: Any = None) -> Flood:
     flood = Flood(total)
-    driver = SchedulerDriver(flood, FrameworkInfo(name="bench"), master=cluster.master_address)
+    driver = SchedulerDriver(flood, FrameworkInfo(name="bench"), master=cluster.master_address,
+                             credentials=credentials)
     running = asyncio.ensure_future(driver.run_async())
     try:
         await asyncio.wait_for(flood.done.wait(), timeout=600)
