@@ -234,15 +234,16 @@ async def _teardown(request: web.Request) -> web.Response:
     return web.json_response({"torn_down": True, **reply.result})
 
 
-def _leader_url(master: MasterView) -> str:
+def _leader_url(master: MasterView, secure: bool = False) -> str:
     leader = master.leader
     if leader is None:
         raise ApiError(503, "no master is elected yet; retry shortly")
-    return leader.http_url
+    # Masters of a cluster all speak TLS or none does; MasterInfo names no scheme.
+    return leader.http_url.replace("http://", "https://", 1) if secure else leader.http_url
 
 
 async def _redirect(request: web.Request) -> web.Response:
-    raise web.HTTPTemporaryRedirect(location=_leader_url(request.app[MASTER]))
+    raise web.HTTPTemporaryRedirect(location=_leader_url(request.app[MASTER], request.secure))
 
 
 async def _webui(request: web.Request) -> web.Response:
@@ -313,7 +314,8 @@ async def _leader_only(request: web.Request, handler: Any) -> web.StreamResponse
     master = request.app[MASTER]
     if master.is_leader or request.path in _STANDBY_PATHS:
         return await handler(request)
-    raise web.HTTPTemporaryRedirect(location=_leader_url(master) + request.path_qs)
+    raise web.HTTPTemporaryRedirect(location=_leader_url(master, request.secure)
+                                    + request.path_qs)
 
 
 @web.middleware

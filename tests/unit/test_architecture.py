@@ -20,7 +20,8 @@ PURE_CORES = [
     "agent/views.py", "agent/limits.py", "agent/checkpoint.py", "agent/sandbox.py",
     "frameworks/scheduler_core.py", "frameworks/executor_core.py",
     "frameworks/batch/core.py", "frameworks/service/core.py", "frameworks/autopilot",
-    "dyad/authz.py", "dyad/containers.py", "agent/container_spec.py",
+    "dyad/authz.py", "master/authorization.py", "dyad/containers.py",
+    "agent/container_spec.py",
     "agent/container_runs.py", "agent/docker_wire.py",
 ]
 ROLES = ["master", "agent", "frameworks"]
