@@ -40,10 +40,20 @@ import zmq.asyncio
 from aiohttp import web
 
 from dyad.auth import (
-    ClientCredentials, CredentialsError, Credentials, CurveKeys, HandshakeWatch,
-    HttpAuthenticator, KeyLookup,
-    RefusalLog, ZapAuthenticator, exposure_refusal, load_credentials, load_keys,
-    request_principal, server_ssl_context,
+    ClientCredentials,
+    Credentials,
+    CredentialsError,
+    CurveKeys,
+    HandshakeWatch,
+    HttpAuthenticator,
+    KeyLookup,
+    RefusalLog,
+    ZapAuthenticator,
+    exposure_refusal,
+    load_credentials,
+    load_keys,
+    request_principal,
+    server_ssl_context,
 )
 from dyad.authz import AclError, Acls, Action, loads_acls
 from dyad.zk_acl import ZkCredentialsError, ZkDigest, load_digest

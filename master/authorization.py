@@ -29,14 +29,31 @@ import attrs
 
 from dyad.authz import Acls, Action, Permission
 from dyad.messages import (
-    Accept, Acknowledge, Decline, FrameworkToExecutor, Kill, Message, OperationType,
-    Reconcile, RegisterAgent, Revive, SchedulerHeartbeat, Subscribe, Suppress, Teardown,
+    Accept,
+    Acknowledge,
+    Decline,
+    FrameworkToExecutor,
+    Kill,
+    Message,
+    OperationType,
+    Reconcile,
+    RegisterAgent,
+    Revive,
+    SchedulerHeartbeat,
+    Subscribe,
+    Suppress,
+    Teardown,
     Unsubscribe,
 )
 from master.books import MasterBooks
 from master.model import Received
 from master.operator import (
-    DrainMachine, KillLiveTask, OperatorCall, SetQuota, SetWeights, TeardownFramework,
+    DrainMachine,
+    KillLiveTask,
+    OperatorCall,
+    SetQuota,
+    SetWeights,
+    TeardownFramework,
 )
 
 FORBIDDEN_COUNTER = "master/auth_failures/forbidden"
@@ -120,7 +137,7 @@ class Authorizer:
 
     def _framework_message(self, books: MasterBooks, message: Message,
                            principal: str | None) -> Message | str:
-        framework = books.frameworks.get(getattr(message, "framework_id"))
+        framework = books.frameworks.get(message.framework_id)
         if framework is None:
             return message  # the core refuses unknown frameworks itself
         owner = framework.info.principal

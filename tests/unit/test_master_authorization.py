@@ -8,13 +8,19 @@ import attrs
 
 from dyad.authz import parse_acls
 from dyad.messages import (
-    AgentInfo, AgentRegistered, FrameworkInfo, Message, Offers, RegisterAgent, Rejected,
-    Subscribe, Subscribed,
+    AgentInfo,
+    AgentRegistered,
+    FrameworkInfo,
+    Message,
+    Offers,
+    RegisterAgent,
+    Rejected,
+    Subscribe,
+    Subscribed,
 )
 from dyad.resources import Resources
 from master.model import MasterConfig, Received
 from master.operator import FORBIDDEN, OperatorCall, SetWeights, TeardownFramework
-
 from tests.unit.test_master_state import AGENT_RES, CMD, Harness, launch, messages, task
 
 ACLS = parse_acls({"rules": [
