@@ -32,6 +32,9 @@ import agent
 from agent import access, checkpoint, checkpoint_file, gc
 from agent.checkpoint import CheckpointError, Recover, SavedAgent
 from agent.containerizer import Containerizer, LaunchError, describe_exit
+from agent.containers_core import LaunchContainer, RemoveContainer
+from agent.docker import DEFAULT_PULL_TIMEOUT, DEFAULT_SOCKET
+from agent.docker_runner import DockerRunner, connect
 from agent.fetcher import Fetcher, FetchError, FetcherCache
 from agent.health import RunHealthCheck
 from agent.http import make_app
@@ -43,7 +46,6 @@ from agent.model import (
     UpdateLimits, UsageSampled,
 )
 from agent.probes import probe, probe_host
-from agent.supervision import LogLimiter, Supervisor
 from agent.state import AgentState, Event
 from agent.status_updates import SendMaster
 from dyad import security
@@ -54,12 +56,15 @@ from dyad.clock import Clock, SystemClock
 from dyad.detector import Detector, make_detector
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired
 from dyad.messages import Reason, Rejected
+from dyad.supervision import LogLimiter, Supervisor
 from dyad.timers import TimerTable
 from dyad.transport import Dealer, Inbound, Router
 
 log = logging.getLogger(__name__)
 
 FAREWELL_LINGER_MS = 1000
+LOOP_RESTART_DELAY = 0.5
+ERROR_LOG_INTERVAL = 60.0  # seconds: one line per failing peer or loop per minute
 
 
 @attrs.frozen(kw_only=True)
@@ -76,9 +81,14 @@ class AgentOptions:
     fetcher_cache_dir: str = ""  # default: WORK_DIR/cache
     fetcher_cache_size: int = 2 * 1024 * 1024 * 1024
     fetch_timeout: float = 600.0
+    fetcher_allowed_paths: tuple[str, ...] = ()  # local URIs only from beneath these
     # Resource kinds the agent measured itself (not given by --resources): on a
     # restart they are taken from the checkpoint, not measured again.
     detected_resources: frozenset[str] = frozenset()
+    # None: docker too when an engine answers on `docker_socket` (docs/containers.md)
+    containerizers: tuple[str, ...] | None = None
+    docker_socket: str = DEFAULT_SOCKET
+    docker_pull_timeout: float = DEFAULT_PULL_TIMEOUT
 
 
 def executor_base_env() -> dict[str, str]:
@@ -128,8 +138,10 @@ class AgentServer:
             "agent/sandboxes_removed": 0, "agent/logs_rotated": 0,
             "agent/checkpoints_written": 0, "agent/receive_errors": 0,
             "agent/loop_errors": 0, "agent/loop_crashes": 0, "agent/http_errors": 0})
-        self._loops = Supervisor(log, self.shell_counters)
-        self._errors = LogLimiter(log)
+        self._failed = asyncio.Event()
+        self._loops = Supervisor(self._give_up, lambda: self.count("agent/loop_crashes"),
+                                 logger=log, restart_delay=LOOP_RESTART_DELAY)
+        self._errors = LogLimiter(log, interval=ERROR_LOG_INTERVAL)
         self._started = False
         self._jobs: set[asyncio.Task[Any]] = set()  # launches and health checks
         self._fetching: dict[RunKey, asyncio.Task[None]] = {}
@@ -143,7 +155,8 @@ class AgentServer:
         self._containerizer = Containerizer(self._on_process_exit, self._base_env, isolator)
         cache_dir = self.options.fetcher_cache_dir or os.path.join(config.work_dir, "cache")
         self.fetcher = Fetcher(FetcherCache(cache_dir, self.options.fetcher_cache_size),
-                               self.options.fetch_timeout)
+                               self.options.fetch_timeout, self.options.fetcher_allowed_paths)
+        self.docker: DockerRunner | None = None
         self._exited = asyncio.Event()
         self._stopped = asyncio.Event()
         self._stopping: asyncio.Future[None] | None = None
@@ -179,6 +192,7 @@ class AgentServer:
             if problem:
                 raise CheckpointError(problem)
         await self._bind(saved)
+        await self._connect_docker()
         self.state = AgentState(self.config)
         await asyncio.to_thread(self.fetcher.cache.load)
         self._dealer = Dealer(curve=self.client.keys, server_key=self.client.master_key(None)
@@ -188,11 +202,11 @@ class AgentServer:
                 self._dealer.socket, lambda where, why: self.refusals("by_master", where, why))
         assert self._router is not None
         dealer, router = self._dealer, self._router
-        self._loops.start("core", self._run_core)
-        self._loops.start("master-socket", lambda: self._receive(dealer, "master"))
-        self._loops.start("executor-socket", lambda: self._receive(router, "executor"))
-        self._loops.start("usage", self._watch_usage)
-        self._loops.start("disk", self._watch_disk)
+        self._loops.loop("core", self._run_core)
+        self._loops.loop("master-socket", lambda: self._receive(dealer, "master"))
+        self._loops.loop("executor-socket", lambda: self._receive(router, "executor"))
+        self._loops.loop("usage", self._watch_usage)
+        self._loops.loop("disk", self._watch_disk)
         self._started = True
         if saved is not None:
             await self._recover(saved)
@@ -261,6 +275,17 @@ class AgentServer:
         self._zap.watch(router.socket)
         return router
 
+    async def _connect_docker(self) -> None:
+        """Decide the containerizers (raises `EngineUnavailable` when docker is
+        asked for and no engine answers)."""
+        client, containerizers = await connect(self.options.docker_socket,
+                                               self.options.containerizers)
+        self.config = attrs.evolve(self.config, containerizers=containerizers)
+        if client is not None:
+            self.docker = DockerRunner(client, self.config.docker, self.fetcher,
+                                       self._events.put_nowait,
+                                       self.options.docker_pull_timeout)
+
     async def _recover(self, saved: SavedAgent) -> None:
         keys = [(e.framework_id, e.info.executor_id, e.run_id) for e in saved.executors]
         alive = frozenset(
@@ -273,9 +298,13 @@ class AgentServer:
                     await asyncio.to_thread(self._executor_keys.recover, key, e.directory)
         for key in set(keys) - alive:  # ended while we were away: nobody removed its cgroup
             await asyncio.to_thread(self.isolator.cleanup, key)
+        containers: dict[RunKey, str] = {}
+        if self.docker is not None:
+            found, containers = await self.docker.recover(saved)
+            alive |= found
         log.info("recovering agent %s: %d of %d executors still running", saved.agent_id,
                  len(alive), len(saved.executors))
-        self._events.put_nowait(Recover(saved, alive))
+        self._events.put_nowait(Recover(saved, alive, containers))
 
     async def stop(self) -> None:
         """Shut down every executor (grace, SIGTERM, SIGKILL), then close. Idempotent."""
@@ -291,12 +320,15 @@ class AgentServer:
         self._events.put_nowait(Drain())
 
     async def _stop(self) -> None:
-        if self._started and "core" not in self._loops.dead():
+        if self._started and "core" not in self._loops.down():
             self._events.put_nowait(Shutdown())
             await self._wait_exited()
         for job in [*self._jobs, *self._fetching.values()]:
             job.cancel()
         self._containerizer.kill_all()
+        if self.docker is not None:
+            await self.docker.kill_all()
+            await self.docker.close()
         try:
             await asyncio.wait_for(self._containerizer.wait_all(), 5)
         except asyncio.TimeoutError:
@@ -430,6 +462,8 @@ class AgentServer:
 
     async def _sample_and_rotate(self) -> None:
         samples = await self._containerizer.sample_all()
+        if self.docker is not None:
+            samples += await self.docker.sample_all()
         self._events.put_nowait(UsageSampled(tuple(samples), tuple(self.fetcher.cache.uris)))
         live = [e.directory for f in self.state.frameworks.values()
                 for e in f.executors.values()]
@@ -487,8 +521,13 @@ class AgentServer:
         self._events.put_nowait(ExecutorStarted(*key, pid, started))
 
     async def _check(self, effect: RunHealthCheck) -> None:
-        self._events.put_nowait(await probe(effect, self._base_env,
-                                                     probe_host(self.config.ip)))
+        result = None
+        found = self.state.records.find(effect.key.framework_id, effect.key.task_id)
+        if self.docker is not None and found is not None:
+            result = await self.docker.probe(found[0].key, effect)
+        if result is None:
+            result = await probe(effect, self._base_env, probe_host(self.config.ip))
+        self._events.put_nowait(result)
 
     # ------------------------------------------------------------------ effects
 
@@ -511,8 +550,10 @@ class AgentServer:
             fetching = self._fetching.get(key)
             if fetching is not None:
                 fetching.cancel()
-            else:
+            elif self.docker is None or not self.docker.kill(key, effect.signal):
                 self._containerizer.kill(key, effect.signal)
+        elif isinstance(effect, LaunchContainer | RemoveContainer):
+            self._perform_container(effect)
         elif isinstance(effect, UpdateLimits):
             self._containerizer.update(
                 (effect.framework_id, effect.executor_id, effect.run_id), effect.limits)
@@ -527,6 +568,14 @@ class AgentServer:
         else:
             raise TypeError(f"unknown effect {effect!r}")
 
+    def _perform_container(self, effect: LaunchContainer | RemoveContainer) -> None:
+        if self.docker is None:  # the core launches containers only with docker on
+            log.error("no Docker containerizer for %r", effect)
+        elif isinstance(effect, LaunchContainer):
+            self.docker.launch(effect)
+        else:
+            self.docker.remove((effect.framework_id, effect.executor_id, effect.run_id))
+
     # ------------------------------------------------------------- observation
 
     def metrics(self) -> dict[str, float]:
@@ -537,11 +586,15 @@ class AgentServer:
 
     def dead_loops(self) -> list[str]:
         """The agent's loops not running now (`/health` is 503 while any is)."""
-        return self._loops.dead()
+        return self._loops.down()
 
     def count(self, counter: str) -> None:
         self.shell_counters[counter] += 1
 
     async def wait_failed(self) -> None:
         """Returns when a loop died too often to restart: the process should exit."""
-        await self._loops.failed.wait()
+        await self._failed.wait()
+
+    def _give_up(self, reason: str) -> None:
+        log.critical("agent giving up: %s", reason)
+        self._failed.set()

@@ -41,7 +41,7 @@ def measure(secure: bool, agents: int, tasks: int, requests: int, slots: int) ->
         with cluster:
             env = cluster.client_env("operator")
             credentials = ClientCredentials.from_env(env) if secure else None
-            flood = asyncio.run(run_dyad(cluster, tasks, credentials))
+            flood = asyncio.run(run_dyad(cluster, tasks, credentials=credentials))
             if flood.failed:
                 raise SystemExit(f"{len(flood.failed)} tasks did not finish: {flood.failed[:3]}")
             span = max(flood.finished_at.values()) - min(flood.accepted_at.values())

@@ -129,10 +129,7 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.json_response(request.app[MASTER].metrics())
 
 
-_CATALOGUE = {**{key: prometheus.MetricInfo(prometheus.COUNTER, text)
-                 for key, text in COUNTERS.items()},
-              **{key: prometheus.MetricInfo(prometheus.GAUGE, text)
-                 for key, text in GAUGES.items()}}
+_CATALOGUE = prometheus.catalogue(COUNTERS, GAUGES)
 
 
 async def _prometheus(request: web.Request) -> web.Response:

@@ -44,18 +44,19 @@ from dyad.effects import Send, TimerFired
 from dyad.ids import IdGenerator
 from dyad.timers import TimerTable
 from dyad.messages import Address, MasterInfo
+from dyad.supervision import LogLimiter, Supervisor
 from dyad.transport import Inbound, Router
 from dyad.zk import (
     CONNECTED, LOST, SUSPENDED, LeaderWatch, Lease, SessionState, ZkAddress, ZkError,
     ZkSession, create_contender,
 )
+from master.api_v1 import SchedulerStreams, add_routes as add_v1_routes
 from master.http import make_app
 from master.registry import (
     FileRegistry, Registry, RegistryData, RegistryError, ZooKeeperRegistry, snapshot_of,
 )
 from master.restore import restore
 from master.metrics import LATENCY_BOUNDS, Histogram
-from master.supervision import LogLimiter, Supervisor
 from master.operator import INTERNAL, OperatorCall, Reply, Request
 from master.model import (
     VERSION, Allocate, AllocationTimed, Effect, Event, InvalidFrame, MasterConfig,
@@ -121,9 +122,10 @@ class MasterServer:
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self._timers = TimerTable(self._clock.now, self._fire)
         self._internal_errors = 0
-        self._supervisor = Supervisor(on_fatal=self._give_up, count=self._count_internal_error)
-        self._log_limiter = LogLimiter()
+        self._supervisor = Supervisor(self._give_up, self._count_internal_error, logger=log)
+        self._log_limiter = LogLimiter(log)
         self._dropped_sends = 0
+        self.v1_streams = SchedulerStreams()  # Mesos v1 HTTP subscribers (master/api_v1.py)
         # Election and registry.
         self.leader: MasterInfo | None = None
         self._session: ZkSession | None = None
@@ -168,6 +170,7 @@ class MasterServer:
             address=Address(hostname=self.hostname, ip=self.ip, port=port))
         self._router = router
         app = make_app(self)
+        add_v1_routes(app, self)
         security.protect(app, self.security, self._refusals)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -238,10 +241,7 @@ class MasterServer:
     def _log_limited(self, key: str, level: int, text: str, *args: Any,
                      exc_info: bool = False) -> None:
         """Log at most once per `key` (a peer) per interval."""
-        held = self._log_limiter.allow(key)
-        if held is not None:
-            suffix = f" ({held} more since the last report)" if held else ""
-            log.log(level, text + suffix, *args, exc_info=exc_info)
+        self._log_limiter.log(key, level, text, *args, exc_info=exc_info)
 
     # --------------------------------------------------------------- HTTP view
 
@@ -302,6 +302,7 @@ class MasterServer:
         result["master/messages_received_as_standby"] = self._counts["received_as_standby"]
         result["master/leadership_pauses"] = self._counts["paused"]
         result["master/loop_restarts"] = self._supervisor.restarts
+        result.update(self.v1_streams.metrics())
         for key, count in self._refusals.counts.items():  # the core counts forbidden too
             result[key] = result.get(key, 0) + count
         if self._router is not None and self._router.principal_changes:
@@ -514,6 +515,8 @@ class MasterServer:
         elif isinstance(effect, Reply):
             self._answer(effect)
         elif isinstance(effect, Send):
+            if self.v1_streams.deliver(effect.to, effect.message):
+                return  # an HTTP subscriber's: queued for its event stream
             sent = False
             if self._router is not None:
                 try:

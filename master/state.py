@@ -60,7 +60,7 @@ from dyad.ids import IdGenerator
 from dyad.messages import (
     Accept, Acknowledge, Decline, DrainAgent, Error, ExecutorExited, ExecutorToFramework,
     FrameworkInfo, FrameworkToExecutor, Heartbeat, Kill, KillTask, MasterInfo, Message,
-    Offer, Offers, OperationType, Pong, Reason, Reconcile, RegisterAgent, Revive, RunTask,
+    Offer, Offers, OperationType, Pong, Reason, Reconcile, RegisterAgent, Rejected, Revive, RunTask,
     SchedulerHeartbeat, StatusUpdate, StatusUpdateAck, Subscribe, Subscribed, Suppress,
     TaskInfo, TaskState, TaskStatus, Teardown, Unsubscribe, Update, UsageReport,
 )
@@ -129,7 +129,9 @@ class MasterState(AgentHandlers):
         elif isinstance(event, InvalidFrame):
             self.counters.inc("master/messages_received")
             self.counters.inc("master/messages_invalid")
-            self._reply_rejected(event.peer, event.error.reason, event.error.type_name)
+            # Never answer a broken rejection with one: two peers could loop forever.
+            if event.error.type_name != Rejected.TYPE:
+                self._reply_rejected(event.peer, event.error.reason, event.error.type_name)
         elif isinstance(event, TimerFired):
             self._timer(event.key)
         elif isinstance(event, AllocationTimed):
