@@ -19,9 +19,7 @@ GET `view_state`.
 
 from __future__ import annotations
 
-import asyncio
 import os
-import posixpath
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,9 +27,9 @@ import zmq
 import zmq.auth
 from aiohttp import web
 
+from agent import files
 from agent.model import RunKey
 from agent.records import Records
-from agent.sandbox import sandboxes_root
 from dyad.auth import DYAD_CURVE_KEY, DYAD_MASTER_KEY, CurveKeys
 from dyad.authz import Acls, Action
 from dyad.messages import Message, RegisterExecutor, ReregisterExecutor
@@ -117,20 +115,18 @@ class ExecutorKeys:
 
 # ---------------------------------------------------------------------- HTTP
 
-def sandbox_framework(work_dir: str, real_path: str) -> str | None:
-    """The framework whose sandboxes hold `real_path` (symlinks resolved), if any."""
-    root = sandboxes_root(os.path.realpath(work_dir))
-    relative = posixpath.relpath(real_path, root)
-    if relative.startswith("..") or relative == ".":
-        return None
-    return relative.split("/", 1)[0]
-
-
-def _real(path: str) -> str:
-    real = os.path.realpath(path)
-    if KEY_DIR in real.split("/"):
+def sandbox_framework(work_dir: str, path: str) -> str | None:
+    """The framework whose sandboxes `path` names, as `/files` will open it
+    (`agent.files` follows no symlink below the root, so the path as written is
+    what is read); "" for the root itself, None outside the sandboxes."""
+    try:
+        _, relative = files.under_sandboxes(work_dir, path)
+    except files.FilesError:
+        return None  # /files refuses it itself
+    parts = [part for part in relative.split("/") if part]
+    if KEY_DIR in parts:
         raise PermissionError(f"{KEY_DIR} is not served")
-    return real
+    return parts[0] if parts else ""
 
 
 class HttpAccess:
@@ -154,16 +150,13 @@ class HttpAccess:
         return None if decision else decision.reason
 
     async def _sandbox(self, path: str, who: str | None) -> str | None:
-        if not path or "\0" in path:
-            return None  # /files answers 400 itself
         try:
-            real = await asyncio.to_thread(_real, path)
+            framework_id = sandbox_framework(self.work_dir, path)
         except PermissionError as exc:
             return str(exc)
-        except OSError:
+        if framework_id is None:
             return None
-        framework_id = sandbox_framework(self.work_dir, real)
-        owner = self._owner(framework_id) if framework_id is not None else ""
+        owner = self._owner(framework_id) if framework_id else ""
         decision = self.acls.authorize(who, Action.READ_SANDBOX, owner)
         return None if decision else decision.reason
 
