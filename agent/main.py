@@ -31,7 +31,8 @@ from agent.model import CONTAINERIZERS, AgentConfig
 from agent.qos import QosConfig
 from agent.reclaim import ReclaimConfig
 from agent.server import AgentOptions, AgentServer
-from dyad import logs
+from dyad import logs, security
+from dyad.auth import ClientCredentials, CredentialsError
 from dyad.detector import parse_http_address
 from dyad.resources import Resources, ResourcesError
 from dyad.units import parse_attributes, parse_duration
@@ -111,6 +112,7 @@ def _parser() -> argparse.ArgumentParser:
                    choices=["debug", "info", "warning", "error", "critical"])
     p.add_argument("--log-format", default="text", choices=logs.FORMATS,
                    help="json: one JSON object per log line (default text)")
+    security.add_flags(p, zookeeper=False)
     return p
 
 
@@ -241,8 +243,10 @@ def _options(args: argparse.Namespace) -> AgentOptions:
 
 
 async def _serve(config: AgentConfig, master: str, isolator: Isolator,
-                 options: AgentOptions) -> int:
-    server = AgentServer(config, master, isolator=isolator, options=options)
+                 options: AgentOptions, secure: security.ServerSecurity,
+                 client: ClientCredentials) -> int:
+    server = AgentServer(config, master, isolator=isolator, options=options, secure=secure,
+                         client=client)
     try:
         await server.start()
     except (CheckpointError, EngineUnavailable) as exc:
@@ -279,6 +283,13 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(args.log_level, args.log_format)
     options = _options(args)
     try:
+        secure = security.for_server(args, args.ip)
+        # How we reach the master: our CURVE keys, its keys, the CA, our token.
+        client = ClientCredentials.from_env()
+    except (security.SecurityError, CredentialsError) as exc:
+        print(f"dyad-agent: error: {exc}", file=sys.stderr)
+        return 1
+    try:
         isolator = detect(args.isolation, options.cgroups_root)
     except IsolationError as exc:
         print(f"dyad-agent: error: {exc}", file=sys.stderr)
@@ -286,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     how = "as asked" if args.isolation else "the best available"
     logging.getLogger(__name__).info("isolation: %s (%s)", isolator.name, how)
     config = attrs.evolve(config, isolation=isolator.kind)
-    return asyncio.run(_serve(config, args.master, isolator, options))
+    return asyncio.run(_serve(config, args.master, isolator, options, secure, client))
 
 
 if __name__ == "__main__":

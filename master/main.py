@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import zmq
 
-from dyad import logs
+from dyad import logs, security
 from dyad.units import parse_duration
 from dyad.zk import ZkAddress, parse_zk_url
 from master.registry import RegistryError
@@ -178,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="most rows a query answers")
     usage.add_argument("--usage-memory-limit", type=_memory_limit, default="1GB",
                        help="memory the store's engine may use (DuckDB syntax)")
+    security.add_flags(parser)
     return parser
 
 
@@ -193,8 +194,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return build_parser().parse_args(argv)
 
 
-def config_from(args: argparse.Namespace) -> MasterConfig:
+def config_from(args: argparse.Namespace,
+                secure: security.ServerSecurity | None = None) -> MasterConfig:
     return MasterConfig(
+        acls=(secure or security.ServerSecurity()).acls,
         offer_timeout=args.offer_timeout, allocation_interval=args.allocation_interval,
         agent_ping_timeout=args.agent_ping_timeout,
         max_agent_ping_timeouts=args.max_agent_ping_timeouts,
@@ -208,16 +211,17 @@ def config_from(args: argparse.Namespace) -> MasterConfig:
                                     guarantees=args.preemption_guarantees == "on"))
 
 
-async def _serve(args: argparse.Namespace) -> int:
+async def _serve(args: argparse.Namespace, secure: security.ServerSecurity) -> int:
     server = MasterServer(ip=args.ip, hostname=args.hostname, port=args.port,
-                          zmq_port=args.zmq_port, config=config_from(args),
+                          zmq_port=args.zmq_port, config=config_from(args, secure),
                           work_dir=args.work_dir, zk=args.zk,
                           zk_session_timeout=args.zk_session_timeout,
                           usage=usage_config_from(args),
-                          usage_memory_limit=args.usage_memory_limit)
+                          usage_memory_limit=args.usage_memory_limit, secure=secure)
     await server.start()
     info = server.info
-    print(f"dyad-master listening on {info.http_url} zmq={info.zmq_endpoint}", flush=True)
+    url = f"{secure.scheme}://{info.ip}:{info.port}"
+    print(f"dyad-master listening on {url} zmq={info.zmq_endpoint}", flush=True)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -239,6 +243,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logs.configure(args.log_level, args.log_format)
     try:
+        secure = security.for_server(args, args.ip)
+    except security.SecurityError as exc:
+        log.error("cannot start the master: %s", exc)
+        return 1
+    try:
         # The registry will live here; creating it now surfaces permission problems
         # at start rather than at the first failover.
         args.work_dir.mkdir(parents=True, exist_ok=True)
@@ -246,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("cannot create work dir %s: %s", args.work_dir, exc)
         return 1
     try:
-        return asyncio.run(_serve(args))
+        return asyncio.run(_serve(args, secure))
     except (OSError, zmq.ZMQError, RegistryError) as exc:  # port or work dir in use
         log.error("cannot start the master: %s", exc)
         return 1

@@ -146,6 +146,12 @@ COUNTERS = {
     "master/registry_writes": "Registry writes completed.",
     "master/messages_received_as_standby": "Frames received while not leading (kept briefly, then dropped).",
     "master/leadership_pauses": "Times the leader paused because its ZooKeeper session was unconfirmed.",
+    "master/auth_failures/forbidden": "Messages and calls refused because their principal may not (ACLs, ids of others).",
+    "master/auth_failures/curve": "CURVE handshakes refused (unknown client key).",
+    "master/auth_failures/handshake": "CURVE handshakes that failed before a key was shown (no CURVE, wrong server key).",
+    "master/auth_failures/http_unauthenticated": "HTTP requests refused for missing or wrong credentials (401).",
+    "master/auth_failures/http_cross_origin": "HTTP writes refused for coming from another site (403).",
+    "master/auth_failures/principal_changed": "Frames dropped: their ZMQ identity came with another principal before.",
     "master/loop_restarts": "Times a loop of the master shell died (a bug, logged) and was restarted.",
     # Kept by the usage store (master/usage_api.py), reported when it is on.
     "usage/samples": "Usage samples written to the usage store.",

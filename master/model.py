@@ -13,6 +13,7 @@ from typing import Any
 
 import attrs
 
+from dyad.authz import Acls
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired, TimerKey
 from dyad.messages import (
     AgentInfo, ExecutorInfo, FrameworkInfo, Message, MessageError, TaskState,
@@ -74,6 +75,8 @@ class MasterConfig:
     # Offer what agents lend (master/revocable.py) to frameworks that opt in.
     oversubscription: bool = True
     preemption: PreemptionConfig = PreemptionConfig()  # master/preempting.py; off by default
+    # Who may do what (master/authorization.py); open: security is off.
+    acls: Acls = attrs.field(factory=Acls.open)
 
 
 # ------------------------------------------------------------------------ timer keys
@@ -120,6 +123,7 @@ class RemovalDue(TimerKey):
 class Received:
     peer: str
     message: Message
+    principal: str | None = None  # ZAP's name for the sender; None: no authentication
 
 
 @attrs.frozen

@@ -69,13 +69,14 @@ from master import revocable
 from master.agents import AgentHandlers
 from master.preempting import PreemptionHandlers
 from master.allocator import Allocator, PolicyError
+from master.authorization import FORBIDDEN_COUNTER, Authorizer
 from master.model import (
     EMPTY, Allocate, AllocationTimed, Effect, Event, FailoverTimeout, HeartbeatDue,
     InvalidFrame, MasterAgent, MasterConfig, MasterFramework, OfferTimeout, PingDue,
     Received, RemovalDue, ReregisterTimeout, roles_problem,
 )
 from master.operator import (
-    CONFLICT, INVALID, NOT_FOUND, DrainMachine, KillLiveTask, MalformedCall, OperatorCall,
+    CONFLICT, FORBIDDEN, INVALID, NOT_FOUND, DrainMachine, KillLiveTask, MalformedCall, OperatorCall,
     Reply, Request, SetQuota, SetWeights, TeardownFramework,
 )
 from master.reservations import for_agent, reservation_problem
@@ -88,6 +89,7 @@ class MasterState(PreemptionHandlers, AgentHandlers):
     def __init__(self, config: MasterConfig, info: MasterInfo, ids: IdGenerator,
                  start_time: float = 0.0, allocator: Allocator | None = None) -> None:
         super().__init__(config, info, ids, start_time, allocator)
+        self.authorizer = Authorizer(config.acls)
         self._handlers: dict[type, Callable[[str, Any], None]] = {
             Subscribe: self._on_subscribe,
             Unsubscribe: self._on_unsubscribe,
@@ -119,7 +121,14 @@ class MasterState(PreemptionHandlers, AgentHandlers):
         if self._allocate_at is None:
             self._arm_allocation(now + self.config.allocation_interval)
         if isinstance(event, Received):
-            self._received(event.peer, event.message)
+            admitted = self.authorizer.admit(self, event)
+            if isinstance(admitted, str):
+                self.counters.inc("master/messages_received")
+                self.counters.inc(FORBIDDEN_COUNTER)
+                self._refuse(event.peer, event.message, admitted)
+            else:
+                self._received(event.peer, admitted)
+                self.authorizer.admitted(self, event)
         elif isinstance(event, InvalidFrame):
             self.counters.inc("master/messages_received")
             self.counters.inc("master/messages_invalid")
@@ -132,7 +141,12 @@ class MasterState(PreemptionHandlers, AgentHandlers):
             self.allocation_ms.add(event.seconds * 1000.0)
             self.allocation_seconds.add(event.seconds)
         elif isinstance(event, OperatorCall):
-            self._out.append(self._operator_call(event.call_id, event.request))
+            refusal = self.authorizer.call_refusal(self, event)
+            if refusal is not None:
+                self.counters.inc(FORBIDDEN_COUNTER)
+            self._out.append(self._operator_call(event.call_id, event.request)
+                             if refusal is None else Reply(event.call_id, refusal=FORBIDDEN,
+                                                           error=refusal))
         else:
             raise TypeError(f"MasterState cannot handle {event!r}")
         out, self._out = self._out, []

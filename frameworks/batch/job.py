@@ -115,7 +115,19 @@ def executor_info(job: Job) -> ExecutorInfo:
     return ExecutorInfo(
         executor_id=EXECUTOR_ID, name="dyad-batch executor",
         resources=Resources.of(cpus=job.executor_cpus, mem=job.executor_mem),
-        command=CommandInfo(argv=[sys.executable, "-m", "frameworks.batch.executor"]))
+        command=CommandInfo(argv=[sys.executable, "-m", "frameworks.batch.executor"],
+                            environment=_shuffle_credentials()))
+
+
+def _shuffle_credentials() -> dict[str, str]:
+    """On a secured cluster reducers read map outputs from other agents' /files
+    as this framework: they get its token (an executor's environment is private
+    to it; docs/security.md)."""
+    if not (os.environ.get("DYAD_TOKEN") or os.environ.get("DYAD_TOKEN_FILE")):
+        return {}
+    from dyad.auth import client_token
+    token = client_token()
+    return {"DYAD_TOKEN": token} if token else {}
 
 
 # -------------------------------------------------------------------- checks
