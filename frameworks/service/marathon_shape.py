@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-APP_EXTRAS = frozenset({"waitingReason", "autopilot"})
+APP_EXTRAS = frozenset({"waitingReason", "autopilot", "priority"})
 TASK_EXTRAS = frozenset({"agentId", "killing"})
 FAILURE_EXTRAS = frozenset({"reason"})
 DEPLOYMENT_EXTRAS = frozenset({"kind", "startedAt", "autoRollback", "progress", "rollbackAt"})

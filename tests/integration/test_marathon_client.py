@@ -10,8 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from marathon import MarathonApp, MarathonClient
-from marathon.exceptions import MarathonHttpError, NotFoundError
+
+from tests.helpers import compat_client
+
+compat_client("marathon")
+from marathon import MarathonApp, MarathonClient  # noqa: E402
+from marathon.exceptions import MarathonHttpError, NotFoundError  # noqa: E402
 
 from .conftest import wait_for
 from .test_service import services  # noqa: F401 (the fixture)

@@ -1,11 +1,10 @@
 """pymesos, the Python Mesos client, unmodified against a real Dyad master and
 agent (tests/integration/pymesos_scheduler.py holds the scheduler). pymesos comes
-with the test extras; its http-parser dependency is installed without its C
+with the `compat` extra; its http-parser dependency is installed without its C
 extension first (.ci/run), since that extension does not build on Python 3.11."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,14 +13,15 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import compat_client
+
 pytestmark = pytest.mark.integration
 
 SCHEDULER = Path(__file__).with_name("pymesos_scheduler.py")
 
 
 def test_pymesos_scheduler_runs_unmodified(make_cluster: Any) -> None:
-    assert importlib.util.find_spec("pymesos") is not None, \
-        "pymesos is missing: install the test extras as .ci/run does"
+    compat_client("pymesos")
     cluster = make_cluster(agents=1)
     address = cluster.master.url.removeprefix("http://")
     run = subprocess.run([sys.executable, str(SCHEDULER), address], capture_output=True,

@@ -70,7 +70,8 @@ class Service:
             # leads (or names another leader) it answers 503.
             if "dyad-service leading" in self.log_path.read_text():
                 return True
-            leader = self.get("/v2/leader")["leader"]
+            status, answer = self.call("GET", "/v2/leader")  # 404: no leader yet
+            leader = answer.get("leader") if status == 200 else None
             return leader is not None and f"http://{leader}" != self.url
         await wait_for(settled_role, 20, "the service to lead or name its leader")
         return self
