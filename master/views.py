@@ -73,6 +73,7 @@ def _agent_json(state: MasterState, agent: MasterAgent) -> dict[str, Any]:
         "reserved_resources": {role: resources_json(agent.total.reserved(role))
                                for role in sorted(agent.total.roles() - {UNRESERVED})},
         "dynamic_reservations": str(agent.reservations),
+        "volumes": [to_json(volume) for volume in agent.dynamic.volumes],
         "attributes": dict(agent.info.attributes),
         "registered_time": agent.registered_time,
         "reregistered_time": agent.reregistered_time,

@@ -26,6 +26,7 @@ PURE_CORES = [
     "frameworks/service/deployment.py", "frameworks/service/placement.py",
     "frameworks/service/records.py", "frameworks/service/views.py",
     "frameworks/service/testing.py",
+    "dyad/volumes.py", "master/volumes.py", "agent/persistent.py",
 ]
 CLOCK_FREE = ["frameworks/autopilot"]
 """Cores that must not even read the wall clock (`time`): given time, always."""
