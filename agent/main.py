@@ -23,9 +23,11 @@ import attrs
 import zmq
 
 from agent.checkpoint import CheckpointError
+from agent.container_spec import DockerConfig
 from agent.detect import DETECTED_KINDS, resolve_resources
-from agent.isolation import Isolator, IsolationError, detect
-from agent.model import AgentConfig
+from agent.docker import DEFAULT_PULL_TIMEOUT, DEFAULT_SOCKET, EngineUnavailable
+from agent.isolation import IsolationError, Isolator, detect
+from agent.model import CONTAINERIZERS, AgentConfig
 from agent.server import AgentOptions, AgentServer
 from dyad import logs
 from dyad.detector import parse_http_address
@@ -81,6 +83,17 @@ def _parser() -> argparse.ArgumentParser:
                    metavar="DIR[:DIR...]",
                    help="host directories file:// URIs and absolute paths may be copied "
                         "from (default: none; other local URIs fail the task)")
+    p.add_argument("--containerizers", type=_containerizers, default=None,
+                   help="process,docker or process (default: docker too when a Docker "
+                        "Engine answers on --docker-socket)")
+    p.add_argument("--docker-socket", default=DEFAULT_SOCKET,
+                   help="the Docker Engine's unix socket")
+    p.add_argument("--docker-volume-root", action="append", default=[],
+                   help="a host directory under which container volumes may lie "
+                        "(repeatable; default none: only sandbox-relative volumes)")
+    p.add_argument("--docker-pull-timeout", type=_duration, default=DEFAULT_PULL_TIMEOUT,
+                   help="give up an image pull after this long (its own timeout: a pull "
+                        "is not an executor registration)")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error", "critical"])
     p.add_argument("--log-format", default="text", choices=logs.FORMATS,
@@ -96,6 +109,15 @@ def _port(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"port {value} is out of range 0-65535")
     return value
+
+
+def _containerizers(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    unknown = set(names) - set(CONTAINERIZERS)
+    if unknown or "process" not in names:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: containerizers are process,docker or process")
+    return names
 
 
 def _attributes(text: str) -> dict[str, str]:
@@ -158,7 +180,9 @@ def _config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> AgentC
                        executor_reregistration_timeout=args.executor_reregistration_timeout,
                        executor_shutdown_grace_period=args.executor_shutdown_grace_period,
                        recovery_timeout=args.recovery_timeout,
-                       usage_report_interval=args.usage_report_interval)
+                       usage_report_interval=args.usage_report_interval,
+                       docker=DockerConfig(volume_roots=tuple(
+                           os.path.abspath(r) for r in args.docker_volume_root)))
 
 
 def _directories(text: str) -> tuple[str, ...]:
@@ -178,7 +202,8 @@ def _options(args: argparse.Namespace) -> AgentOptions:
         gc_disk_headroom=args.gc_disk_headroom, log_max_size=args.log_max_size,
         log_keep=args.log_keep, fetcher_cache_dir=args.fetcher_cache_dir,
         fetcher_cache_size=args.fetcher_cache_size,
-        fetcher_allowed_paths=args.fetcher_allowed_paths)
+        fetcher_allowed_paths=args.fetcher_allowed_paths, containerizers=args.containerizers,
+        docker_socket=args.docker_socket, docker_pull_timeout=args.docker_pull_timeout)
 
 
 async def _serve(config: AgentConfig, master: str, isolator: Isolator,
@@ -186,7 +211,7 @@ async def _serve(config: AgentConfig, master: str, isolator: Isolator,
     server = AgentServer(config, master, isolator=isolator, options=options)
     try:
         await server.start()
-    except CheckpointError as exc:
+    except (CheckpointError, EngineUnavailable) as exc:
         print(f"dyad-agent: error: {exc}", file=sys.stderr)
         return 1
     except (OSError, zmq.ZMQError) as exc:

@@ -32,6 +32,9 @@ import agent
 from agent import checkpoint, checkpoint_file, gc, volumes
 from agent.checkpoint import CheckpointError, Recover, SavedAgent
 from agent.containerizer import Containerizer, LaunchError, describe_exit
+from agent.containers_core import LaunchContainer, RemoveContainer
+from agent.docker import DEFAULT_PULL_TIMEOUT, DEFAULT_SOCKET
+from agent.docker_runner import DockerRunner, connect
 from agent.fetcher import Fetcher, FetchError, FetcherCache
 from agent.health import RunHealthCheck
 from agent.http import make_app
@@ -79,6 +82,10 @@ class AgentOptions:
     # Resource kinds the agent measured itself (not given by --resources): on a
     # restart they are taken from the checkpoint, not measured again.
     detected_resources: frozenset[str] = frozenset()
+    # None: docker too when an engine answers on `docker_socket` (docs/containers.md)
+    containerizers: tuple[str, ...] | None = None
+    docker_socket: str = DEFAULT_SOCKET
+    docker_pull_timeout: float = DEFAULT_PULL_TIMEOUT
 
 
 def executor_base_env() -> dict[str, str]:
@@ -134,6 +141,7 @@ class AgentServer:
         cache_dir = self.options.fetcher_cache_dir or os.path.join(config.work_dir, "cache")
         self.fetcher = Fetcher(FetcherCache(cache_dir, self.options.fetcher_cache_size),
                                self.options.fetch_timeout, self.options.fetcher_allowed_paths)
+        self.docker: DockerRunner | None = None
         self._exited = asyncio.Event()
         self._stopped = asyncio.Event()
         self._stopping: asyncio.Future[None] | None = None
@@ -169,6 +177,7 @@ class AgentServer:
             if problem:
                 raise CheckpointError(problem)
         await self._bind(saved)
+        await self._connect_docker()
         self.state = AgentState(self.config)
         await asyncio.to_thread(self.fetcher.cache.load)
         self._dealer = Dealer()
@@ -232,6 +241,17 @@ class AgentServer:
         self.config = attrs.evolve(self.config, port=bound, executor_port=executor_port,
                                    pid=os.getpid())
 
+    async def _connect_docker(self) -> None:
+        """Decide the containerizers (raises `EngineUnavailable` when docker is
+        asked for and no engine answers)."""
+        client, containerizers = await connect(self.options.docker_socket,
+                                               self.options.containerizers)
+        self.config = attrs.evolve(self.config, containerizers=containerizers)
+        if client is not None:
+            self.docker = DockerRunner(client, self.config.docker, self.fetcher,
+                                       self._events.put_nowait,
+                                       self.options.docker_pull_timeout)
+
     async def _recover(self, saved: SavedAgent) -> None:
         keys = [(e.framework_id, e.info.executor_id, e.run_id) for e in saved.executors]
         alive = frozenset(
@@ -240,9 +260,13 @@ class AgentServer:
             and self._containerizer.adopt(key, e.pid, e.started))
         for key in set(keys) - alive:  # ended while we were away: nobody removed its cgroup
             await asyncio.to_thread(self.isolator.cleanup, key)
+        containers: dict[RunKey, str] = {}
+        if self.docker is not None:
+            found, containers = await self.docker.recover(saved)
+            alive |= found
         log.info("recovering agent %s: %d of %d executors still running", saved.agent_id,
                  len(alive), len(saved.executors))
-        self._events.put_nowait(Recover(saved, alive))
+        self._events.put_nowait(Recover(saved, alive, containers))
 
     async def stop(self) -> None:
         """Shut down every executor (grace, SIGTERM, SIGKILL), then close. Idempotent."""
@@ -264,6 +288,9 @@ class AgentServer:
         for job in [*self._jobs, *self._fetching.values()]:
             job.cancel()
         self._containerizer.kill_all()
+        if self.docker is not None:
+            await self.docker.kill_all()
+            await self.docker.close()
         try:
             await asyncio.wait_for(self._containerizer.wait_all(), 5)
         except asyncio.TimeoutError:
@@ -382,6 +409,8 @@ class AgentServer:
 
     async def _sample_and_rotate(self) -> None:
         samples = await self._containerizer.sample_all()
+        if self.docker is not None:
+            samples += await self.docker.sample_all()
         self._events.put_nowait(UsageSampled(tuple(samples), tuple(self.fetcher.cache.uris)))
         live = [e.directory for f in self.state.frameworks.values()
                 for e in f.executors.values()]
@@ -431,8 +460,13 @@ class AgentServer:
         self._events.put_nowait(ExecutorStarted(*key, pid, started))
 
     async def _check(self, effect: RunHealthCheck) -> None:
-        self._events.put_nowait(await probe(effect, self._base_env,
-                                                     probe_host(self.config.ip)))
+        result = None
+        found = self.state.records.find(effect.key.framework_id, effect.key.task_id)
+        if self.docker is not None and found is not None:
+            result = await self.docker.probe(found[0].key, effect)
+        if result is None:
+            result = await probe(effect, self._base_env, probe_host(self.config.ip))
+        self._events.put_nowait(result)
 
     # ------------------------------------------------------------------ effects
 
@@ -455,8 +489,10 @@ class AgentServer:
             fetching = self._fetching.get(key)
             if fetching is not None:
                 fetching.cancel()
-            else:
+            elif self.docker is None or not self.docker.kill(key, effect.signal):
                 self._containerizer.kill(key, effect.signal)
+        elif isinstance(effect, LaunchContainer | RemoveContainer):
+            self._perform_container(effect)
         elif isinstance(effect, UpdateLimits):
             self._containerizer.update(
                 (effect.framework_id, effect.executor_id, effect.run_id), effect.limits)
@@ -481,6 +517,14 @@ class AgentServer:
         except volumes.VolumeError as exc:
             self.shell_counters["agent/volume_errors"] += 1
             log.warning("%s", exc)
+
+    def _perform_container(self, effect: LaunchContainer | RemoveContainer) -> None:
+        if self.docker is None:  # the core launches containers only with docker on
+            log.error("no Docker containerizer for %r", effect)
+        elif isinstance(effect, LaunchContainer):
+            self.docker.launch(effect)
+        else:
+            self.docker.remove((effect.framework_id, effect.executor_id, effect.run_id))
 
     # ------------------------------------------------------------- observation
 

@@ -35,6 +35,9 @@ import attrs
 
 from agent import checkpoint, launch, limits, persistent, views
 from agent.checkpoint import Recover, SavedAgent
+from agent.containers_core import (
+    ContainerEvent, ContainerRuns, LaunchContainer, RemoveContainer, executor_info,
+)
 from agent.health import (
     HealthChanged, HealthCheckResult, HealthChecker, HealthRound, RunHealthCheck,
 )
@@ -48,7 +51,6 @@ from agent.model import (
     UpdateLimits, UsageSampled,
 )
 from agent.records import LIVE_PHASES, Records
-from agent.runs import ExecutorRuns
 from agent.sandbox import InvalidId, check_id
 from agent.status_updates import SendMaster, StatusUpdateManager, UpdateRetry
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired, UnknownTimer
@@ -68,14 +70,15 @@ log = logging.getLogger(__name__)
 
 Event = (MasterMessage | ExecutorMessage | InvalidFrame | ExecutorStarted | ExecutorProcessExited
          | ExecutorLaunchFailed | MasterDetected | TimerFired | Shutdown | Drain
-         | UsageSampled | HealthCheckResult | Recover)
+         | UsageSampled | HealthCheckResult | Recover | ContainerEvent)
 
 Effect = (SendMaster | Send | LaunchExecutor | KillExecutor | UpdateLimits | RunHealthCheck
           | ArmTimer | CancelTimer | ConnectMaster | DetectMaster | Checkpoint | Exit
+          | LaunchContainer | RemoveContainer
           | persistent.CreateVolume | persistent.DestroyVolume | persistent.MountVolumes)
 
 
-class AgentState(ExecutorRuns):
+class AgentState(ContainerRuns):
     """One agent's executors, tasks and master link. See the module docstring."""
 
     def __init__(self, config: AgentConfig, new_id: Callable[[], str] = new_uuid) -> None:
@@ -142,6 +145,8 @@ class AgentState(ExecutorRuns):
             return self._on_drain(now)
         if isinstance(event, Recover):
             return self._on_recover(event, now)
+        if isinstance(event, ContainerEvent):
+            return self._on_container(event, now)
         if isinstance(event, Shutdown):
             return self._on_shutdown(now)
         raise TypeError(f"not an agent event: {event!r}")
@@ -342,7 +347,8 @@ class AgentState(ExecutorRuns):
         except InvalidId as exc:
             return self._agent_update(framework_id, task.task_id, executor_id,
                                       TaskState.TASK_ERROR, Reason.TASK_INVALID, str(exc), now)
-        info = launch.executor_info_for(self.config, framework_id, task)
+        info = (executor_info(task, framework_id) if task.container and task.command
+                else launch.executor_info_for(self.config, framework_id, task))
         if self.shutting_down:
             return self._agent_update(framework_id, task.task_id, info.executor_id,
                                       TaskState.TASK_LOST, Reason.AGENT_RESTARTED,
@@ -357,6 +363,10 @@ class AgentState(ExecutorRuns):
             return self._agent_update(framework_id, task.task_id, info.executor_id,
                                       TaskState.TASK_LOST, Reason.EXECUTOR_TERMINATED,
                                       "executor is shutting down", now)
+        problem = self._container_problem(task, info, executor is None)
+        if problem:
+            return self._agent_update(framework_id, task.task_id, info.executor_id,
+                                      TaskState.TASK_ERROR, Reason.TASK_INVALID, problem, now)
         needed = self._needed(task, info, executor is None)
         if needed is None:
             return self._agent_update(
@@ -407,6 +417,10 @@ class AgentState(ExecutorRuns):
             return Resources()
 
     def _mounts(self, executor: AgentExecutor, needed: Resources) -> list[Effect]:
+        """A process run sees its volumes through links in its sandbox; a container
+        gets them bound when it is created (`_launch_container`)."""
+        if executor.info.container is not None:
+            return []
         return [*persistent.mounts(self.config.work_dir, self.dynamic, executor.directory,
                                    [needed])]
 
@@ -440,6 +454,8 @@ class AgentState(ExecutorRuns):
             return killed
         if task.task_id not in executor.launched:
             return []  # terminal already; its update is on its way
+        if executor.direct:
+            return self._stop_container(executor, msg.kill_grace_period, now)
         effects: list[Effect] = [*self.health.stop(task.framework_id, task.task_id)]
         if executor.phase == RECOVERING:
             executor.pending_kills[task.task_id] = msg.kill_grace_period
@@ -449,12 +465,14 @@ class AgentState(ExecutorRuns):
         return effects
 
     def _kill_launched(self, executor: AgentExecutor, task: AgentTask,
-                       outcome: TaskEnd) -> list[Effect]:
+                       outcome: TaskEnd, now: float) -> list[Effect]:
         """Ask the executor to kill `task` (its kill policy applies) and report the
         end as `outcome`, whatever the executor calls it."""
         task.kill_as = outcome
         self._changed()
         effects: list[Effect] = [*self.health.stop(task.framework_id, task.task_id)]
+        if executor.direct:
+            return effects + self._stop_container(executor, None, now)
         if executor.phase == RUNNING and executor.peer is not None:
             effects.append(Send(executor.peer, KillTask(
                 framework_id=task.framework_id, task_id=task.task_id,
@@ -561,7 +579,7 @@ class AgentState(ExecutorRuns):
                 log.warning("killing task %s: %s", task.task_id, outcome.message)
                 self.counters["tasks_killed_unhealthy"] += 1
                 effects += self._kill_launched(executor, task, TaskEnd(
-                    TaskState.TASK_FAILED, Reason.TASK_UNHEALTHY, outcome.message))
+                    TaskState.TASK_FAILED, Reason.TASK_UNHEALTHY, outcome.message), now)
         return effects
 
     # ------------------------------------------------------------------- usage
@@ -652,11 +670,15 @@ class AgentState(ExecutorRuns):
             if executor.key not in event.alive:
                 effects += self._on_executor_gone(
                     *executor.key, UNKNOWN_EXIT, now, reason=Reason.EXECUTOR_TERMINATED,
-                    message="executor ended while the agent was down")
+                    message=("container vanished" if executor.info.container else
+                             "executor ended") + " while the agent was down")
             elif was == TERMINATING:
                 executor.phase = TERMINATING  # it was being stopped: finish the job
                 effects += [self._kill(executor, "TERM"), *self._arm_executor_timer(
                     executor, KillDue, now + self.config.executor_kill_delay)]
+            elif executor.direct:
+                effects += self._container_recovered(
+                    executor, event.containers.get(executor.key), now)
             else:
                 timeout = (self.config.executor_registration_timeout if was == LAUNCHING
                            else self.config.executor_reregistration_timeout)

@@ -46,6 +46,7 @@ def _executor(state: AgentState, executor: AgentExecutor) -> dict[str, Any]:
         "id": executor.executor_id, "name": executor.info.name,
         "framework_id": executor.framework_id, "run_id": executor.run_id,
         "directory": executor.directory, "state": executor.phase, "pid": executor.pid,
+        "container_id": executor.container_id,
         "resources": resources_dict(executor.info.resources), "exit_status": executor.status,
         "limits": {"cpus": executor.limits.cpus, "mem_bytes": executor.limits.mem_bytes},
         "statistics": _statistics(executor),

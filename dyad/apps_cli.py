@@ -114,6 +114,11 @@ def _decode(raw: bytes) -> Any:
         return {"message": raw.decode(errors="replace").strip()}
 
 
+DYAD = {"dyad": "true"}
+"""Asks for Dyad's extra fields (waitingReason, deployment progress...) beside
+Marathon's (frameworks/service/marathon_shape.py)."""
+
+
 def app_path(app_id: str) -> str:
     return "/v2/apps/" + urllib.parse.quote(app_id.strip("/"))
 
@@ -191,9 +196,9 @@ def execute(args: argparse.Namespace) -> str:
     service = args.service
     force = {"force": "true"} if args.force else None
     if args.action == "list":
-        return format_apps(request(service, "GET", "/v2/apps")["apps"])
+        return format_apps(request(service, "GET", "/v2/apps", query=DYAD)["apps"])
     if args.action == "show":
-        app = request(service, "GET", app_path(args.id))["app"]
+        app = request(service, "GET", app_path(args.id), query=DYAD)["app"]
         return json.dumps(app, indent=2) + "\n" if args.json else format_app(app)
     if args.action == "add":
         app = request(service, "POST", "/v2/apps", _read_definition(args.file), force)
@@ -210,7 +215,7 @@ def execute(args: argparse.Namespace) -> str:
         answer = request(service, "DELETE", app_path(args.id), None, force)
         return _deployment_line(answer, f"removing {args.id}")
     if args.action == "deployments":
-        return format_deployments(request(service, "GET", "/v2/deployments"))
+        return format_deployments(request(service, "GET", "/v2/deployments", query=DYAD))
     raise ValueError(f"unknown action {args.action}")
 
 

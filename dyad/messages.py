@@ -34,6 +34,7 @@ import attrs
 
 from dyad import bounded_json
 from dyad.codec import CodecError, from_json, to_json
+from dyad.containers import ContainerInfo
 from dyad.resources import Resources
 from dyad.volumes import DynamicResources, PersistentVolume
 
@@ -256,6 +257,7 @@ class ExecutorInfo:
     resources: Resources = attrs.field(factory=Resources)
     name: str = ""
     framework_id: str | None = None
+    container: ContainerInfo | None = None  # run the executor from an image
 
 
 @attrs.frozen(kw_only=True)
@@ -272,6 +274,7 @@ class TaskInfo:
     labels: dict[str, str] = attrs.field(factory=dict)
     kill_grace_period: float | None = attrs.field(default=None, validator=_nonnegative)
     health_check: HealthCheck | None = None
+    container: ContainerInfo | None = None  # a command task run from an image
 
 
 @attrs.frozen(kw_only=True)

@@ -25,7 +25,13 @@ from typing import Any
 import attrs
 
 from dyad.containers import VOLUME_MODES, VolumeMode
-from dyad.resources import UNRESERVED, VOLUME_KIND, Resources, ResourcesError, is_valid_role
+from dyad.resources import (
+    UNRESERVED,
+    VOLUME_KIND,
+    Resources,
+    ResourcesError,
+    is_valid_role,
+)
 
 _ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 MAX_ID_CHARS = 128

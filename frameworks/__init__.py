@@ -27,6 +27,7 @@ See docs/framework-guide.md; `frameworks.testing` helps test a framework without
 cluster.
 """
 
+from dyad.containers import ContainerInfo, DockerInfo, PortMapping, Volume
 from dyad.messages import (
     URI, AgentInfo, CommandInfo, ExecutorInfo, Filters, FrameworkInfo, MasterInfo, Offer,
     Operation, OperationType, Reason, Source, TaskInfo, TaskState, TaskStatus)
@@ -37,8 +38,9 @@ from frameworks.executor_core import ExecutorEnvironmentError
 from frameworks.scheduler import Scheduler, SchedulerDriver
 
 __all__ = [
-    "URI", "AgentInfo", "CommandInfo", "DriverStatus", "Executor", "ExecutorDriver",
-    "ExecutorEnvironmentError", "ExecutorInfo", "Filters", "FrameworkInfo", "MasterInfo",
-    "Offer", "Operation", "OperationType", "Reason", "Resources", "Scheduler",
-    "SchedulerDriver", "Source", "TaskInfo", "TaskState", "TaskStatus",
+    "URI", "AgentInfo", "CommandInfo", "ContainerInfo", "DockerInfo", "DriverStatus",
+    "Executor", "ExecutorDriver", "ExecutorEnvironmentError", "ExecutorInfo", "Filters",
+    "FrameworkInfo", "MasterInfo", "Offer", "Operation", "OperationType", "PortMapping",
+    "Reason", "Resources", "Scheduler", "SchedulerDriver", "Source", "TaskInfo",
+    "TaskState", "TaskStatus", "Volume",
 ]

@@ -143,9 +143,18 @@ COUNTERS = {
     "master/messages_received_as_standby": "Frames received while not leading (kept briefly, then dropped).",
     "master/leadership_pauses": "Times the leader paused because its ZooKeeper session was unconfirmed.",
     "master/loop_restarts": "Times a loop of the master shell died (a bug, logged) and was restarted.",
+    # Kept by the Mesos v1 scheduler API (master/api_v1.py).
+    "master/v1/subscribes": "SUBSCRIBE calls to /api/v1/scheduler.",
+    "master/v1/calls": "Other calls to /api/v1/scheduler that passed conversion.",
+    "master/v1/calls_invalid": "Calls to /api/v1/scheduler refused with a 4xx.",
+    "master/v1/events": "Events written to v1 subscribers' streams.",
+    "master/v1/rejected": "Refusals the core sent v1 subscribers (not Mesos events: logged).",
+    "master/v1/dropped": "Messages for v1 subscribers whose stream had ended.",
+    "master/v1/overflows": "v1 streams closed because their subscriber stopped reading.",
 }
 GAUGES = {
     "master/elected": "1 if this master is the leader, else 0.",
+    "master/v1/streams": "Open Mesos v1 scheduler event streams.",
     "master/tasks_staging": "Live tasks in TASK_STAGING.",
     "master/tasks_starting": "Live tasks in TASK_STARTING.",
     "master/tasks_running": "Live tasks in TASK_RUNNING.",

@@ -49,6 +49,7 @@ from dyad.zk import (
     CONNECTED, LOST, SUSPENDED, LeaderWatch, Lease, SessionState, ZkAddress, ZkError,
     ZkSession, create_contender,
 )
+from master.api_v1 import SchedulerStreams, add_routes as add_v1_routes
 from master.http import make_app
 from master.registry import (
     FileRegistry, Registry, RegistryData, RegistryError, ZooKeeperRegistry, snapshot_of,
@@ -119,6 +120,7 @@ class MasterServer:
         self._supervisor = Supervisor(self._give_up, self._count_internal_error, logger=log)
         self._log_limiter = LogLimiter(log)
         self._dropped_sends = 0
+        self.v1_streams = SchedulerStreams()  # Mesos v1 HTTP subscribers (master/api_v1.py)
         # Election and registry.
         self.leader: MasterInfo | None = None
         self._session: ZkSession | None = None
@@ -157,7 +159,9 @@ class MasterServer:
             zmq_port=zmq_port, version=VERSION,
             address=Address(hostname=self.hostname, ip=self.ip, port=port))
         self._router = router
-        self._runner = web.AppRunner(make_app(self), access_log=None)
+        app = make_app(self)
+        add_v1_routes(app, self)
+        self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.SockSite(self._runner, http_socket).start()
         self._supervisor.loop("master-receive", self._receive)
@@ -283,6 +287,7 @@ class MasterServer:
         result["master/messages_received_as_standby"] = self._counts["received_as_standby"]
         result["master/leadership_pauses"] = self._counts["paused"]
         result["master/loop_restarts"] = self._supervisor.restarts
+        result.update(self.v1_streams.metrics())
         return result
 
     def histograms(self) -> dict[str, Histogram]:
@@ -490,6 +495,8 @@ class MasterServer:
         elif isinstance(effect, Reply):
             self._answer(effect)
         elif isinstance(effect, Send):
+            if self.v1_streams.deliver(effect.to, effect.message):
+                return  # an HTTP subscriber's: queued for its event stream
             sent = False
             if self._router is not None:
                 try:

@@ -22,6 +22,8 @@ from typing import Any
 import attrs
 
 from dyad.messages import CommandInfo, HealthCheck, HealthCheckType
+from frameworks.service.app_container import (
+    AppContainer, ContainerInvalid, container_to_json, parse_container)
 from frameworks.service.constraints import (
     Constraint, ConstraintError, check_satisfiable, parse_constraint)
 
@@ -132,8 +134,17 @@ class AppDefinition:
     kill_selection: str = YOUNGEST_FIRST
     task_kill_grace_period_seconds: float | None = None
     user: str = ""
+    container: AppContainer | None = None  # a Docker image (frameworks/service/app_container)
     version: str = ""
     config_version: str = ""
+
+    @property
+    def host_ports(self) -> list[int]:
+        """The host ports a task asks for (0: any): its bridged port mappings', or
+        its port definitions'."""
+        if self.container is not None and self.container.bridged_ports:
+            return [m.host_port for m in self.container.port_mappings]
+        return [p.port for p in self.ports]
 
     @property
     def key(self) -> str:
@@ -350,6 +361,13 @@ def _kill_selection(value: Any) -> str:
     return str(value)
 
 
+def _container(value: Any) -> AppContainer:
+    try:
+        return parse_container(value)
+    except ContainerInvalid as exc:
+        raise _Bad(str(exc)) from None
+
+
 def _optional_cmd(value: Any) -> str:
     text = _string(value)
     if not text.strip():
@@ -377,6 +395,7 @@ _FIELDS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "killSelection": ("kill_selection", _kill_selection),
     "taskKillGracePeriodSeconds": ("task_kill_grace_period_seconds", _number(0, 3600)),
     "user": ("user", _string),
+    "container": ("container", _container),
 }
 
 
@@ -407,7 +426,8 @@ def parse_app(body: Any, *, app_id: str | None = None,
             details.append((f"/{key}", "unknown field (not supported by Dyad)"))
             continue
         name, parse = spec
-        if raw is None and name in ("cmd", "args", "task_kill_grace_period_seconds"):
+        if raw is None and name in ("cmd", "args", "task_kill_grace_period_seconds",
+                                    "container"):
             fields[name] = None
             continue
         try:
@@ -468,10 +488,12 @@ def _check_whole(app: AppDefinition, details: list[tuple[str, str]]) -> None:
     fixed = [p.port for p in app.ports if p.port]
     if len(fixed) != len(set(fixed)):
         details.append(("/ports", "a host port is listed twice"))
+    if app.container is not None and app.container.bridged_ports and app.ports:
+        details.append(("/container", "give portMappings or portDefinitions, not both"))
     for check in app.health_checks:
-        if check.protocol != "COMMAND" and check.port_index >= len(app.ports):
+        if check.protocol != "COMMAND" and check.port_index >= len(app.host_ports):
             details.append(("/healthChecks", f"portIndex {check.port_index} but the app "
-                            f"has {len(app.ports)} port(s)"))
+                            f"has {len(app.host_ports)} port(s)"))
     try:
         check_satisfiable(app.constraints, app.instances)
     except ConstraintError as exc:
@@ -505,6 +527,8 @@ def app_to_json(app: AppDefinition) -> dict[str, Any]:
         "taskKillGracePeriodSeconds": app.task_kill_grace_period_seconds,
         "user": app.user,
     })
+    if app.container is not None:
+        body["container"] = container_to_json(app.container)
     return body
 
 

@@ -119,6 +119,10 @@ class Service:
         port = runner.addresses[0][1]
         self.advertised = f"{self.args.hostname or self.args.ip}:{port}"
         self.api.advertised = self.advertised
+        self.api.settings = {  # what /v2/info reports in Marathon's sections
+            "master": self.args.master, "framework_name": self.args.name,
+            "hostname": self.args.hostname or self.args.ip, "http_port": port,
+            "zk": self.args.zk, "failover_timeout": self.args.failover_timeout}
         print(f"dyad-service listening on http://{self.args.ip}:{port}", flush=True)
         try:
             return await self._serve()

@@ -49,7 +49,7 @@ def fit(app: AppDefinition, available: Resources) -> Fit | Unfit:
         have = available.get(name)
         if want > 0 and have + 1e-9 < want:
             return Unfit(code, f"{name}: need {want:g}, offer has {have:g}")
-    ports = _choose_ports([p.port for p in app.ports], available.ranges("ports"))
+    ports = _choose_ports(app.host_ports, available.ranges("ports"))
     if isinstance(ports, Unfit):
         return ports
     scalars = {k: v for k, v in (("cpus", app.cpus), ("mem", app.mem), ("disk", app.disk)) if v}
@@ -144,4 +144,5 @@ def task_info(app: AppDefinition, task_id: str, offer: Offer, placement: Fit) ->
                     labels={**app.labels, "DYAD_APP_ID": app.id,
                             "DYAD_APP_VERSION": app.config_version},
                     kill_grace_period=app.task_kill_grace_period_seconds,
-                    health_check=check)
+                    health_check=check,
+                    container=app.container.info(ports) if app.container else None)

@@ -12,15 +12,34 @@ import pytest
 
 from agent import checkpoint, volumes
 from agent.checkpoint import Recover
+from agent.container_spec import DockerConfig, create_request
+from agent.containers_core import LaunchContainer
 from agent.model import LaunchExecutor
 from agent.persistent import (
-    CreateVolume, DestroyVolume, MountVolumes, VolumeMount, volume_path,
+    CreateVolume,
+    DestroyVolume,
+    MountVolumes,
+    VolumeMount,
+    volume_path,
 )
-from dyad.messages import CheckpointResources, LaunchTask, RegisterAgent, Rejected, TaskState
+from dyad.containers import SANDBOX_MOUNT, ContainerInfo, DockerInfo
+from dyad.messages import (
+    CheckpointResources,
+    LaunchTask,
+    RegisterAgent,
+    Rejected,
+    TaskState,
+)
 from dyad.resources import Resources
 from dyad.volumes import DynamicResources, PersistentVolume
 from tests.unit.test_agent_state import (
-    Agent, command_task, executor_task, of_type, running_executor, status, to_master,
+    Agent,
+    command_task,
+    executor_task,
+    of_type,
+    running_executor,
+    status,
+    to_master,
 )
 
 TOTAL = "cpus:4;mem:1024;disk:1000;ports:[31000-31009]"
@@ -157,3 +176,17 @@ def test_a_task_state_is_unaffected_by_its_volume() -> None:
     effects = a.executor(status("t1", TaskState.TASK_FINISHED, "u1", executor_id="t1"))
     assert not of_type(effects, DestroyVolume)
     assert a.state.dynamic == WITH_VOLUME
+
+
+def test_a_container_task_gets_its_volume_bound_under_the_sandbox_mount() -> None:
+    a = Agent(resources=Resources.parse(TOTAL), containerizers=("process", "docker"))
+    a.register()
+    a.master(CheckpointResources(agent_id="A1", resources=WITH_VOLUME))
+    task = attrs.evolve(command_task("db", ON_VOLUME),
+                        container=ContainerInfo(docker=DockerInfo(image="busybox")))
+    effects = a.run(task)
+    assert not of_type(effects, MountVolumes)  # no link: the engine binds it
+    (launch,) = of_type(effects, LaunchContainer)
+    assert launch.run.persistent == (VolumeMount("/work/volumes/roles/eng/v1", "data/db", "RW"),)
+    binds = create_request(launch.run, DockerConfig())["HostConfig"]["Binds"]  # type: ignore[index]
+    assert f"/work/volumes/roles/eng/v1:{SANDBOX_MOUNT}/data/db:rw" in binds

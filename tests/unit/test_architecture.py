@@ -21,11 +21,12 @@ PURE_CORES = [
     "frameworks/scheduler_core.py", "frameworks/executor_core.py",
     "frameworks/batch/core.py", "frameworks/service/core.py", "frameworks/autopilot",
     "master/authz.py", "dyad/containers.py", "agent/container_spec.py",
-    "agent/container_runs.py", "agent/docker_wire.py",
+    "agent/container_runs.py", "agent/docker_wire.py", "agent/containers_core.py",
     "frameworks/service/appdef.py", "frameworks/service/constraints.py",
     "frameworks/service/deployment.py", "frameworks/service/placement.py",
     "frameworks/service/records.py", "frameworks/service/views.py",
-    "frameworks/service/testing.py",
+    "frameworks/service/testing.py", "frameworks/service/marathon_shape.py",
+    "dyad/mesos_json.py", "dyad/mesos_calls.py",
     "dyad/volumes.py", "master/volumes.py", "agent/persistent.py",
 ]
 CLOCK_FREE = ["frameworks/autopilot"]

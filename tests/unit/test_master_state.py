@@ -17,6 +17,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 from dyad.clock import FakeClock
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired, TimerKey, UnknownTimer
 from dyad.ids import IdGenerator
+from dyad.containers import ContainerInfo, DockerInfo, PortMapping
 from dyad.messages import (
     Accept, Acknowledge, Address, AgentInfo, AgentRegistered, CheckpointResources, CommandInfo,
     Decline, Error, ExecutorExited, ExecutorInfo, ExecutorToFramework, Failure, Filters, FrameworkInfo,
@@ -447,6 +448,11 @@ def test_another_frameworks_offer_is_invalid(cluster) -> None:
     (lambda aid: task("t1", aid, "ports:[40000-40000]"), "only"),
     (lambda aid: task("t1", aid, command=None, executor=ExecutorInfo(
         executor_id="e", command=CMD, framework_id="other")), "names framework other"),
+    (lambda aid: task("t1", aid, container=ContainerInfo(docker=DockerInfo(image=" "))),
+     "container.docker.image is empty"),
+    (lambda aid: task("t1", aid, container=ContainerInfo(docker=DockerInfo(
+        image="i", network="BRIDGE", port_mappings=[PortMapping(host_port=1, container_port=2)]))),
+     "host port 1 is not among the task's ports"),
 ])
 def test_launch_validation(cluster, make, expect) -> None:
     h, fid, aid, offer = cluster

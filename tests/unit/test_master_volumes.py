@@ -8,8 +8,22 @@ import pytest
 
 from dyad.effects import ArmTimer
 from dyad.messages import (
-    Accept, AgentInfo, AgentRegistered, CheckpointResources, Decline, Filters, FrameworkInfo,
-    Offer, Operation, RegisterAgent, Rejected, Revive, RunTask, StatusUpdate, Task, TaskState,
+    Accept,
+    AgentInfo,
+    AgentRegistered,
+    CheckpointResources,
+    Decline,
+    Filters,
+    FrameworkInfo,
+    Offer,
+    Operation,
+    RegisterAgent,
+    Rejected,
+    Revive,
+    RunTask,
+    StatusUpdate,
+    Task,
+    TaskState,
     Update,
 )
 from dyad.resources import Resources
@@ -17,9 +31,14 @@ from dyad.volumes import DynamicResources, PersistentVolume
 from master.model import MasterConfig
 from master.registry import RegistryData, decode, encode, snapshot_of
 from master.restore import restore
-from tests.unit.test_master_state import AGENT_RES, Harness, h, messages, status, task  # noqa: F401 (h: fixture)
+from tests.unit.test_master_state import AGENT_RES, Harness, messages, status, task
 
 VOLUME = PersistentVolume(id="v1", container_path="data", size=64, role="eng")
+
+
+@pytest.fixture
+def h() -> Harness:
+    return Harness()
 
 
 def accept(fid: str, offer: Offer, *ops: Operation) -> Accept:
@@ -64,10 +83,10 @@ def failover(h: Harness) -> Harness:
 
 
 def reregister(h: Harness, aid: str, dynamic: DynamicResources | None = None,
-               tasks: list[Task] = [], frameworks: list[FrameworkInfo] = []) -> list:
+               tasks: tuple[Task, ...] = (), frameworks: tuple[FrameworkInfo, ...] = ()) -> list:
     return h.recv("a1", RegisterAgent(
         agent=AgentInfo(id=aid, hostname="h", port=5051, resources=Resources.parse(AGENT_RES)),
-        dynamic=dynamic, tasks=tasks, frameworks=frameworks))
+        dynamic=dynamic, tasks=list(tasks), frameworks=list(frameworks)))
 
 
 def told(h: Harness) -> DynamicResources:
@@ -79,7 +98,7 @@ def told(h: Harness) -> DynamicResources:
 
 
 def test_a_created_volume_is_offered_back_to_its_role_with_its_metadata(h: Harness) -> None:
-    fid, aid, offer = with_volume(h)
+    fid, _aid, offer = with_volume(h)
     assert offer.resources.reserved("eng") == Resources.parse("disk(eng):36;disk(eng){v1}:64")
     (volume,) = offer.volumes
     assert volume == PersistentVolume(id="v1", container_path="data", size=64, role="eng",
@@ -148,7 +167,7 @@ def test_bad_creates_are_refused_and_change_nothing(h: Harness, volume: Persiste
 
 
 def test_create_of_an_existing_id_and_destroy_of_an_unknown_one_are_refused(h: Harness) -> None:
-    fid, aid, offer = with_volume(h)
+    fid, _aid, offer = with_volume(h)
     again = PersistentVolume(id="v1", container_path="other", size=10, role="eng")
     sends = h.recv("f1", accept(fid, offer, op("CREATE", "", again)))
     assert "already exists" in messages(sends, Rejected)[0].reason
@@ -159,7 +178,7 @@ def test_create_of_an_existing_id_and_destroy_of_an_unknown_one_are_refused(h: H
 
 
 def test_reserve_and_unreserve_do_not_touch_a_volume(h: Harness) -> None:
-    fid, aid, offer = with_volume(h)
+    fid, _aid, offer = with_volume(h)
     sends = h.recv("f1", accept(fid, offer, op("UNRESERVE", "disk(eng){v1}:64")))
     assert "DESTROY" in messages(sends, Rejected)[0].reason
 
@@ -212,7 +231,7 @@ def test_after_failover_an_agents_report_alone_restores_them(h: Harness) -> None
 
 
 def test_the_newer_record_wins(h: Harness) -> None:
-    fid, aid, _ = with_volume(h)
+    _fid, aid, _ = with_volume(h)
     registry = told(h)  # version 2
     older = DynamicResources(version=1, reservations=Resources.parse("disk(eng):100"))
     new = failover(h)
@@ -245,8 +264,8 @@ def test_a_task_on_a_volume_is_taken_back_after_failover(h: Harness) -> None:
     report = Task(task_id="t1", framework_id=fid, agent_id=aid, executor_id="t1", name="t1",
                   state=TaskState.TASK_RUNNING,
                   resources=Resources.parse("cpus:1;mem:128;disk(eng){v1}:64"))
-    sends = reregister(new, aid, dynamic=told(h), tasks=[report],
-                       frameworks=[FrameworkInfo(name="fw", id=fid, roles=["eng"])])
+    sends = reregister(new, aid, dynamic=told(h), tasks=(report,),
+                       frameworks=(FrameworkInfo(name="fw", id=fid, roles=["eng"]),))
     assert messages(sends, AgentRegistered)
     new.subscribe("f1", roles=["eng"], principal="alice", id=fid)
     offer = offer_to(new)
