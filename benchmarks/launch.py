@@ -1,6 +1,6 @@
 """Launch throughput through a real master and real agents.
 
-    python -m benchmarks.launch [--agents 3] [--tasks 300] [--slots 8]
+    python -m benchmarks.launch [--agents 3] [--tasks 300] [--slots 8] [--usage-store off]
     python -m benchmarks.launch --containerizer docker [--agents 1] [--tasks 60]
 
 Starts `dyad local`-style processes, runs a framework that launches `--tasks`
@@ -128,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=300)
     parser.add_argument("--slots", type=int, default=4,
                         help="tasks that fit on one agent at once")
+    parser.add_argument("--usage-store", choices=["on", "off"], default="on",
+                        help="the master's usage store (compare launches/s on and off)")
     parser.add_argument("--containerizer", choices=["process", "docker"], default="process")
     args = parser.parse_args(argv)
     if args.containerizer == "docker":
@@ -136,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     resources = f"cpus:{args.slots * TASK.get('cpus')};mem:4096;disk:1000"
     with tempfile.TemporaryDirectory(prefix="dyad-bench-") as work:
         cluster = LocalCluster(work_dir=Path(work), agents=args.agents, resources=resources,
-                               master_args=["--allocation-interval", "0.05s"])
+                               master_args=["--allocation-interval", "0.05s",
+                                            "--usage-store", args.usage_store])
         with cluster:
             flood = asyncio.run(run_dyad(cluster, args.tasks))
             assert cluster.master is not None
@@ -149,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     parallel = args.agents * args.slots
     reference = bare_reference(args.tasks, parallel)
     dyad_rate, bare_rate = args.tasks / span, args.tasks / reference
-    print(f"agents={args.agents} tasks={args.tasks} parallel slots={parallel}")
+    print(f"agents={args.agents} tasks={args.tasks} parallel slots={parallel} "
+          f"usage store {args.usage_store}")
     print(f"dyad:      {dyad_rate:7.1f} tasks/s launched and finished ({span:.2f} s)")
     print(f"reference: {bare_rate:7.1f} bare executor-like process starts/s "
           f"({reference:.2f} s, same parallelism, no Dyad)")

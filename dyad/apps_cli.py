@@ -7,6 +7,7 @@
     dyad apps restart /web
     dyad apps remove /web
     dyad apps deployments
+    dyad apps recommend /web [--json]   # the autopilot's limits vs the app's
 
 It talks to `dyad-service`'s REST API at ``--service`` (default ``$DYAD_SERVICE``,
 else ``127.0.0.1:8080``). ``--force`` overrides a deployment that locks the app. A
@@ -72,6 +73,9 @@ def add_parser(commands: Any) -> None:
     remove = actions.add_parser("remove", help="delete an app and kill its tasks")
     remove.add_argument("id")
     actions.add_parser("deployments", help="deployments in progress")
+    recommend = actions.add_parser("recommend", help="the autopilot's recommended limits")
+    recommend.add_argument("id")
+    recommend.add_argument("--json", action="store_true", help="print the API's JSON")
 
 
 def base_url(address: str) -> str:
@@ -176,6 +180,25 @@ def format_deployments(deployments: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def format_recommendation(answer: dict[str, Any]) -> str:
+    current, rec = answer["current"], answer["recommendation"]
+    mode = answer["autopilot"]["mode"]
+    if rec is None:
+        return (f"{answer['appId']}: autopilot {mode}; give the app "
+                '"autopilot": {"mode": "recommend"} (or "auto") to get recommendations\n')
+    lines = [f"{answer['appId']}  autopilot {mode}, {rec['samples']} samples, "
+             f"{rec['ooms']} OOM kill(s)",
+             f"  {'':12}{'current':>10}{'recommended':>14}",
+             f"  {'cpus':12}{current['cpus']:>10g}{rec['cpus']:>14g}",
+             f"  {'mem (MiB)':12}{current['mem']:>10g}{rec['mem']:>14g}"]
+    if rec["ready"]:
+        lines.append(f"  variants    {rec['cpuVariant']}, {rec['memVariant']}; would free "
+                     f"cpus {rec['slackRemoved']['cpus']:g}, mem "
+                     f"{rec['slackRemoved']['mem']:g} MiB")
+    lines += [f"  - {reason}" for reason in rec["reasons"]]
+    return "\n".join(lines) + "\n"
+
+
 def _deployment_line(answer: Any, what: str) -> str:
     return f"{what}: deployment {answer.get('deploymentId')} (version {answer.get('version')})\n"
 
@@ -216,6 +239,9 @@ def execute(args: argparse.Namespace) -> str:
         return _deployment_line(answer, f"removing {args.id}")
     if args.action == "deployments":
         return format_deployments(request(service, "GET", "/v2/deployments", query=DYAD))
+    if args.action == "recommend":
+        answer = request(service, "GET", app_path(args.id) + "/recommendation")
+        return json.dumps(answer, indent=2) + "\n" if args.json else format_recommendation(answer)
     raise ValueError(f"unknown action {args.action}")
 
 

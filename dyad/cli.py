@@ -13,7 +13,8 @@ stopping the cluster. Logs and sandboxes stay in the work directory.
 
 `dyad apps ...` manages the service framework's apps (dyad.apps_cli); `dyad state`,
 `agents`, `frameworks`, `tasks`, `offers`, `roles`, `logs`, `kill`, `quota` and
-`weights` look at and act on a running cluster (dyad.operator_cli).
+`weights` look at and act on a running cluster (dyad.operator_cli); `dyad query`
+asks the master's usage store in SQL (dyad.query_cli).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from dyad import apps_cli, operator_cli
+from dyad import apps_cli, operator_cli, query_cli
 from dyad.local import DEFAULT_AGENT_RESOURCES, PROJECT_ROOT, ClusterError, LocalCluster
 from dyad.resources import Resources, ResourcesError
 
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run PROGRAM [ARGS] against the cluster, then stop")
     apps_cli.add_parser(commands)
     operator_cli.add_parsers(commands)
+    query_cli.add_parser(commands)
     return parser
 
 
@@ -131,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         return apps_cli.run(args)
     if args.command in operator_cli.COMMANDS:
         return operator_cli.run(args)
+    if args.command == "query":
+        return operator_cli.run(args, query_cli.execute)
     return 2
 
 

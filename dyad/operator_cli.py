@@ -29,7 +29,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 # The same three outcomes as `dyad apps`: refused (1), unreachable or misused (2).
@@ -375,9 +375,12 @@ def execute(args: argparse.Namespace, out: Any) -> None:
         show([o for f in state["frameworks"] for o in f.get("offers", [])], format_offers(state))
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace,
+        carry_out: Callable[[argparse.Namespace, Any], None] | None = None) -> int:
+    """Run one command (`execute`, or `carry_out` for a sibling module's command)
+    and turn its failures into the exit status."""
     try:
-        execute(args, sys.stdout)
+        (carry_out or execute)(args, sys.stdout)
     except ApiError as exc:
         print(f"dyad {args.command}: {exc.message}", file=sys.stderr)
         return 1

@@ -27,6 +27,7 @@ from master.model import (
 from master.reregistration import ReregistrationPlan, plan_reregistration
 from master.tasks import record_from_report, status_of
 from master.books import MasterBooks
+from master.usage_rows import RecordUsage, usage_samples
 
 
 class AgentHandlers(MasterBooks):
@@ -255,7 +256,7 @@ class AgentHandlers(MasterBooks):
             else:
                 task.state = status.state
                 task.statuses.append((status.state, status.timestamp or self._now))
-            self._task_event(task, status.source or "agent", status.reason)
+            self._task_event(task, status.source or "agent", status.reason, status.message)
         # Forwarded even for tasks no longer live: a retried terminal update must
         # reach the framework again, or the agent never gets its acknowledgement.
         self._to_framework(framework, Update(status=status))
@@ -276,6 +277,8 @@ class AgentHandlers(MasterBooks):
         if agent is None:
             return
         self.cached_uris[agent.id] = sorted(set(message.cached_uris))
+        if self.config.record_usage:  # before task.usage is replaced: deltas need it
+            self._record_samples(agent, message)
         for usage in message.executors:
             framework = self.frameworks.get(usage.framework_id)
             for task_id in usage.task_ids:
@@ -288,6 +291,14 @@ class AgentHandlers(MasterBooks):
                         "mem_rss_mb": round(usage.mem_rss_bytes / 2 ** 20, 1),
                         "mem_limit_mb": round(usage.mem_limit_bytes / 2 ** 20, 1),
                         "cpus_throttled_time_secs": usage.cpus_throttled_time_secs}
+
+    def _record_samples(self, agent: MasterAgent, message: UsageReport) -> None:
+        rows = usage_samples(message, agent, self.frameworks, self._role_of, self._now)
+        self.counters.inc("master/usage_samples", len(rows.samples))
+        self.counters.inc("master/usage_samples_unmatched", rows.unmatched)
+        self.counters.inc("master/usage_samples_rejected", rows.rejected)
+        if rows.samples:
+            self._out.append(RecordUsage(samples=rows.samples))
 
     def _on_drain_agent(self, peer: str, message: DrainAgent) -> None:
         """The agent is draining (its tasks are being killed): offer nothing more."""

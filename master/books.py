@@ -35,6 +35,7 @@ from master.model import (
     UnreachableAgent, task_counter,
 )
 from master.removals import RemovalLimiter
+from master.usage_rows import RecordUsage, task_event
 
 
 class MasterBooks:
@@ -237,6 +238,11 @@ class MasterBooks:
         self.events.record(self._now, "task_state", framework_id=framework.id,
                            task_id=task_id, state=state.name, agent_id=agent_id,
                            source="master", reason=reason, message=message)
+        if self.config.record_usage:
+            task = (framework.tasks.get(task_id) or framework.unreachable_tasks.get(task_id)
+                    or framework.completed.get(task_id))
+            self._record_event(framework, task_id, task, state, "master", reason, message,
+                               agent_id)
         self._to_framework(framework, Update(status=TaskStatus(
             task_id=task_id, state=state, reason=reason, message=message,
             source=Source.MASTER, agent_id=agent_id, executor_id=executor_id,
@@ -245,11 +251,32 @@ class MasterBooks:
     def _note(self, task: MasterTask, text: str) -> None:
         task.story.append(f"{self._now:.3f} {text}")
 
-    def _task_event(self, task: MasterTask, source: str, reason: str = "") -> None:
-        """Log `task`'s current state in the events log."""
+    def _task_event(self, task: MasterTask, source: str, reason: str = "",
+                    message: str = "") -> None:
+        """Log `task`'s current state in the events log (and the usage store)."""
         self.events.record(self._now, "task_state", framework_id=task.framework_id,
                            task_id=task.task_id, state=task.state.name,
                            agent_id=task.agent_id, source=source, reason=reason)
+        framework = self.frameworks.get(task.framework_id)
+        if self.config.record_usage and framework is not None:
+            self._record_event(framework, task.task_id, task, task.state, source, reason,
+                               message, task.agent_id)
+
+    def _record_event(self, framework: MasterFramework, task_id: str,
+                      task: MasterTask | None, state: TaskState, source: str, reason: str,
+                      message: str, agent_id: str) -> None:
+        self.counters.inc("master/usage_events")
+        self._out.append(RecordUsage(events=(task_event(
+            task_id, framework, self.agents.get(agent_id), task,
+            self._role_of(framework, agent_id), state.name, self._now, reason=reason,
+            message=message, source=source, healthy=task.healthy if task else None),)))
+
+    def _role_of(self, framework: MasterFramework, agent_id: str) -> str:
+        """The role the framework's resources on the agent are charged to (its
+        first role when it holds nothing there any more)."""
+        role = (self.allocator.allocation_role(agent_id, framework.id)
+                if agent_id in self.agents else None)
+        return role or framework.info.roles[0]
 
     def _end_task(self, framework: MasterFramework, task: MasterTask, state: TaskState,
                   timestamp: float = 0.0) -> None:

@@ -8,6 +8,7 @@ Prometheus text); `/events?since=N` the events log (master/events.py);
 `POST /tasks/kill`, `PUT /weights`, `PUT /quota`, `POST /machine/drain` and
 `POST /teardown` operator calls (each an event for the core, master/operator.py);
 `/health` a liveness probe (503 when a loop of the master is not running);
+`POST /usage/query` and `GET /usage/tables` the usage store (master/usage_api.py);
 `/redirect` (alias `/master/redirect`) a 307 to the leading master.
 
 A standby master (HA mode, not elected) answers `/health`, `/state` (which says it
@@ -41,6 +42,7 @@ from master.operator import (
     Request, SetQuota, SetWeights, TeardownFramework,
 )
 from master.state import MasterState
+from master.usage_api import UsageService, routes as usage_routes
 
 
 class MasterView(Protocol):
@@ -77,6 +79,10 @@ class MasterView(Protocol):
     @property
     def state(self) -> MasterState:
         """The leader's core, for reading views only: changes go through `call`."""
+
+    @property
+    def usage(self) -> UsageService | None:
+        """The usage store (None: `--usage-store off`)."""
 
 
 class ApiError(Exception):
@@ -345,4 +351,5 @@ def make_app(master: MasterView) -> web.Application:
     app.router.add_post("/machine/drain", _machine_drain)
     app.router.add_post("/teardown", _teardown)
     app.router.add_post("/master/teardown", _teardown)
+    app.add_routes(usage_routes(lambda request: request.app[MASTER].usage))
     return app

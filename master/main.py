@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import logging
 import pathlib
+import re
 import signal
 import socket
 import sys
@@ -29,6 +30,7 @@ from dyad import logs
 from dyad.units import parse_duration
 from dyad.zk import ZkAddress, parse_zk_url
 from master.registry import RegistryError
+from master.usage import StoreConfig
 from master.server import DEFAULT_ZK_SESSION_TIMEOUT, MasterServer
 from master.model import MasterConfig
 
@@ -72,6 +74,30 @@ def _rate(text: str) -> tuple[int, float] | None:
     if count < 1 or seconds <= 0:
         raise argparse.ArgumentTypeError(f"rate {text!r} must be positive")
     return count, seconds
+
+
+def _max_rows(text: str) -> int | None:
+    return None if text.strip().lower() == "none" else _positive_int(text)
+
+
+def _sample_rate(text: str) -> float:
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = -1.0
+    if not 0 < rate <= 1:
+        raise argparse.ArgumentTypeError(f"a sample rate is in (0, 1], not {text!r}")
+    return rate
+
+
+_MEMORY = re.compile(r"\s*\d+(\.\d+)?\s*([KMGT]i?)?B\s*", re.IGNORECASE)
+
+
+def _memory_limit(text: str) -> str:
+    """DuckDB's own syntax ('1GB', '512MiB'); checked here so a typo fails at start."""
+    if not _MEMORY.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"invalid memory limit {text!r} (try 512MB or 2GB)")
+    return text.strip()
 
 
 def _zk_url(text: str) -> ZkAddress:
@@ -124,7 +150,31 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--agent-removal-rate-limit", type=_rate, default="1/10s",
                         help="at most N agents marked unreachable per duration "
                              "(N/DURATION, or none)")
+    usage = parser.add_argument_group("usage store (docs/usage-store.md)")
+    usage.add_argument("--usage-store", choices=["on", "off"], default="on",
+                       help="keep tasks' usage samples and events, answerable with SQL")
+    usage.add_argument("--usage-retention", type=_duration, default="24h",
+                       help="how long rows are kept")
+    usage.add_argument("--usage-max-rows", type=_max_rows, default="10000000",
+                       help="rows kept per table at most (oldest go first; none: no limit)")
+    usage.add_argument("--usage-sample-rate", type=_sample_rate, default=1.0,
+                       help="fraction of usage samples kept (aggregates weigh by "
+                            "sample_weight); events are always kept")
+    usage.add_argument("--usage-query-timeout", type=_duration, default="10s",
+                       help="longest a query may run")
+    usage.add_argument("--usage-query-rows", type=_positive_int, default=10_000,
+                       help="most rows a query answers")
+    usage.add_argument("--usage-memory-limit", type=_memory_limit, default="1GB",
+                       help="memory the store's engine may use (DuckDB syntax)")
     return parser
+
+
+def usage_config_from(args: argparse.Namespace) -> StoreConfig | None:
+    if args.usage_store == "off":
+        return None
+    return StoreConfig(retention=args.usage_retention, max_rows=args.usage_max_rows,
+                       sample_rate=args.usage_sample_rate, query_rows=args.usage_query_rows,
+                       query_timeout=args.usage_query_timeout)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -145,7 +195,9 @@ async def _serve(args: argparse.Namespace) -> int:
     server = MasterServer(ip=args.ip, hostname=args.hostname, port=args.port,
                           zmq_port=args.zmq_port, config=config_from(args),
                           work_dir=args.work_dir, zk=args.zk,
-                          zk_session_timeout=args.zk_session_timeout)
+                          zk_session_timeout=args.zk_session_timeout,
+                          usage=usage_config_from(args),
+                          usage_memory_limit=args.usage_memory_limit)
     await server.start()
     info = server.info
     print(f"dyad-master listening on {info.http_url} zmq={info.zmq_endpoint}", flush=True)

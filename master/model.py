@@ -21,6 +21,7 @@ from dyad.resources import Resources, is_valid_role
 from dyad.volumes import DynamicResources, total_of
 from master.events import DEFAULT_CAPACITY as DEFAULT_EVENTS
 from master.operator import OperatorCall, Reply
+from master.usage_rows import RecordUsage
 
 EMPTY = Resources()
 VERSION = "0.1.0"
@@ -37,7 +38,7 @@ class PersistRegistry:
     these into one write (every write is the whole registry)."""
 
 
-Effect = Send | ArmTimer | CancelTimer | PersistRegistry | Reply
+Effect = Send | ArmTimer | CancelTimer | PersistRegistry | Reply | RecordUsage
 
 
 # --------------------------------------------------------------------- config/events
@@ -67,6 +68,9 @@ class MasterConfig:
     # a partition look alike); None: no limit. dyad-master defaults to 1/10s.
     agent_removal_rate: tuple[int, float] | None = None
     max_events: int = DEFAULT_EVENTS  # entries kept in the events log (GET /events)
+    # Emit `RecordUsage` rows for the usage store (master/usage_rows.py); the shell
+    # sets it when it has a store, so without one the core builds no rows.
+    record_usage: bool = False
 
 
 # ------------------------------------------------------------------------ timer keys

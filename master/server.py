@@ -33,6 +33,7 @@ from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import zmq
 import zmq.asyncio
 from aiohttp import web
@@ -62,6 +63,9 @@ from master.model import (
     PersistRegistry, Received,
 )
 from master.state import MasterState
+from master.usage import StoreConfig
+from master.usage_api import UsageService
+from master.usage_rows import RecordUsage
 
 log = logging.getLogger(__name__)
 
@@ -98,10 +102,15 @@ class MasterServer:
                  clock: Clock | None = None, ids: IdGenerator | None = None,
                  context: zmq.asyncio.Context | None = None, work_dir: Path | None = None,
                  zk: ZkAddress | None = None,
-                 zk_session_timeout: float = DEFAULT_ZK_SESSION_TIMEOUT) -> None:
+                 zk_session_timeout: float = DEFAULT_ZK_SESSION_TIMEOUT,
+                 usage: StoreConfig | None = None, usage_memory_limit: str = "1GB") -> None:
         self.ip = ip
         self.hostname = hostname or socket.gethostname()
-        self.config = config or MasterConfig()
+        # The core builds usage rows exactly when there is a store to take them.
+        self.config = attrs.evolve(config or MasterConfig(), record_usage=usage is not None)
+        self._usage_config = usage
+        self._usage_memory_limit = usage_memory_limit
+        self.usage: UsageService | None = None
         self._port = port
         self._zmq_port = zmq_port
         self._clock = clock or SystemClock()
@@ -159,6 +168,10 @@ class MasterServer:
             zmq_port=zmq_port, version=VERSION,
             address=Address(hostname=self.hostname, ip=self.ip, port=port))
         self._router = router
+        if self._usage_config is not None:
+            self.usage = UsageService(self._usage_config, self._usage_memory_limit,
+                                      self._clock.now)
+            self.usage.start()
         app = make_app(self)
         add_v1_routes(app, self)
         self._runner = web.AppRunner(app, access_log=None)
@@ -192,6 +205,9 @@ class MasterServer:
         if self._router is not None:
             self._router.close()
             self._router = None
+        if self.usage is not None:
+            await self.usage.close()
+            self.usage = None
         if self._registry is not None:
             await self._registry.close()
         if self._session is not None:
@@ -287,6 +303,8 @@ class MasterServer:
         result["master/messages_received_as_standby"] = self._counts["received_as_standby"]
         result["master/leadership_pauses"] = self._counts["paused"]
         result["master/loop_restarts"] = self._supervisor.restarts
+        if self.usage is not None:
+            result.update(self.usage.metrics())
         result.update(self.v1_streams.metrics())
         return result
 
@@ -494,6 +512,9 @@ class MasterServer:
             self._registry_dirty.set()  # no registry (tests): nothing persists
         elif isinstance(effect, Reply):
             self._answer(effect)
+        elif isinstance(effect, RecordUsage):
+            if self.usage is not None:  # None only while stopping
+                self.usage.store.submit(effect.samples, effect.events)
         elif isinstance(effect, Send):
             if self.v1_streams.deliver(effect.to, effect.message):
                 return  # an HTTP subscriber's: queued for its event stream

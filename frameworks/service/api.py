@@ -31,6 +31,7 @@ from frameworks.service.appdef import AppInvalid, normalize_app_id, parse_app
 from frameworks.service.core import (
     CancelDeployment, Conflict, DeleteApp, KillTasks, NotFound, PutApp, ResetDelay,
     RestartApp, ServiceError)
+from frameworks.service.rightsizing import recommendation_json
 from frameworks.service.runtime import ServiceRuntime
 from frameworks.service.store import StoreError
 
@@ -126,6 +127,7 @@ class ServiceApi:
                 ("DELETE", f"/v2/apps{a}/tasks", self._kill_app_tasks, True),
                 ("DELETE", f"/v2/apps{a}/tasks/(?P<task>[^/]+)", self._kill_task, True),
                 ("POST", f"/v2/apps{a}/restart", self._restart_app, True),
+                ("GET", f"/v2/apps{a}/recommendation", self._recommendation, True),
                 ("GET", f"/v2/apps{a}", self._show_app, True),
                 ("PUT", f"/v2/apps{a}", self._update_app, True),
                 ("DELETE", f"/v2/apps{a}", self._delete_app, True),
@@ -233,6 +235,7 @@ class ServiceApi:
         if self.runtime is not None:
             core = self.runtime.core
             counters.update(core.counters)
+            counters.update(self.runtime.rightsizing.counters)
             gauges = {"leader": 1, "apps": len(core.apps), "tasks": len(core.tasks),
                       "deployments": len(core.deployments),
                       "connected": int(core.connected)}
@@ -286,6 +289,18 @@ class ServiceApi:
         outcome = self._runtime().execute(RestartApp(self._app_id(match["app"]),
                                                      force=_flag(request, "force")))
         return _deployment_answer(outcome)
+
+    async def _recommendation(self, request: web.Request,
+                              match: dict[str, str]) -> web.Response:
+        """The autopilot's current recommendation for the app (null when its
+        autopilot is off), with the evidence and reasons (docs/autopilot.md)."""
+        runtime = self._runtime()
+        app_id = self._app_id(match["app"])
+        app = runtime.core.apps.get(app_id)
+        if app is None:
+            raise NotFound(f"App '{app_id}' does not exist")
+        return web.json_response(recommendation_json(
+            app, runtime.rightsizing.pilot.recommendation(app_id)))
 
     # ----------------------------------------------------------------- tasks
 

@@ -22,13 +22,14 @@ from typing import Any
 import attrs
 
 from dyad.messages import CommandInfo, HealthCheck, HealthCheckType
+from frameworks.autopilot.spec import AutopilotSpec, SpecInvalid, parse_spec, unparse_spec
 from frameworks.service.app_container import (
     AppContainer, ContainerInvalid, container_to_json, parse_container)
 from frameworks.service.constraints import (
     Constraint, ConstraintError, check_satisfiable, parse_constraint)
 
 _SEGMENT = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?")
-RESERVED_SEGMENTS = frozenset({"tasks", "restart", "versions", "delay"})
+RESERVED_SEGMENTS = frozenset({"tasks", "restart", "versions", "delay", "recommendation"})
 """Last segments that would make an app's URL ambiguous with its sub-resources."""
 MAX_ID_LENGTH = 200
 MAX_INSTANCES = 10_000
@@ -134,6 +135,7 @@ class AppDefinition:
     kill_selection: str = YOUNGEST_FIRST
     task_kill_grace_period_seconds: float | None = None
     user: str = ""
+    autopilot: AutopilotSpec = AutopilotSpec()  # right-sizing (docs/autopilot.md)
     container: AppContainer | None = None  # a Docker image (frameworks/service/app_container)
     version: str = ""
     config_version: str = ""
@@ -153,9 +155,11 @@ class AppDefinition:
         return self.id.strip("/").replace("/", "_")
 
     def same_config(self, other: AppDefinition) -> bool:
-        """True when only `instances` (or versions) differ: a scale, not an upgrade."""
+        """True when only `instances`, `autopilot` (or versions) differ: nothing the
+        tasks run with, so a scale, not an upgrade."""
         def blank(app: AppDefinition) -> AppDefinition:
-            return attrs.evolve(app, instances=0, version="", config_version="")
+            return attrs.evolve(app, instances=0, autopilot=AutopilotSpec(), version="",
+                                config_version="")
         return blank(self) == blank(other)
 
 
@@ -395,6 +399,7 @@ _FIELDS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "killSelection": ("kill_selection", _kill_selection),
     "taskKillGracePeriodSeconds": ("task_kill_grace_period_seconds", _number(0, 3600)),
     "user": ("user", _string),
+    "autopilot": ("autopilot", parse_spec),
     "container": ("container", _container),
 }
 
@@ -429,6 +434,12 @@ def parse_app(body: Any, *, app_id: str | None = None,
         if raw is None and name in ("cmd", "args", "task_kill_grace_period_seconds",
                                     "container"):
             fields[name] = None
+            continue
+        if name == "autopilot":  # its parser names every problem with its own path
+            try:
+                fields[name] = parse_spec(raw)
+            except SpecInvalid as exc:
+                details.extend(exc.details)
             continue
         try:
             fields[name] = parse(raw)
@@ -525,7 +536,7 @@ def app_to_json(app: AppDefinition) -> dict[str, Any]:
         "maxLaunchDelaySeconds": app.max_launch_delay_seconds,
         "killSelection": app.kill_selection,
         "taskKillGracePeriodSeconds": app.task_kill_grace_period_seconds,
-        "user": app.user,
+        "user": app.user, "autopilot": unparse_spec(app.autopilot),
     })
     if app.container is not None:
         body["container"] = container_to_json(app.container)

@@ -34,12 +34,14 @@ from kazoo.handlers.threading import KazooTimeoutError
 from dyad.clock import SystemClock
 from dyad.messages import FrameworkInfo
 from dyad.units import parse_duration
+from frameworks.autopilot import Config as AutopilotConfig
 from frameworks.scheduler import SchedulerDriver
 from frameworks.service.api import ServiceApi
 from frameworks.service.core import Persist, ServiceConfig, ServiceCore
 from frameworks.service.leader import Leadership, parse_service_zk_url
 from frameworks.service.runtime import ServiceRuntime, ServiceScheduler
 from frameworks.service.store import FileStore, Store, StoreError, ZkStore
+from frameworks.service.usage_feed import UsageFeed
 
 log = logging.getLogger("dyad-service")
 
@@ -86,7 +88,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="filter on declined offers (new demand revives at once)")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"])
+    pilot = p.add_argument_group("autopilot (apps with an \"autopilot\" block; "
+                                 "docs/autopilot.md)")
+    pilot.add_argument("--autopilot-step", type=_duration, default="5mins",
+                       help="how often usage is read from the master and apps evaluated")
+    pilot.add_argument("--autopilot-warmup", type=_duration, default="1h",
+                       help="no recommendation before an app has samples this old")
+    pilot.add_argument("--autopilot-min-samples", type=int, default=30,
+                       help="no recommendation on fewer samples")
+    pilot.add_argument("--autopilot-min-interval", type=_duration, default="1h",
+                       help="an app's limits change at most this often (OOM raises excepted)")
     return p
+
+
+def autopilot_config(args: argparse.Namespace) -> AutopilotConfig:
+    return AutopilotConfig(step=args.autopilot_step, warmup=args.autopilot_warmup,
+                           min_samples=args.autopilot_min_samples,
+                           min_interval=args.autopilot_min_interval)
 
 
 class Service:
@@ -203,7 +221,8 @@ class Service:
         config = ServiceConfig(deployment_timeout=self.args.deployment_timeout,
                                refuse_seconds=self.args.decline_refuse)
         core = ServiceCore(config, lambda: uuid.uuid4().hex, snapshot)
-        runtime = ServiceRuntime(core, store, SystemClock(), on_fatal=lambda _: failed.set())
+        runtime = ServiceRuntime(core, store, SystemClock(), on_fatal=lambda _: failed.set(),
+                                 autopilot=autopilot_config(self.args))
         info = FrameworkInfo(name=self.args.name, id=snapshot.framework_id,
                              failover_timeout=self.args.failover_timeout, checkpoint=True,
                              hostname=self.args.hostname or socket.gethostname(),
@@ -219,12 +238,13 @@ class Service:
         print(f"dyad-service leading with {len(core.apps)} app(s), {len(core.tasks)} "
               f"task(s); framework id {snapshot.framework_id or '(new)'}", flush=True)
         driving = asyncio.create_task(driver.run_async())
+        feeding = asyncio.create_task(UsageFeed(runtime, self.args.autopilot_step).run())
         waits = [driving, asyncio.create_task(self.stop.wait()),
                  asyncio.create_task(failed.wait())]
         if self.leadership is not None:
             waits.append(asyncio.create_task(self.leadership.lost.wait()))
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        for waiter in waits[1:]:
+        for waiter in [*waits[1:], feeding]:
             waiter.cancel()
         self.api.runtime = None
         runtime.close()
@@ -251,6 +271,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s dyad-service %(levelname)s %(name)s: %(message)s")
+    try:
+        autopilot_config(args)
+    except ValueError as exc:
+        print(f"dyad-service: autopilot: {exc}", file=sys.stderr)
+        return 2
     if args.zk is not None:
         try:
             parse_service_zk_url(args.zk)

@@ -1,7 +1,7 @@
 """Marathon's exact shapes for the REST answers, so Marathon's own clients parse them.
 
 `views` renders the service's state with some fields Marathon does not have
-(`waitingReason`, a task's `agentId` and `killing`, a deployment's `kind`,
+(`waitingReason`, `autopilot`, a task's `agentId` and `killing`, a deployment's `kind`,
 `startedAt`, `autoRollback`, `progress`, `rollbackAt`, `lastTaskFailure.reason`,
 `/v2/info`'s `connected`). Strict clients (the `marathon` Python package builds
 its models with keyword arguments) refuse unknown keys, so by default the API
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-APP_EXTRAS = frozenset({"waitingReason"})
+APP_EXTRAS = frozenset({"waitingReason", "autopilot"})
 TASK_EXTRAS = frozenset({"agentId", "killing"})
 FAILURE_EXTRAS = frozenset({"reason"})
 DEPLOYMENT_EXTRAS = frozenset({"kind", "startedAt", "autoRollback", "progress", "rollbackAt"})

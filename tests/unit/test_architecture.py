@@ -20,6 +20,7 @@ PURE_CORES = [
     "agent/views.py", "agent/limits.py", "agent/checkpoint.py", "agent/sandbox.py",
     "frameworks/scheduler_core.py", "frameworks/executor_core.py",
     "frameworks/batch/core.py", "frameworks/service/core.py", "frameworks/autopilot",
+    "frameworks/service/rightsizing.py", "master/usage_rows.py",
     "master/authz.py", "dyad/containers.py", "agent/container_spec.py",
     "agent/container_runs.py", "agent/docker_wire.py", "agent/containers_core.py",
     "frameworks/service/appdef.py", "frameworks/service/constraints.py",
