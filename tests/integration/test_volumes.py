@@ -80,7 +80,8 @@ async def run_on_volume(runner: Any, keeper: Keeper, task_id: str, shell: str) -
         runner.driver.accept_offers([offer.id], [Operation(
             type=OperationType.LAUNCH, tasks=[task(offer, task_id, shell)])],
             Filters(refuse_seconds=0.1))
-        await wait_for(lambda: set(keeper.states(task_id)[seen:]) & ENDS, 40, f"{task_id} to end")
+        await wait_for(lambda seen=seen: set(keeper.states(task_id)[seen:]) & ENDS, 40,
+                       f"{task_id} to end")
         if keeper.states(task_id)[-1] != "TASK_DROPPED":
             break
     return keeper.states(task_id)[-1]
