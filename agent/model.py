@@ -14,6 +14,8 @@ from typing import Iterator
 import attrs
 
 from agent.container_spec import DockerConfig
+from agent.qos import QosConfig
+from agent.reclaim import ReclaimConfig
 from dyad.effects import TimerKey
 from dyad.messages import (
     CommandInfo, ExecutorInfo, ExecutorUsage, FrameworkInfo, MasterInfo, Message,
@@ -289,6 +291,9 @@ class AgentConfig:
     completed_limit: int = 100  # completed frameworks/executors/tasks kept for /state
     containerizers: tuple[str, ...] = ("process",)  # "docker": runs from images too
     docker: DockerConfig = attrs.field(factory=DockerConfig)  # docs/containers.md
+    # Oversubscription (docs/oversubscription.md): what is lent, and when it is taken back.
+    reclaim: ReclaimConfig = ReclaimConfig()
+    qos: QosConfig = QosConfig()
 
     @property
     def executor_endpoint(self) -> str:

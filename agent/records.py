@@ -59,12 +59,14 @@ class Records:
                    for e in (*f.executors.values(), *f.completed_executors) for t in e.completed)
 
     def charged(self) -> Resources:
-        """What the live runs hold: each executor's resources and its live tasks'."""
+        """What the live runs hold: each executor's resources and its live tasks'
+        (not those on revocable resources: they are lent, not part of the agent's)."""
         total = Resources()
         for executor in self.executors():
             total = total + executor.info.resources
             for task in executor.live_tasks():
-                total = total + task.info.resources
+                if not task.info.revocable:
+                    total = total + task.info.resources
         return total
 
     # ---------------------------------------------------------------- changes

@@ -42,6 +42,7 @@ from agent.health import (
     HealthChanged, HealthCheckResult, HealthChecker, HealthRound, RunHealthCheck,
 )
 from agent.master_link import MasterLink, MasterSilent, RegisterRetry
+from agent.oversubscription import Oversubscription, as_resources
 from agent.model import (
     DETECTING, LAUNCHING, RECOVERING, REGISTERED, RUNNING, TERMINATING, UNKNOWN_EXIT,
     AgentConfig, AgentExecutor, AgentFramework, AgentTask, Checkpoint, ConnectMaster,
@@ -90,7 +91,8 @@ class AgentState(ContainerRuns):
         self.updates = StatusUpdateManager(config.status_update_backoff,
                                            config.status_update_backoff_max)
         self.health = HealthChecker()
-        self.used = Resources()
+        self.oversubscription = Oversubscription(config.reclaim, config.qos, config.resources)
+        self.used = Resources()  # what the agent's own resources hold; revocable tasks aside
         # Reservations and volumes the master made here (agent.persistent).
         self.dynamic = DynamicResources()
         self.draining = False
@@ -265,7 +267,8 @@ class AgentState(ContainerRuns):
         return Task(task_id=task.task_id, framework_id=task.framework_id,
                     agent_id=self.agent_id or "", executor_id=task.executor_id,
                     name=task.info.name, state=task.state, resources=task.info.resources,
-                    status_uuid=task.status_uuid, labels=dict(task.info.labels))
+                    status_uuid=task.status_uuid, labels=dict(task.info.labels),
+                    priority=task.info.priority, revocable=task.info.revocable)
 
     def _on_registered(self, msg: AgentRegistered, now: float) -> list[Effect]:
         effects, first = self.link.answered(msg, now)
@@ -397,9 +400,12 @@ class AgentState(ContainerRuns):
         return effects + self._update_limits(executor)
 
     def _needed(self, task: TaskInfo, info: ExecutorInfo, new_executor: bool) -> Resources | None:
-        """What accepting `task` adds to `used`, or None if that does not fit."""
+        """What accepting `task` adds to `used`, or None if that does not fit. A task
+        on revocable resources adds only its new executor's: it runs in what others
+        leave idle, and the QoS controller evicts it when they need that back."""
+        own = Resources() if task.revocable else task.resources
         try:
-            needed = task.resources + info.resources if new_executor else task.resources
+            needed = own + info.resources if new_executor else own
             fits = self.used + needed <= self.total
         except ResourcesError:  # e.g. the same port twice
             return None
@@ -444,6 +450,8 @@ class AgentState(ContainerRuns):
             return self._agent_update(msg.framework_id, msg.task_id, "", TaskState.TASK_LOST,
                                       Reason.TASK_UNKNOWN, "task is unknown to the agent", now)
         executor, task = found
+        if msg.reason:  # the master preempts it
+            return self._preempt(executor, task, msg.reason, msg.message, now)
         if task.task_id in executor.queued:
             killed = self._transition(executor, task, self._status_update(
                 task.framework_id, task.task_id, executor.executor_id, TaskState.TASK_KILLED,
@@ -463,6 +471,18 @@ class AgentState(ContainerRuns):
         elif executor.peer is not None:
             effects.append(Send(executor.peer, msg))
         return effects
+
+    def _preempt(self, executor: AgentExecutor, task: AgentTask, reason: str, message: str,
+                 now: float) -> list[Effect]:
+        """End `task` TASK_KILLED with `reason`: evicted here, or preempted by the master."""
+        if task.task_id in executor.queued:
+            return self._transition(executor, task, self._status_update(
+                task.framework_id, task.task_id, executor.executor_id, TaskState.TASK_KILLED,
+                reason, message, now), now)
+        if task.task_id not in executor.launched:
+            return []  # terminal already
+        return self._kill_launched(executor, task, TaskEnd(TaskState.TASK_KILLED, reason, message),
+                                   now)
 
     def _kill_launched(self, executor: AgentExecutor, task: AgentTask,
                        outcome: TaskEnd, now: float) -> list[Effect]:
@@ -535,7 +555,8 @@ class AgentState(ContainerRuns):
                  else executor.launched)[task.task_id]
             executor.terminated[task.task_id] = task
             executor.pending_kills.pop(task.task_id, None)
-            self.used = self.used - task.info.resources
+            if not task.info.revocable:
+                self.used = self.used - task.info.resources
             self.counters[_state_metric(state)] += 1
             effects += self._update_limits(executor)
         return effects + [*self.updates.add(update, now)]
@@ -596,11 +617,21 @@ class AgentState(ContainerRuns):
             problem = limits.memory_problem(executor, sample, self.config.isolation)
             if problem and executor.phase in LIVE_PHASES:
                 effects += self._memory_limitation(executor, problem, now)
-        if self.phase == REGISTERED and self.agent_id and now >= self._next_report:
+        lent_before = self.oversubscription.last.revocable
+        estimate, victims = self.oversubscription.sampled(self.records.executors(), now)
+        for executor, task, why in victims:
+            log.warning("evicting revocable task %s: %s", task.task_id, why)
+            self.counters["tasks_evicted"] += 1
+            effects += self._preempt(executor, task, Reason.CONTAINER_PREEMPTED, why, now)
+        # Less to lend is told at once, so the master stops offering it.
+        shrank = estimate.revocable.at_least(lent_before) != estimate.revocable
+        if self.phase == REGISTERED and self.agent_id and (now >= self._next_report or shrank):
             self._next_report = now + self.config.usage_report_interval
             effects.append(SendMaster(UsageReport(
                 agent_id=self.agent_id, cached_uris=list(self.cached_uris),
-                executors=[e.usage for e in self.records.executors() if e.usage is not None])))
+                executors=[e.usage for e in self.records.executors() if e.usage is not None],
+                revocable=as_resources(estimate.revocable),
+                reservation=as_resources(estimate.reservation))))
         return effects
 
     # ------------------------------------------------------------------- drain

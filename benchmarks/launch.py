@@ -85,9 +85,10 @@ class Flood(Scheduler):
 
 
 async def run_dyad(cluster: LocalCluster, total: int,
-                   container: ContainerInfo | None = None) -> Flood:
+                   container: ContainerInfo | None = None, credentials: Any = None) -> Flood:
     flood = Flood(total, container)
-    driver = SchedulerDriver(flood, FrameworkInfo(name="bench"), master=cluster.master_address)
+    driver = SchedulerDriver(flood, FrameworkInfo(name="bench"), master=cluster.master_address,
+                             credentials=credentials)
     running = asyncio.ensure_future(driver.run_async())
     try:
         await asyncio.wait_for(flood.done.wait(), timeout=600)

@@ -28,6 +28,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from dyad.auth import ClientCredentials
+
 DEFAULT_SERVICE = "127.0.0.1:8080"
 TIMEOUT = 10.0
 
@@ -79,8 +81,8 @@ def add_parser(commands: Any) -> None:
 
 
 def base_url(address: str) -> str:
-    address = address.strip().rstrip("/")
-    return address if address.startswith(("http://", "https://")) else f"http://{address}"
+    """http://, or https:// when $DYAD_CA names the cluster CA."""
+    return ClientCredentials.from_env().base_url(address)
 
 
 def request(service: str, method: str, path: str, body: Any = None,
@@ -92,7 +94,7 @@ def request(service: str, method: str, path: str, body: Any = None,
                                  headers={"Content-Type": "application/json",
                                           "Accept": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=TIMEOUT) as response:
+        with ClientCredentials.from_env().urlopen(req, timeout=TIMEOUT) as response:
             raw = response.read()
     except urllib.error.HTTPError as exc:
         answer = _decode(exc.read())

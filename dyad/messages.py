@@ -10,7 +10,7 @@ else on bad input, so shells can catch exactly one exception.
 Who sends what (see DESIGN.md §3):
 - scheduler driver -> master: Subscribe, Accept, Decline, Revive, Suppress, Kill,
   Acknowledge, Reconcile, FrameworkToExecutor, Teardown, Unsubscribe,
-  SchedulerHeartbeat
+  SchedulerHeartbeat, Preempt
 - master -> scheduler driver: Subscribed, Offers, Rescind, Update,
   ExecutorToFramework, Failure, Error, Heartbeat, Rejected
 - agent -> master: RegisterAgent, StatusUpdate, ExecutorToFramework,
@@ -32,7 +32,7 @@ from typing import Any, Callable, ClassVar, TypeVar
 
 import attrs
 
-from dyad import bounded_json
+from dyad import bounded_json, priority
 from dyad.codec import CodecError, from_json, to_json
 from dyad.containers import ContainerInfo
 from dyad.resources import Resources
@@ -123,6 +123,8 @@ class Reason:
     TASK_UNHEALTHY = "REASON_TASK_UNHEALTHY"
     FETCH_FAILED = "REASON_FETCH_FAILED"  # Dyad's own: Mesos folds it into launch failed
     AGENT_DRAINING = "REASON_AGENT_DRAINING"
+    # Evicted by the agent's QoS controller (revocable) or preempted by the master.
+    CONTAINER_PREEMPTED = "REASON_CONTAINER_PREEMPTED"
 
 
 # ----------------------------------------------------------------------- data types
@@ -136,6 +138,12 @@ def _nonempty(instance: Any, attribute: attrs.Attribute, value: str) -> None:
 def _nonnegative(instance: Any, attribute: attrs.Attribute, value: float | None) -> None:
     if value is not None and value < 0:
         raise ValueError(f"{attribute.name} must not be negative")
+
+
+def _priority(instance: Any, attribute: attrs.Attribute, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{attribute.name} must be an integer")
+    priority.check_priority(value)
 
 
 @attrs.frozen(kw_only=True)
@@ -183,6 +191,11 @@ class FrameworkInfo:
     @property
     def partition_aware(self) -> bool:
         return "PARTITION_AWARE" in self.capabilities
+
+    @property
+    def revocable_resources(self) -> bool:
+        """Offers may carry revocable resources (docs/oversubscription.md)."""
+        return "REVOCABLE_RESOURCES" in self.capabilities
 
 
 @attrs.frozen(kw_only=True)
@@ -275,6 +288,11 @@ class TaskInfo:
     kill_grace_period: float | None = attrs.field(default=None, validator=_nonnegative)
     health_check: HealthCheck | None = None
     container: ContainerInfo | None = None  # a command task run from an image
+    # Higher is more important; bands in dyad/priority.py. Decides eviction and
+    # preemption order, never offer order.
+    priority: int = attrs.field(default=priority.DEFAULT, validator=_priority)
+    # Launched on the offer's revocable resources (docs/oversubscription.md).
+    revocable: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -310,6 +328,10 @@ class Offer:
     # URIs the agent's fetcher cache holds: prefer agents that already have a
     # task's packages (Borg's package locality).
     cached_uris: list[str] = attrs.field(factory=list)
+    # Offered apart from `resources`, only to frameworks with REVOCABLE_RESOURCES:
+    # lent from what other tasks reserve but do not use, and taken back (the
+    # task killed) when the owners need it. Never counted in DRF shares or quota.
+    revocable: Resources = attrs.field(factory=Resources)
     # The persistent volumes whose disk (disk(role){id}) is in `resources`.
     volumes: list[PersistentVolume] = attrs.field(factory=list)
 
@@ -362,6 +384,8 @@ class Task:
     resources: Resources
     status_uuid: str = ""
     labels: dict[str, str] = attrs.field(factory=dict)
+    priority: int = attrs.field(default=priority.DEFAULT, validator=_priority)
+    revocable: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -491,6 +515,18 @@ class SchedulerHeartbeat(Message):
     framework_id: str
 
 
+@message("preempt")
+class Preempt(Message):
+    """A task of `priority` needing `resources` on one agent cannot be placed:
+    free room by preempting strictly lower-priority tasks. Honoured only when the
+    master runs with preemption on, and the framework has the PREEMPTION
+    capability or its role's quota guarantee is unmet (docs/oversubscription.md)."""
+
+    framework_id: str
+    resources: Resources
+    priority: int = attrs.field(validator=_priority)
+
+
 # master -> scheduler ----------------------------------------------------------------
 
 @message("subscribed")
@@ -614,6 +650,9 @@ class KillTask(Message):
     framework_id: str
     task_id: str
     kill_grace_period: float | None = attrs.field(default=None, validator=_nonnegative)
+    # Set when the master preempts: the task ends TASK_KILLED with this reason.
+    reason: str = ""
+    message: str = ""
 
 
 @message("status_update")
@@ -654,6 +693,10 @@ class UsageReport(Message):
     agent_id: str
     executors: list[ExecutorUsage] = attrs.field(factory=list)
     cached_uris: list[str] = attrs.field(factory=list)
+    # Oversubscription (agent/reclaim.py): what the agent can lend now, and the
+    # sum of its tasks' estimated reservations.
+    revocable: Resources = attrs.field(factory=Resources)
+    reservation: Resources = attrs.field(factory=Resources)
 
 
 @message("drain_agent")

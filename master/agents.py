@@ -19,9 +19,10 @@ from dyad.messages import (
     StatusUpdateAck, TaskState, Update, UsageReport,
 )
 from dyad.volumes import DynamicResources
+from master import revocable
 from master.allocator import Quota
 from master.model import (
-    Effect, FailoverTimeout, MasterAgent, PingDue, RemovalDue, ReregisterTimeout,
+    EMPTY, Effect, FailoverTimeout, MasterAgent, PingDue, RemovalDue, ReregisterTimeout,
     UnreachableAgent,
 )
 from master.reregistration import ReregistrationPlan, plan_reregistration
@@ -145,8 +146,11 @@ class AgentHandlers(MasterBooks):
             framework.unreachable_tasks.pop(task.task_id, None)
             framework.tasks[task.task_id] = record
             agent.tasks.add((framework.id, task.task_id))
-            agent.used = agent.used + task.resources
-            self.allocator.update_used(agent.id, framework.id, task.resources)
+            if task.revocable:
+                agent.revocable_used = agent.revocable_used + task.resources
+            else:
+                agent.used = agent.used + task.resources
+                self.allocator.update_used(agent.id, framework.id, task.resources)
             if kill_lost and not framework.info.partition_aware:
                 self._note(record, "killed: it was reported lost while its agent was unreachable")
                 self._send(agent.peer, KillTask(framework_id=framework.id, task_id=task.task_id,
@@ -279,6 +283,7 @@ class AgentHandlers(MasterBooks):
         self.cached_uris[agent.id] = sorted(set(message.cached_uris))
         if self.config.record_usage:  # before task.usage is replaced: deltas need it
             self._record_samples(agent, message)
+        self._lent(agent, message)
         for usage in message.executors:
             framework = self.frameworks.get(usage.framework_id)
             for task_id in usage.task_ids:
@@ -299,6 +304,22 @@ class AgentHandlers(MasterBooks):
         self.counters.inc("master/usage_samples_rejected", rows.rejected)
         if rows.samples:
             self._out.append(RecordUsage(samples=rows.samples))
+    def _lent(self, agent: MasterAgent, message: UsageReport) -> None:
+        """Take in what the agent can lend now (master/revocable.py): rescind the
+        revocable offers it no longer covers, offer more if it grew."""
+        agent.reservation = message.reservation
+        lent = (revocable.lendable(message.revocable, agent.total)
+                if self.config.oversubscription else EMPTY)
+        if lent == agent.revocable:
+            return
+        grew = not lent <= agent.revocable
+        agent.revocable = lent
+        if revocable.overcommitted(agent):
+            for offer_id in sorted(agent.offers):
+                if self.offers[offer_id].revocable:
+                    self._rescind(self.offers[offer_id], notify=True)
+        if grew:
+            self._request_allocation()
 
     def _on_drain_agent(self, peer: str, message: DrainAgent) -> None:
         """The agent is draining (its tasks are being killed): offer nothing more."""

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from dyad import bounded_json
+from dyad.auth import request_principal
 from dyad.mesos_calls import SUBSCRIBE, ShutdownExecutorCall, V1Call, call_from_mesos
 from dyad.mesos_calls import event_to_mesos
 from dyad.mesos_json import MESOS_VERSION, MesosJsonError
@@ -80,6 +81,7 @@ class _Stream:
         self.stream_id = str(uuid.uuid4())
         self.peer = PEER_PREFIX + self.stream_id
         self.framework_id: str | None = None
+        self.principal: str | None = None  # who subscribed (HTTP authentication)
         self.queue: asyncio.Queue[Message | object] = asyncio.Queue()
 
 
@@ -212,6 +214,8 @@ def _caller(request: web.Request, streams: SchedulerStreams, call: V1Call) -> _S
     if stream.framework_id != call.framework_id:
         raise _Refused(400, f"stream {stream_id} belongs to framework {stream.framework_id}, "
                             f"not {call.framework_id}")
+    if request_principal(request) != stream.principal:
+        raise _Refused(403, f"stream {stream_id} was opened by another principal")
     return stream
 
 
@@ -224,9 +228,9 @@ def _perform(master: V1Master, stream: _Stream, call: V1Call) -> None:
             if (task.agent_id, task.executor_id) == (message.agent_id, message.executor_id):
                 master.submit(Received(stream.peer, Kill(
                     framework_id=message.framework_id, task_id=task.task_id,
-                    agent_id=task.agent_id)))
+                    agent_id=task.agent_id), stream.principal))
     elif message is not None:
-        master.submit(Received(stream.peer, message))
+        master.submit(Received(stream.peer, message, stream.principal))
     if isinstance(message, Teardown):  # the framework is gone: so is its stream
         master.v1_streams.close(stream)
         stream.queue.put_nowait(_END)
@@ -240,8 +244,9 @@ async def _subscribe(request: web.Request, master: V1Master,
     streams = master.v1_streams
     streams.counts["subscribes"] += 1
     stream = streams.open()
+    stream.principal = request_principal(request)
     try:
-        master.submit(Received(stream.peer, call.message))
+        master.submit(Received(stream.peer, call.message, stream.principal))
         try:
             first = await asyncio.wait_for(stream.queue.get(), SUBSCRIBE_TIMEOUT)
         except asyncio.TimeoutError:
@@ -261,7 +266,8 @@ async def _subscribe(request: web.Request, master: V1Master,
     finally:
         streams.close(stream)
         if stream.framework_id is not None:
-            master.submit(Received(stream.peer, Unsubscribe(framework_id=stream.framework_id)))
+            master.submit(Received(stream.peer, Unsubscribe(framework_id=stream.framework_id),
+                                   stream.principal))
 
 
 async def _pump(request: web.Request, response: web.StreamResponse, master: V1Master,
@@ -274,7 +280,7 @@ async def _pump(request: web.Request, response: web.StreamResponse, master: V1Ma
             stream.framework_id = item.framework_id
         elif isinstance(item, Heartbeat) and stream.framework_id is not None:
             master.submit(Received(stream.peer, SchedulerHeartbeat(
-                framework_id=stream.framework_id)))
+                framework_id=stream.framework_id), stream.principal))
         event = event_to_mesos(item)
         if event is None:
             master.v1_streams.counts["rejected"] += 1

@@ -68,6 +68,8 @@ class MasterBooks:
         # offers), and the agents that are draining (offered nothing more).
         self.cached_uris: dict[str, list[str]] = {}
         self.drained: set[str] = set()
+        # Refuse filters on revocable offers: (framework, agent) -> until.
+        self.revocable_filters: dict[tuple[str, str], float] = {}
         # Operator policy, plain data for the registry: changed only by operator
         # calls (`SetWeights`/`SetQuota`) and `restore`.
         self.weights: dict[str, float] = {}
@@ -209,16 +211,25 @@ class MasterBooks:
         agent = self.agents[offer.agent_id]
         agent.offers.discard(offer.id)
         agent.offered = agent.offered - offer.resources
+        agent.revocable_offered = agent.revocable_offered - offer.revocable
         self._cancel(OfferTimeout(offer.id))
 
     def _return_offer(self, offer: Offer, refuse_seconds: float) -> None:
         """The offer's resources go back whole; filter them for the framework."""
         self._forget_offer(offer)
-        self.allocator.close_offer(offer.framework_id, offer.agent_id, offer.resources)
+        if offer.resources:  # a revocable-only offer is unknown to the allocator
+            self.allocator.close_offer(offer.framework_id, offer.agent_id, offer.resources)
         if refuse_seconds > 0:
             self.allocator.add_filter(offer.framework_id, offer.agent_id,
                                        self._now + refuse_seconds)
+            if offer.revocable:
+                self._filter_revocable(offer.framework_id, offer.agent_id, refuse_seconds)
         self._request_allocation()
+
+    def _filter_revocable(self, framework_id: str, agent_id: str, refuse_seconds: float) -> None:
+        key = (framework_id, agent_id)
+        self.revocable_filters[key] = max(self.revocable_filters.get(key, 0.0),
+                                          self._now + refuse_seconds)
 
     def _rescind(self, offer: Offer, notify: bool, refuse_seconds: float = 0.0) -> None:
         self._return_offer(offer, refuse_seconds)
@@ -288,8 +299,11 @@ class MasterBooks:
         del framework.tasks[task.task_id]
         agent = self.agents[task.agent_id]
         agent.tasks.discard((framework.id, task.task_id))
-        agent.used = agent.used - task.resources
-        self.allocator.release(agent.id, framework.id, task.resources)
+        if task.revocable:  # lent: never in `used` or the allocator
+            agent.revocable_used = agent.revocable_used - task.resources
+        else:
+            agent.used = agent.used - task.resources
+            self.allocator.release(agent.id, framework.id, task.resources)
         self._complete(framework, task)
         self._request_allocation()
 

@@ -140,12 +140,22 @@ COUNTERS = {
     "master/usage_samples_unmatched": "Executor samples skipped: no live task of theirs is known.",
     "master/usage_samples_rejected": "Executor samples skipped: numbers the usage store refuses.",
     "master/usage_events": "Task state changes handed to the usage store.",
+    "master/revocable_offers_sent": "Offers that carried revocable resources.",
+    "master/preemptions": "Tasks the master preempted (killed for higher-priority work).",
+    "master/preemptions_refused": "Preempt requests refused (preemption off, not allowed, or nothing to free).",
+    "master/preemptions_rate_limited": "Preemptions put off by --max-preemptions-per-minute.",
     # Kept by the shell (master/server.py).
     "master/internal_errors": "Events or frames that raised inside the master (bugs); each is logged.",
     "master/dropped_sends": "Messages the master could not send (peer gone, socket closed).",
     "master/registry_writes": "Registry writes completed.",
     "master/messages_received_as_standby": "Frames received while not leading (kept briefly, then dropped).",
     "master/leadership_pauses": "Times the leader paused because its ZooKeeper session was unconfirmed.",
+    "master/auth_failures/forbidden": "Messages and calls refused because their principal may not (ACLs, ids of others).",
+    "master/auth_failures/curve": "CURVE handshakes refused (unknown client key).",
+    "master/auth_failures/handshake": "CURVE handshakes that failed before a key was shown (no CURVE, wrong server key).",
+    "master/auth_failures/http_unauthenticated": "HTTP requests refused for missing or wrong credentials (401).",
+    "master/auth_failures/http_cross_origin": "HTTP writes refused for coming from another site (403).",
+    "master/auth_failures/principal_changed": "Frames dropped: their ZMQ identity came with another principal before.",
     "master/loop_restarts": "Times a loop of the master shell died (a bug, logged) and was restarted.",
     # Kept by the usage store (master/usage_api.py), reported when it is on.
     "usage/samples": "Usage samples written to the usage store.",
@@ -193,6 +203,11 @@ GAUGES = {
        for kind in SHARE_KINDS
        for what, meaning in (("total", "in total"), ("used", "used by tasks and executors"),
                              ("offered", "held by outstanding offers"))},
+    **{f"master/{kind}_{what}": f"{kind} {meaning} over registered agents (revocable)."
+       for kind in ("cpus", "mem")
+       for what, meaning in (("revocable", "agents lend"),
+                             ("revocable_offered", "lent and held by outstanding offers"),
+                             ("revocable_used", "lent and held by revocable tasks"))},
 }
 HISTOGRAMS = {
     "allocator/allocation_run_seconds": "Duration of allocation passes, in seconds.",

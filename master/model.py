@@ -13,12 +13,14 @@ from typing import Any
 
 import attrs
 
+from dyad.authz import Acls
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired, TimerKey
 from dyad.messages import (
     AgentInfo, ExecutorInfo, FrameworkInfo, Message, MessageError, TaskState,
 )
 from dyad.resources import Resources, is_valid_role
 from dyad.volumes import DynamicResources, total_of
+from master.allocator.preemption import PreemptionConfig
 from master.events import DEFAULT_CAPACITY as DEFAULT_EVENTS
 from master.operator import OperatorCall, Reply
 from master.usage_rows import RecordUsage
@@ -71,6 +73,11 @@ class MasterConfig:
     # Emit `RecordUsage` rows for the usage store (master/usage_rows.py); the shell
     # sets it when it has a store, so without one the core builds no rows.
     record_usage: bool = False
+    # Offer what agents lend (master/revocable.py) to frameworks that opt in.
+    oversubscription: bool = True
+    preemption: PreemptionConfig = PreemptionConfig()  # master/preempting.py; off by default
+    # Who may do what (master/authorization.py); open: security is off.
+    acls: Acls = attrs.field(factory=Acls.open)
 
 
 # ------------------------------------------------------------------------ timer keys
@@ -117,6 +124,7 @@ class RemovalDue(TimerKey):
 class Received:
     peer: str
     message: Message
+    principal: str | None = None  # ZAP's name for the sender; None: no authentication
 
 
 @attrs.frozen
@@ -158,6 +166,8 @@ class MasterTask:
     story: collections.deque[str]
     healthy: bool | None = None
     usage: dict[str, Any] | None = None  # latest UsageReport of its executor
+    priority: int = 100  # dyad/priority.py
+    revocable: bool = False  # runs on revocable resources: not in `used`, DRF or quota
 
 
 @attrs.define(eq=False)
@@ -196,6 +206,13 @@ class MasterAgent:
     # What offer operations changed (dynamic reservations, persistent volumes);
     # the registry and the agent's checkpoint keep it too (dyad/volumes.py).
     dynamic: DynamicResources = attrs.field(factory=DynamicResources)
+    # Oversubscription (master/revocable.py): what the agent lends, and what of it
+    # offers and revocable tasks hold; none of it is in `offered`, `used` or the
+    # allocator. `reservation` is the agent's estimate of what its tasks reserve.
+    revocable: Resources = EMPTY
+    revocable_offered: Resources = EMPTY
+    revocable_used: Resources = EMPTY
+    reservation: Resources = EMPTY
 
     @property
     def id(self) -> str:

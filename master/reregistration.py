@@ -90,7 +90,8 @@ def plan_reregistration(state: MasterState, message: RegisterAgent) -> Reregistr
     try:
         needed = agent.used if agent is not None else EMPTY
         for task in plan.tasks:
-            needed = needed + task.resources
+            if not task.revocable:  # lent resources are not the agent's own
+                needed = needed + task.resources
         for _, executor in plan.executors:
             needed = needed + executor.resources
     except ResourcesError as exc:

@@ -23,7 +23,8 @@ def launched(framework_id: str, agent_id: str, executor_id: str, task: TaskInfo,
         state=TaskState.TASK_STAGING, labels=dict(task.labels),
         kill_grace_period=task.kill_grace_period,
         statuses=collections.deque([(TaskState.TASK_STAGING, now)], maxlen=MAX_STATUSES),
-        story=collections.deque(maxlen=story))
+        story=collections.deque(maxlen=story), priority=task.priority,
+        revocable=task.revocable)
 
 
 def record_from_report(task: Task, story: int, now: float) -> MasterTask:
@@ -33,7 +34,8 @@ def record_from_report(task: Task, story: int, now: float) -> MasterTask:
         executor_id=task.executor_id, name=task.name, resources=task.resources,
         state=task.state, labels=dict(task.labels), kill_grace_period=None,
         statuses=collections.deque([(task.state, now)], maxlen=MAX_STATUSES),
-        story=collections.deque(maxlen=story))
+        story=collections.deque(maxlen=story), priority=task.priority,
+        revocable=task.revocable)
 
 
 def claim_offers(outstanding: Mapping[str, Offer], framework: MasterFramework,

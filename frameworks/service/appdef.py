@@ -21,6 +21,7 @@ from typing import Any
 
 import attrs
 
+from dyad import priority as priorities
 from dyad.messages import CommandInfo, HealthCheck, HealthCheckType
 from frameworks.autopilot.spec import AutopilotSpec, SpecInvalid, parse_spec, unparse_spec
 from frameworks.service.app_container import (
@@ -141,6 +142,7 @@ class AppDefinition:
     autopilot: AutopilotSpec = AutopilotSpec()  # right-sizing (docs/autopilot.md)
     container: AppContainer | None = None  # a Docker image (frameworks/service/app_container)
     residency: Residency | None = None  # persistent volumes (frameworks/service/resident)
+    priority: int = priorities.DEFAULT_PRODUCTION  # a service is production by default
     version: str = ""
     config_version: str = ""
 
@@ -389,6 +391,13 @@ def _container(value: Any) -> AppContainer:
         raise _Bad(str(exc)) from None
 
 
+def _priority(value: Any) -> int:
+    try:
+        return priorities.check_priority(value)
+    except priorities.PriorityError as exc:
+        raise _Bad(str(exc)) from None
+
+
 def _optional_cmd(value: Any) -> str:
     text = _string(value)
     if not text.strip():
@@ -419,6 +428,7 @@ _FIELDS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "autopilot": ("autopilot", parse_spec),
     "container": ("container", _container),
     "residency": ("residency", _residency),
+    "priority": ("priority", _priority),
 }
 
 
@@ -560,7 +570,7 @@ def app_to_json(app: AppDefinition) -> dict[str, Any]:
         "maxLaunchDelaySeconds": app.max_launch_delay_seconds,
         "killSelection": app.kill_selection,
         "taskKillGracePeriodSeconds": app.task_kill_grace_period_seconds,
-        "user": app.user, "autopilot": unparse_spec(app.autopilot),
+        "user": app.user, "priority": app.priority, "autopilot": unparse_spec(app.autopilot),
     })
     if app.container is not None:
         body["container"] = container_to_json(app.container)

@@ -31,6 +31,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
+from dyad import security, zk_acl
 from dyad.clock import SystemClock
 from dyad.messages import FrameworkInfo
 from dyad.units import parse_duration
@@ -101,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="no recommendation on fewer samples")
     pilot.add_argument("--autopilot-min-interval", type=_duration, default="1h",
                        help="an app's limits change at most this often (OOM raises excepted)")
+    security.add_flags(p)
     return p
 
 
@@ -114,8 +116,10 @@ class Service:
     """One `dyad-service` process: API, optional election, and (while leading) the
     runtime and driver."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace,
+                 secure: security.ServerSecurity | None = None) -> None:
         self.args = args
+        self.security = secure or security.ServerSecurity()
         self.advertised = ""
         self.stop = asyncio.Event()
         self.zk: KazooClient | None = None
@@ -133,9 +137,10 @@ class Service:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop.set)
+        security.protect(self.api.app, self.security, security.Refusals("service", log))
         runner = web.AppRunner(self.api.app, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, self.args.ip, self.args.port)
+        site = web.TCPSite(runner, self.args.ip, self.args.port, ssl_context=self.security.tls)
         await site.start()
         port = runner.addresses[0][1]
         self.advertised = f"{self.args.hostname or self.args.ip}:{port}"
@@ -144,7 +149,8 @@ class Service:
             "master": self.args.master, "framework_name": self.args.name,
             "hostname": self.args.hostname or self.args.ip, "http_port": port,
             "zk": self.args.zk, "failover_timeout": self.args.failover_timeout}
-        print(f"dyad-service listening on http://{self.args.ip}:{port}", flush=True)
+        print(f"dyad-service listening on {self.security.scheme}://{self.args.ip}:{port}",
+              flush=True)
         try:
             return await self._serve()
         except StoreError as exc:
@@ -172,7 +178,8 @@ class Service:
         # Reconnect quickly and forever (kazoo's default backoff grows to an hour);
         # requests themselves still fail fast, so a store write never hangs the loop.
         self.zk = KazooClient(hosts=hosts, timeout=self.args.zk_session_timeout,
-                              connection_retry=dict(RECONNECT))
+                              connection_retry=dict(RECONNECT),
+                              **zk_acl.client_options(self.security.zk_digest))
         try:
             await asyncio.to_thread(self.zk.start, 15)
         except (KazooException, KazooTimeoutError) as exc:
@@ -288,7 +295,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"dyad-service: {exc}", file=sys.stderr)
             return 2
     try:
-        return asyncio.run(Service(args).run())
+        secure = security.for_server(args, args.ip)
+    except security.SecurityError as exc:
+        print(f"dyad-service: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(Service(args, secure).run())
     except OSError as exc:
         print(f"dyad-service: {exc}", file=sys.stderr)
         return 1

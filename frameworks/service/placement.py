@@ -177,6 +177,6 @@ def task_info(app: AppDefinition, task_id: str, offer: Offer, placement: Fit) ->
                     labels={**app.labels, "DYAD_APP_ID": app.id,
                             "DYAD_APP_VERSION": app.config_version},
                     kill_grace_period=app.task_kill_grace_period_seconds,
-                    health_check=check,
+                    health_check=check, priority=app.priority,
                     container=app.container.info(ports)
                     if app.container and app.container.image else None)
