@@ -3,7 +3,7 @@ running executors instead of killing them.
 
 The checkpoint is one JSON document, ``WORK_DIR/meta/agent.json``: the agent id
 and the machine it described (hostname, resources, attributes, ports), whether it
-is draining, every live framework, executor run (with its pid and process start
+is draining, the dynamic reservations and persistent volumes the master made, every live framework, executor run (with its pid and process start
 time) and task, and every status update the master has not acknowledged. The core
 (`AgentState`) builds a `SavedAgent` whenever any of that changes and emits a
 `Checkpoint` effect *before* the effects that depend on it (an ack to an
@@ -31,6 +31,7 @@ from dyad.messages import (
     ExecutorExited, ExecutorInfo, FrameworkInfo, StatusUpdate, TaskInfo, TaskState,
 )
 from dyad.resources import Resources
+from dyad.volumes import DynamicResources
 
 FORMAT = 1
 META_DIR = "meta"
@@ -80,6 +81,8 @@ class SavedAgent:
     executors: list[SavedExecutor] = attrs.field(factory=list)
     updates: list[StatusUpdate] = attrs.field(factory=list)  # oldest first per task
     exits: list[ExecutorExited] = attrs.field(factory=list)  # not yet told the master
+    # The master's reservations and volumes on this agent (agent.persistent).
+    dynamic: DynamicResources = attrs.field(factory=DynamicResources)
 
 
 def save_executor(executor: AgentExecutor) -> SavedExecutor:

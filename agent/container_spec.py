@@ -22,6 +22,7 @@ import attrs
 from dyad.containers import (
     SANDBOX_MOUNT, ContainerInfo, DockerInfo, Network, VolumeMode, problems,
 )
+from agent.persistent import VolumeMount
 from dyad.messages import CommandInfo
 from dyad.resources import Resources
 
@@ -84,6 +85,8 @@ class ContainerRun:
     args: tuple[str, ...] = ()
     env: dict[str, str] = attrs.field(factory=dict)
     task_id: str = ""
+    # Persistent volumes (agent.persistent), bound under the sandbox mount.
+    persistent: tuple[VolumeMount, ...] = ()
 
 
 @attrs.frozen
@@ -233,6 +236,9 @@ def _binds(run: ContainerRun) -> list[str]:
             posixpath.join(run.sandbox_dir, volume.host_path)
         mode = "ro" if volume.mode == VolumeMode.RO else "rw"
         binds.append(f"{posixpath.normpath(source)}:{volume.container_path}:{mode}")
+    for mount in run.persistent:
+        mode = "ro" if mount.mode == VolumeMode.RO else "rw"
+        binds.append(f"{mount.host_path}:{SANDBOX_MOUNT}/{mount.container_path}:{mode}")
     return binds
 
 

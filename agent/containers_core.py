@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from agent import launch
+from agent import launch, persistent
 from agent.container_runs import ending
 from agent.container_spec import ContainerRun, check_container
 from agent.docker_wire import ContainerState
@@ -44,6 +44,7 @@ from agent.model import (
 )
 from agent.runs import ExecutorRuns
 from dyad.containers import SANDBOX_MOUNT, ContainerInfo, Network
+from dyad.volumes import DynamicResources
 from dyad.messages import (
     URI,
     ExecutorInfo,
@@ -167,6 +168,8 @@ def health_check(container: ContainerInfo | None, check: HealthCheck) -> HealthC
 class ContainerRuns(ExecutorRuns):
     """Container runs' launch, start, progress, kill, end and recovery."""
 
+    dynamic: DynamicResources  # the volumes a container may bind (AgentState's)
+
     def _container_problem(self, task: TaskInfo, info: ExecutorInfo, new: bool) -> str:
         """Why the task's (or its new executor's) container cannot run on this agent."""
         container = task.container if task.executor is None else info.container
@@ -204,7 +207,10 @@ class ContainerRuns(ExecutorRuns):
             executor_id=executor.executor_id, run_id=executor.run_id, container=info.container,
             sandbox_dir=executor.directory, resources=resources,
             cpus=executor.limits.cpus, mem_bytes=executor.limits.mem_bytes, command=command,
-            env=env, task_id=task.task_id if executor.direct else "")
+            env=env, task_id=task.task_id if executor.direct else "",
+            persistent=tuple(m for mounts in persistent.mounts(
+                self.config.work_dir, self.dynamic, executor.directory,
+                [task.resources, info.resources]) for m in mounts.mounts))
         return [LaunchContainer(run, tuple(uris.uris))]
 
     # ---------------------------------------------------------------- events

@@ -35,6 +35,7 @@ COUNTERS = {
        for state, text in _ENDED.items()},
     # Kept by the shell (`agent.server`, `agent.http`).
     "agent/sandboxes_removed": "Finished sandboxes removed by garbage collection.",
+    "agent/volume_errors": "Persistent volume directories or links that could not be made or removed.",
     "agent/logs_rotated": "Task stdout/stderr files rotated for size.",
     "agent/checkpoints_written": "Checkpoints written to the work dir.",
     "agent/receive_errors": "Frames that broke a receive loop's handling (bugs); the loop went on.",

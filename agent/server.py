@@ -29,7 +29,7 @@ import zmq
 from aiohttp import web
 
 import agent
-from agent import access, checkpoint, checkpoint_file, gc
+from agent import access, checkpoint, checkpoint_file, gc, volumes
 from agent.checkpoint import CheckpointError, Recover, SavedAgent
 from agent.containerizer import Containerizer, LaunchError, describe_exit
 from agent.containers_core import LaunchContainer, RemoveContainer
@@ -39,6 +39,7 @@ from agent.fetcher import Fetcher, FetchError, FetcherCache
 from agent.health import RunHealthCheck
 from agent.http import make_app
 from agent.isolation import Isolator, detect
+from agent.persistent import CreateVolume, DestroyVolume, MountVolumes
 from agent.model import (
     AgentConfig, Checkpoint, ConnectMaster, DetectMaster, Drain, ExecutorLaunchFailed,
     ExecutorMessage, ExecutorProcessExited, ExecutorStarted, Exit, InvalidFrame, KillExecutor,
@@ -137,7 +138,8 @@ class AgentServer:
         self.shell_counters: Counter[str] = Counter({
             "agent/sandboxes_removed": 0, "agent/logs_rotated": 0,
             "agent/checkpoints_written": 0, "agent/receive_errors": 0,
-            "agent/loop_errors": 0, "agent/loop_crashes": 0, "agent/http_errors": 0})
+            "agent/loop_errors": 0, "agent/loop_crashes": 0, "agent/http_errors": 0,
+            "agent/volume_errors": 0})
         self._failed = asyncio.Event()
         self._loops = Supervisor(self._give_up, lambda: self.count("agent/loop_crashes"),
                                  logger=log, restart_delay=LOOP_RESTART_DELAY)
@@ -565,8 +567,19 @@ class AgentServer:
             self._detect()
         elif isinstance(effect, Exit):
             self._exited.set()
+        elif isinstance(effect, CreateVolume | DestroyVolume | MountVolumes):
+            await self._volume(effect)
         else:
             raise TypeError(f"unknown effect {effect!r}")
+
+    async def _volume(self, effect: CreateVolume | DestroyVolume | MountVolumes) -> None:
+        do = (volumes.create if isinstance(effect, CreateVolume)
+              else volumes.destroy if isinstance(effect, DestroyVolume) else volumes.mount)
+        try:
+            await asyncio.to_thread(do, effect)  # type: ignore[arg-type]
+        except volumes.VolumeError as exc:
+            self.shell_counters["agent/volume_errors"] += 1
+            log.warning("%s", exc)
 
     def _perform_container(self, effect: LaunchContainer | RemoveContainer) -> None:
         if self.docker is None:  # the core launches containers only with docker on

@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import attrs
 
-from agent import checkpoint, launch, limits, views
+from agent import checkpoint, launch, limits, persistent, views
 from agent.checkpoint import Recover, SavedAgent
 from agent.containers_core import (
     ContainerEvent, ContainerRuns, LaunchContainer, RemoveContainer, executor_info,
@@ -57,13 +57,14 @@ from agent.status_updates import SendMaster, StatusUpdateManager, UpdateRetry
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired, UnknownTimer
 from dyad.ids import new_uuid
 from dyad.messages import (
-    AgentInfo, AgentRegistered, DrainAgent, ExecutorExited, ExecutorInfo, ExecutorToFramework,
+    AgentInfo, AgentRegistered, CheckpointResources, DrainAgent, ExecutorExited, ExecutorInfo, ExecutorToFramework,
     FrameworkInfo, FrameworkToExecutor, KillTask, LaunchTask, MasterInfo, Message, Ping, Pong,
     Reason, RegisterAgent, RegisterExecutor, Rejected, ReregisterExecutor, RunTask,
     ShutdownFramework, Source, StatusUpdate, StatusUpdateAck, Task, TaskInfo, TaskState,
     TaskStatus, UsageReport,
 )
 from dyad.resources import Resources, ResourcesError
+from dyad.volumes import DynamicResources, total_of
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,8 @@ Event = (MasterMessage | ExecutorMessage | InvalidFrame | ExecutorStarted | Exec
 
 Effect = (SendMaster | Send | LaunchExecutor | KillExecutor | UpdateLimits | RunHealthCheck
           | ArmTimer | CancelTimer | ConnectMaster | DetectMaster | Checkpoint | Exit
-          | LaunchContainer | RemoveContainer)
+          | LaunchContainer | RemoveContainer
+          | persistent.CreateVolume | persistent.DestroyVolume | persistent.MountVolumes)
 
 
 class AgentState(ContainerRuns):
@@ -91,6 +93,8 @@ class AgentState(ContainerRuns):
         self.health = HealthChecker()
         self.oversubscription = Oversubscription(config.reclaim, config.qos, config.resources)
         self.used = Resources()  # what the agent's own resources hold; revocable tasks aside
+        # Reservations and volumes the master made here (agent.persistent).
+        self.dynamic = DynamicResources()
         self.draining = False
         self.cached_uris: list[str] = []
         self.shutting_down = False
@@ -168,6 +172,8 @@ class AgentState(ContainerRuns):
             return self._on_framework_message(msg)
         if isinstance(msg, ShutdownFramework):
             return self._on_shutdown_framework(msg, now)
+        if isinstance(msg, CheckpointResources):
+            return self._on_checkpoint_resources(msg)
         if isinstance(msg, Rejected):
             self.counters["rejected_by_master"] += 1
             log.warning("master rejected our %s: %s", msg.message_type or "message", msg.reason)
@@ -249,7 +255,8 @@ class AgentState(ContainerRuns):
                 executors.append(executor.info)
                 tasks += [self._task_view(t) for t in executor.live_tasks()]
         return RegisterAgent(agent=self._agent_info(), version=self.config.version,
-                             tasks=tasks, executors=executors, frameworks=frameworks)
+                             tasks=tasks, executors=executors, frameworks=frameworks,
+                             dynamic=self.dynamic)
 
     def _agent_info(self) -> AgentInfo:
         c = self.config
@@ -382,7 +389,8 @@ class AgentState(ContainerRuns):
         if executor is None:
             executor = self._new_executor(framework, info, task.command is not None)
             executor.queued[task.task_id] = record
-            return self._launch_executor(executor, task, now)
+            return [*self._mounts(executor, needed), *self._launch_executor(executor, task, now)]
+        effects += self._mounts(executor, needed)
         if executor.phase == RUNNING:
             assert executor.peer is not None
             executor.launched[task.task_id] = record
@@ -398,16 +406,41 @@ class AgentState(ContainerRuns):
         own = Resources() if task.revocable else task.resources
         try:
             needed = own + info.resources if new_executor else own
-            fits = self.used + needed <= self.config.resources
+            fits = self.used + needed <= self.total
         except ResourcesError:  # e.g. the same port twice
             return None
         return needed if fits else None
 
+    @property
+    def total(self) -> Resources:
+        """The agent's resources with the master's dynamic reservations applied."""
+        return total_of(self.config.resources, self.dynamic)
+
     def _free(self) -> Resources:
         try:
-            return self.config.resources - self.used
+            return self.total - self.used
         except ResourcesError:
             return Resources()
+
+    def _mounts(self, executor: AgentExecutor, needed: Resources) -> list[Effect]:
+        """A process run sees its volumes through links in its sandbox; a container
+        gets them bound when it is created (`_launch_container`)."""
+        if executor.info.container is not None:
+            return []
+        return [*persistent.mounts(self.config.work_dir, self.dynamic, executor.directory,
+                                   [needed])]
+
+    def _on_checkpoint_resources(self, msg: CheckpointResources) -> list[Effect]:
+        """The master changed this agent's reservations or volumes (agent.persistent)."""
+        dynamic, effects, why = persistent.adopt(self.config.work_dir, self.config.resources,
+                                                 self.dynamic, msg.resources,
+                                                 self.used.volumes())
+        if why:
+            return self._reject_master(f"checkpoint_resources refused: {why}", msg.TYPE)
+        if dynamic != self.dynamic:
+            self.dynamic = dynamic
+            self._changed()
+        return [*effects]
 
     def _on_kill_task(self, msg: KillTask, now: float) -> list[Effect]:
         found = self.records.find(msg.framework_id, msg.task_id)
@@ -643,7 +676,8 @@ class AgentState(ContainerRuns):
             agent_id=self.agent_id, hostname=c.hostname, resources=c.resources,
             attributes=dict(c.attributes), port=c.port, executor_port=c.executor_port,
             draining=self.draining, frameworks=[f.info for f in self.frameworks.values()],
-            executors=executors, updates=self.updates.all_queued(), exits=list(self._exits))
+            executors=executors, updates=self.updates.all_queued(), exits=list(self._exits),
+            dynamic=self.dynamic)
 
     def _on_recover(self, event: Recover, now: float) -> list[Effect]:
         """Take back what a killed agent left: runs whose process is still alive
@@ -653,13 +687,14 @@ class AgentState(ContainerRuns):
             raise RuntimeError("recovery must come first")
         self.agent_id = saved.agent_id
         self.draining = saved.draining
+        self.dynamic = saved.dynamic
         self.records.restore(saved)
         self.used = self.records.charged()
         for update in saved.updates:
             self.updates.add(update, now)  # paused: queued until a master registers us
         self._exits = list(saved.exits)
         self._changed()
-        effects: list[Effect] = []
+        effects: list[Effect] = [*persistent.recreate(self.config.work_dir, self.dynamic)]
         phases = {(s.framework_id, s.info.executor_id): s.phase for s in saved.executors}
         for executor in list(self.records.executors()):
             was = phases[(executor.framework_id, executor.executor_id)]
@@ -752,7 +787,7 @@ class AgentState(ContainerRuns):
         """Check the invariants; tests call this after every step."""
         self.records.validate()
         assert self.records.charged() == self.used, (self.records.charged(), self.used)
-        assert self.used <= self.config.resources, (self.used, self.config.resources)
+        assert self.used <= self.total, (self.used, self.total)
         assert (self.phase == REGISTERED) == (not self.updates.paused)
         self.link.validate()
         assert not self._exits or self.phase != REGISTERED

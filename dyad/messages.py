@@ -16,7 +16,7 @@ Who sends what (see DESIGN.md §3):
 - agent -> master: RegisterAgent, StatusUpdate, ExecutorToFramework,
   ExecutorExited, Pong, UsageReport, DrainAgent
 - master -> agent: AgentRegistered, Ping, RunTask, KillTask, StatusUpdateAck,
-  FrameworkToExecutor, ShutdownFramework, Rejected
+  FrameworkToExecutor, ShutdownFramework, CheckpointResources, Rejected
 - executor -> agent: RegisterExecutor, ReregisterExecutor, StatusUpdate,
   ExecutorToFramework
 - agent -> executor: ExecutorRegistered, LaunchTask, KillTask, StatusUpdateAck,
@@ -36,6 +36,7 @@ from dyad import bounded_json, priority
 from dyad.codec import CodecError, from_json, to_json
 from dyad.containers import ContainerInfo
 from dyad.resources import Resources
+from dyad.volumes import DynamicResources, PersistentVolume
 
 WIRE_VERSION = 1
 MAX_FRAME_BYTES = 4 * 1024 * 1024
@@ -331,23 +332,29 @@ class Offer:
     # lent from what other tasks reserve but do not use, and taken back (the
     # task killed) when the owners need it. Never counted in DRF shares or quota.
     revocable: Resources = attrs.field(factory=Resources)
+    # The persistent volumes whose disk (disk(role){id}) is in `resources`.
+    volumes: list[PersistentVolume] = attrs.field(factory=list)
 
 
 class OperationType:
     LAUNCH = "LAUNCH"
     RESERVE = "RESERVE"
     UNRESERVE = "UNRESERVE"
+    CREATE = "CREATE"
+    DESTROY = "DESTROY"
 
 
 @attrs.frozen(kw_only=True)
 class Operation:
-    """One step of `accept`. Only LAUNCH in the foundation; the allocator issue adds
-    RESERVE/UNRESERVE with `resources`."""
+    """One step of `accept`: LAUNCH `tasks`; RESERVE or UNRESERVE `resources`;
+    CREATE or DESTROY `volumes` (docs/protocol.md, "Offer operations")."""
 
     type: str = attrs.field(validator=attrs.validators.in_(
-        [OperationType.LAUNCH, OperationType.RESERVE, OperationType.UNRESERVE]))
+        [OperationType.LAUNCH, OperationType.RESERVE, OperationType.UNRESERVE,
+         OperationType.CREATE, OperationType.DESTROY]))
     tasks: list[TaskInfo] = attrs.field(factory=list)
     resources: Resources = attrs.field(factory=Resources)
+    volumes: list[PersistentVolume] = attrs.field(factory=list)
 
 
 @attrs.frozen(kw_only=True)
@@ -603,6 +610,7 @@ class RegisterAgent(Message):
     tasks: list[Task] = attrs.field(factory=list)
     executors: list[ExecutorInfo] = attrs.field(factory=list)
     frameworks: list[FrameworkInfo] = attrs.field(factory=list)
+    dynamic: DynamicResources | None = None  # its checkpointed reservations and volumes
 
 
 @message("agent_registered")
@@ -610,6 +618,15 @@ class AgentRegistered(Message):
     agent_id: str
     master_info: MasterInfo
     ping_interval: float = 15.0
+
+
+@message("checkpoint_resources")
+class CheckpointResources(Message):
+    """The agent's reservations and volumes changed (or differ from the master's
+    record): keep `resources`, make the volumes it adds, remove those it drops."""
+
+    agent_id: str
+    resources: DynamicResources
 
 
 @message("ping")

@@ -32,6 +32,7 @@ from dyad.messages import (
     URI, AgentInfo, CommandInfo, ExecutorInfo, Filters, FrameworkInfo, MasterInfo, Offer,
     Operation, OperationType, Reason, Source, TaskInfo, TaskState, TaskStatus)
 from dyad.resources import Resources
+from dyad.volumes import PersistentVolume
 from frameworks.driver_core import DriverStatus
 from frameworks.executor import Executor, ExecutorDriver
 from frameworks.executor_core import ExecutorEnvironmentError
@@ -40,7 +41,7 @@ from frameworks.scheduler import Scheduler, SchedulerDriver
 __all__ = [
     "URI", "AgentInfo", "CommandInfo", "ContainerInfo", "DockerInfo", "DriverStatus",
     "Executor", "ExecutorDriver", "ExecutorEnvironmentError", "ExecutorInfo", "Filters",
-    "FrameworkInfo", "MasterInfo", "Offer", "Operation", "OperationType", "PortMapping",
-    "Reason", "Resources", "Scheduler", "SchedulerDriver", "Source", "TaskInfo",
+    "FrameworkInfo", "MasterInfo", "Offer", "Operation", "OperationType", "PersistentVolume",
+    "PortMapping", "Reason", "Resources", "Scheduler", "SchedulerDriver", "Source", "TaskInfo",
     "TaskState", "TaskStatus", "Volume",
 ]

@@ -14,10 +14,11 @@ from collections.abc import Iterable, Mapping
 import attrs
 
 from dyad.messages import (
-    AgentInfo, AgentRegistered, DrainAgent, ExecutorExited, ExecutorToFramework, Failure,
+    AgentInfo, AgentRegistered, CheckpointResources, DrainAgent, ExecutorExited, ExecutorToFramework, Failure,
     KillTask, Ping, Pong, Reason, RegisterAgent, ShutdownFramework, StatusUpdate,
     StatusUpdateAck, TaskState, Update, UsageReport,
 )
+from dyad.volumes import DynamicResources
 from master import revocable
 from master.allocator import Quota
 from master.model import (
@@ -55,13 +56,19 @@ class AgentHandlers(MasterBooks):
             return
         came_back = self.unreachable.pop(info.id, None) is not None
         if agent is None:
-            agent = self._add_agent(peer, info)
+            agent = self._add_agent(peer, info, plan.dynamic)
         else:
             self._rebind_agent(agent, peer)
         agent.reregistered_time = self._now
         self._adopt(agent, plan, kill_lost=came_back)
         self._send(peer, AgentRegistered(agent_id=agent.id, master_info=self.info,
                                          ping_interval=self.config.agent_ping_timeout))
+        if plan.ignored_report:
+            self.counters.inc("master/agent_dynamic_reports_ignored")
+            self.events.record(self._now, "agent_dynamic_report_ignored", agent_id=agent.id,
+                               reason=plan.ignored_report)
+        if message.dynamic != agent.dynamic and (message.dynamic or agent.dynamic.version):
+            self._send(peer, CheckpointResources(agent_id=agent.id, resources=agent.dynamic))
         self._request_allocation()
 
     def _register_new_agent(self, peer: str, message: RegisterAgent) -> None:
@@ -77,15 +84,19 @@ class AgentHandlers(MasterBooks):
         self._send(peer, AgentRegistered(agent_id=known, master_info=self.info,
                                          ping_interval=self.config.agent_ping_timeout))
 
-    def _add_agent(self, peer: str, info: AgentInfo) -> MasterAgent:
-        agent = MasterAgent(info=info, peer=peer, registered_time=self._now)
-        if self.recovering.pop(agent.id, None) != info:  # else the registry has it
+    def _add_agent(self, peer: str, info: AgentInfo,
+                   dynamic: DynamicResources | None = None) -> MasterAgent:
+        agent = MasterAgent(info=info, peer=peer, registered_time=self._now,
+                            dynamic=dynamic or DynamicResources())
+        parked = self.parked_dynamic.pop(agent.id, None)
+        # else the registry has it
+        if self.recovering.pop(agent.id, None) != info or (parked or agent.dynamic) != agent.dynamic:
             self._persist()
         self._removals.forget(agent.id)
         self._drop_peer(peer)
         self.agents[agent.id] = agent
         self.agent_by_peer[peer] = agent.id
-        self.allocator.add_agent(agent.id, info.resources)
+        self.allocator.add_agent(agent.id, agent.total)
         self._arm(PingDue(agent.id), self._now)
         self.events.record(self._now, "agent_registered", agent_id=agent.id,
                            hostname=info.hostname, url=info.url)
@@ -192,6 +203,8 @@ class AgentHandlers(MasterBooks):
             self._master_update(framework, task_id, state, Reason.AGENT_UNREACHABLE,
                                 f"agent {agent.id} is unreachable", agent.id, task.executor_id)
         self.allocator.remove_agent(agent.id)
+        if agent.dynamic.version:
+            self.parked_dynamic[agent.id] = agent.dynamic
         del self.agents[agent.id]
         if self.agent_by_peer.get(agent.peer) == agent.id:
             del self.agent_by_peer[agent.peer]
@@ -337,14 +350,16 @@ class AgentHandlers(MasterBooks):
 
     def restore(self, agents: Iterable[AgentInfo], unreachable: Iterable[UnreachableAgent],
                 weights: Mapping[str, float], quotas: Mapping[str, Quota],
-                now: float) -> list[Effect]:
+                now: float, dynamic: Mapping[str, DynamicResources] | None = None) -> list[Effect]:
         """Call once, before any event, with what the registry held. Admitted agents
         become *recovering*: none of their resources are offered until they
         re-register (with their tasks), and those still away after
-        `agent_reregister_timeout` are marked unreachable. Raises `PolicyError`
-        if the weights or quota are invalid."""
+        `agent_reregister_timeout` are marked unreachable; their reservations and
+        volumes (`dynamic`) wait for them. Raises `PolicyError` if the weights or
+        quota are invalid."""
         self._now = now
         self._out = []
+        self.parked_dynamic.update(dynamic or {})
         self._apply_weights(weights)
         self._apply_quota(quotas)
         for entry in unreachable:

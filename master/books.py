@@ -17,10 +17,11 @@ from typing import Any
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerKey
 from dyad.ids import IdGenerator
 from dyad.messages import (
-    AgentInfo, FrameworkInfo, KillTask, MasterInfo, Message, Offer, Rejected, Rescind,
-    ShutdownFramework, Source, TaskState, TaskStatus, Update,
+    AgentInfo, CheckpointResources, FrameworkInfo, KillTask, MasterInfo, Message, Offer,
+    Rejected, Rescind, ShutdownFramework, Source, TaskState, TaskStatus, Update,
 )
 from dyad.resources import UNRESERVED
+from dyad.volumes import DynamicResources
 from master import invariants, views
 from master.allocator import (
     Allocator, HierarchicalAllocator, PolicyError, Quota, check_quotas, parse_weights,
@@ -57,6 +58,9 @@ class MasterBooks:
         self.agent_by_peer: dict[str, str] = {}
         self.unreachable: collections.OrderedDict[str, UnreachableAgent] = collections.OrderedDict()
         self.recovering: dict[str, AgentInfo] = {}  # registry agents not yet back
+        # The dynamic reservations and volumes of agents not registered now
+        # (recovering or unreachable): taken back when they register.
+        self.parked_dynamic: dict[str, DynamicResources] = {}
         self._removals = RemovalLimiter(config.agent_removal_rate)
         self._persist_pending = False  # a PersistRegistry is in this step's effects
         self.offers: dict[str, Offer] = {}
@@ -94,6 +98,13 @@ class MasterBooks:
         if not self._persist_pending:
             self._persist_pending = True
             self._out.append(PersistRegistry())
+
+    def _set_dynamic(self, agent: MasterAgent, dynamic: DynamicResources) -> None:
+        """The agent's reservations or volumes changed: persist, and tell the agent
+        (before anything that relies on them, such as a task using a volume)."""
+        agent.dynamic = dynamic
+        self._persist()
+        self._send(agent.peer, CheckpointResources(agent_id=agent.id, resources=dynamic))
 
     def _reply_rejected(self, peer: str, reason: str, message_type: str) -> None:
         self.counters.inc("master/messages_rejected")
@@ -347,6 +358,15 @@ class MasterBooks:
 
     def unreachable_agents(self) -> list[UnreachableAgent]:
         return list(self.unreachable.values())
+
+    def dynamic_resources(self) -> dict[str, DynamicResources]:
+        """The registry's dynamic reservations and volumes, by agent: those of
+        admitted and unreachable agents that offer operations ever changed."""
+        kept = {**self.parked_dynamic,
+                **{agent_id: agent.dynamic for agent_id, agent in self.agents.items()}}
+        known = set(self.agents) | set(self.recovering) | set(self.unreachable)
+        return {agent_id: dynamic for agent_id, dynamic in sorted(kept.items())
+                if agent_id in known and dynamic.version}
 
     def validate(self) -> None:
         """Check every invariant (master/invariants.py); raise `InvariantError`

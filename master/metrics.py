@@ -113,6 +113,10 @@ COUNTERS = {
     "master/offers_accepted": "Offers accepted by frameworks.",
     "master/operations_reserve": "RESERVE operations applied (dynamic reservations made).",
     "master/operations_unreserve": "UNRESERVE operations applied.",
+    "master/operations_create": "CREATE operations applied (persistent volumes made).",
+    "master/operations_destroy": "DESTROY operations applied (persistent volumes removed).",
+    "master/agent_dynamic_reports_ignored":
+        "Re-registrations whose reservations and volumes did not fit the agent (ignored).",
     "master/operator_kills": "Tasks killed by an operator (POST /tasks/kill).",
     "master/operator_drains": "Agents drained by an operator (POST /machine/drain).",
     "master/operator_teardowns": "Frameworks torn down by an operator (POST /teardown).",

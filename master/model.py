@@ -19,6 +19,7 @@ from dyad.messages import (
     AgentInfo, ExecutorInfo, FrameworkInfo, Message, MessageError, TaskState,
 )
 from dyad.resources import Resources, is_valid_role
+from dyad.volumes import DynamicResources, total_of
 from master.allocator.preemption import PreemptionConfig
 from master.events import DEFAULT_CAPACITY as DEFAULT_EVENTS
 from master.operator import OperatorCall, Reply
@@ -35,7 +36,7 @@ MAX_STATUSES = 32  # per task; an agent cannot grow a record without bound
 @attrs.frozen
 class PersistRegistry:
     """What the registry holds changed (admitted or unreachable agents, weights,
-    quota): the shell writes `snapshot_of(state)` soon, coalescing a burst of
+    quota, agents' dynamic reservations and volumes): the shell writes `snapshot_of(state)` soon, coalescing a burst of
     these into one write (every write is the whole registry)."""
 
 
@@ -202,10 +203,9 @@ class MasterAgent:
     executors: dict[tuple[str, str], ExecutorInfo] = attrs.field(factory=dict)
     awaiting_pong: bool = False
     missed_pongs: int = 0
-    # Dynamic reservations (RESERVE operations), kept by the master only: the
-    # agent knows its static resources (`info.resources`), and tasks on these are
-    # sent to it as unreserved (see `_for_agent`).
-    reservations: Resources = EMPTY
+    # What offer operations changed (dynamic reservations, persistent volumes);
+    # the registry and the agent's checkpoint keep it too (dyad/volumes.py).
+    dynamic: DynamicResources = attrs.field(factory=DynamicResources)
     # Oversubscription (master/revocable.py): what the agent lends, and what of it
     # offers and revocable tasks hold; none of it is in `offered`, `used` or the
     # allocator. `reservation` is the agent's estimate of what its tasks reserve.
@@ -220,11 +220,14 @@ class MasterAgent:
         return self.info.id
 
     @property
+    def reservations(self) -> Resources:
+        """The dynamic reservations, volumes' disk included."""
+        return self.dynamic.reservations
+
+    @property
     def total(self) -> Resources:
         """What the master offers from: static resources with dynamic reservations."""
-        if not self.reservations:
-            return self.info.resources
-        return self.info.resources - self.reservations.flatten() + self.reservations
+        return total_of(self.info.resources, self.dynamic)
 
 
 @attrs.frozen

@@ -3,8 +3,8 @@
 Rooms: master/model.py (config, events, effects, timer keys, records),
 master/books.py (the records and shared bookkeeping), master/agents.py (the agent
 half), this module (the one way in, the framework half, offers and operator
-calls); pure helpers in master/tasks.py, reservations.py, removals.py,
-restore.py; views.py and invariants.py read the books.
+calls); pure helpers in master/tasks.py, reservations.py, volumes.py (offer
+operations), removals.py, restore.py; views.py and invariants.py read the books.
 
 Theory of operation
 -------------------
@@ -79,7 +79,9 @@ from master.operator import (
     CONFLICT, FORBIDDEN, INVALID, NOT_FOUND, DrainMachine, KillLiveTask, MalformedCall, OperatorCall,
     Reply, Request, SetQuota, SetWeights, TeardownFramework,
 )
-from master.reservations import for_agent, reservation_problem
+from master.volumes import (
+    COUNTERS, offered_volumes, plan_operation, task_volume_problem, volume_users,
+)
 from master.tasks import claim_offers, launched, reconciled, status_of, task_problem
 
 
@@ -366,7 +368,7 @@ class MasterState(PreemptionHandlers, AgentHandlers):
             attributes=dict(agent.info.attributes),
             executor_ids=sorted(eid for fid, eid in agent.executors if fid == framework_id),
             url=agent.info.url, cached_uris=list(self.cached_uris.get(agent_id, ())),
-            revocable=lent)
+            revocable=lent, volumes=offered_volumes(agent, resources))
         self.offers[offer.id] = offer
         framework.offers.add(offer.id)
         agent.offers.add(offer.id)
@@ -431,7 +433,7 @@ class MasterState(PreemptionHandlers, AgentHandlers):
         seen: set[str] = set()
         for op in message.operations:
             if op.type != OperationType.LAUNCH:
-                remaining = self._reservation(peer, message, framework, agent, op, remaining)
+                remaining = self._operation(peer, message, framework, agent, op, remaining)
                 continue
             for task in op.tasks:
                 remaining, lent = self._launch(framework, agent, task, seen, remaining, lent)
@@ -446,23 +448,21 @@ class MasterState(PreemptionHandlers, AgentHandlers):
                                            message.filters.refuse_seconds)
             self._request_allocation()
 
-    def _reservation(self, peer: str, message: Accept, framework: MasterFramework,
-                     agent: MasterAgent, op: Any, remaining: Resources) -> Resources:
-        """Apply a RESERVE or UNRESERVE to the accepted offer's resources; return
-        what remains of them. An invalid one is refused and changes nothing."""
-        reserve = op.type == OperationType.RESERVE
-        problem = reservation_problem(self.allocator.allocation_role(agent.id, framework.id),
-                                      agent, op.resources, remaining, reserve)
-        if problem:
-            self._refuse(peer, message, f"{op.type} refused: {problem}")
+    def _operation(self, peer: str, message: Accept, framework: MasterFramework,
+                   agent: MasterAgent, op: Any, remaining: Resources) -> Resources:
+        """Apply a RESERVE, UNRESERVE, CREATE or DESTROY (master/volumes.py) to the
+        accepted offer's resources; return what remains of them. A refused one
+        changes nothing."""
+        plan = plan_operation(op, self.allocator.allocation_role(agent.id, framework.id),
+                              agent, framework.info.principal, remaining,
+                              volume_users(agent, self.frameworks))
+        if isinstance(plan, str):
+            self._refuse(peer, message, f"{op.type} refused: {plan}")
             return remaining
-        flat = op.resources.flatten()
-        consumed, produced = (flat, op.resources) if reserve else (op.resources, flat)
-        self.allocator.transform(agent.id, framework.id, consumed, produced)
-        agent.reservations = (agent.reservations + op.resources if reserve
-                              else agent.reservations - op.resources)
-        self.counters.inc("master/operations_reserve" if reserve else "master/operations_unreserve")
-        return remaining - consumed + produced
+        self.allocator.transform(agent.id, framework.id, plan.consumed, plan.produced)
+        self._set_dynamic(agent, plan.dynamic)
+        self.counters.inc(COUNTERS[op.type])
+        return remaining - plan.consumed + plan.produced
 
     # ============================================================= tasks
 
@@ -477,6 +477,7 @@ class MasterState(PreemptionHandlers, AgentHandlers):
                 framework, agent, task, seen, remaining, lent)
         else:
             problem, needed = task_problem(framework, agent, task, seen, remaining)
+        problem = task_volume_problem(agent, task) or problem  # the more precise one
         seen.add(task.task_id)
         if problem:
             self._master_update(framework, task.task_id, TaskState.TASK_ERROR,
@@ -494,7 +495,7 @@ class MasterState(PreemptionHandlers, AgentHandlers):
         agent.tasks.add((framework.id, task.task_id))
         agent.used = agent.used + needed
         agent.revocable_used = agent.revocable_used + borrowed
-        self._send(agent.peer, RunTask(framework=framework.info, task=for_agent(agent, task)))
+        self._send(agent.peer, RunTask(framework=framework.info, task=task))
         return remaining - needed, lent - borrowed
 
     def _on_kill(self, peer: str, message: Kill) -> None:

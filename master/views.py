@@ -74,6 +74,7 @@ def _agent_json(state: MasterState, agent: MasterAgent) -> dict[str, Any]:
         "reserved_resources": {role: resources_json(agent.total.reserved(role))
                                for role in sorted(agent.total.roles() - {UNRESERVED})},
         "dynamic_reservations": str(agent.reservations),
+        "volumes": [to_json(volume) for volume in agent.dynamic.volumes],
         # Oversubscription (docs/oversubscription.md): measured use, the agent's
         # estimate of what its tasks reserve, and what it lends.
         "measured_usage": _measured(state, agent),

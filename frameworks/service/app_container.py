@@ -11,8 +11,10 @@
 Under BRIDGE the port mappings are the app's ports: ``hostPort: 0`` (the
 default) is any free port of the offer, chosen as for ``portDefinitions``, and
 ``containerPort: 0`` means "the same as the host port". Newer Marathon's
-``container.portMappings`` is read as well. Only the DOCKER type exists here;
-a volume with ``persistent`` is refused (persistent volumes are not in yet).
+``container.portMappings`` is read as well. Only the DOCKER type runs images; a
+container of type MESOS (or without ``docker``) may hold only persistent volumes
+(``{"containerPath", "mode", "persistent": {"size"}}``: frameworks/service/resident.py),
+which a DOCKER container may hold too.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ from dyad.containers import (
     DockerInfo, Network, PortMapping, Volume, problems,
 )
 from dyad.resources import Resources
+from frameworks.service.resident import (
+    PersistentSpec, ResidentInvalid, parse_persistent, persistent_json,
+)
+
+MESOS = "MESOS"  # Marathon's name for a container without an image
 
 MAX_MAPPINGS = 100
 
@@ -52,6 +59,7 @@ class AppContainer:
     force_pull: bool = False
     parameters: tuple[tuple[str, str], ...] = ()
     volumes: tuple[Volume, ...] = ()
+    persistent: tuple[PersistentSpec, ...] = ()  # "" image: no image, volumes only
 
     @property
     def bridged_ports(self) -> bool:
@@ -82,7 +90,12 @@ def parse_container(value: Any) -> AppContainer:
     if not isinstance(value, dict):
         raise ContainerInvalid("must be an object")
     _known(value, _FIELDS, "")
-    kind = value.get("type", DOCKER)
+    kind = value.get("type", DOCKER if "docker" in value else MESOS)
+    persistent = _persistent(value.get("volumes", []))
+    if kind == MESOS and persistent and "docker" not in value:
+        if set(value) - {"type", "volumes"} or len(persistent) != len(value.get("volumes")):
+            raise ContainerInvalid("a container without docker holds only persistent volumes")
+        return AppContainer(image="", persistent=persistent)
     if kind != DOCKER:
         raise ContainerInvalid(f"type {kind!r} is not supported: only DOCKER containers run "
                                "here (no MESOS containerizer)")
@@ -108,7 +121,8 @@ def parse_container(value: Any) -> AppContainer:
     container = AppContainer(image=image, network=network, port_mappings=mappings,
                              force_pull=force_pull,
                              parameters=_parameters(docker.get("parameters", [])),
-                             volumes=_volumes(value.get("volumes", [])))
+                             volumes=_volumes(value.get("volumes", [])),
+                             persistent=persistent)
     # The wire's own rules for paths and parameters (ports are bound later).
     found = problems(container.info([]), Resources())
     if found:
@@ -181,7 +195,7 @@ def _volumes(value: Any) -> tuple[Volume, ...]:
     result = []
     for where, item in _objects(value, "volumes", _VOLUME_FIELDS):
         if "persistent" in item:
-            raise ContainerInvalid(f"{where}: persistent volumes are not supported yet")
+            continue  # `_persistent`'s
         mode = item.get("mode", "RW")
         paths = (item.get("containerPath"), item.get("hostPath"))
         if mode not in VOLUME_MODES or not all(isinstance(p, str) for p in paths):
@@ -191,8 +205,22 @@ def _volumes(value: Any) -> tuple[Volume, ...]:
     return tuple(result)
 
 
+def _persistent(value: Any) -> tuple[PersistentSpec, ...]:
+    if not isinstance(value, list):
+        raise ContainerInvalid("volumes must be a list")
+    try:
+        return tuple(parse_persistent(where, item)
+                     for where, item in _objects(value, "volumes", _VOLUME_FIELDS)
+                     if "persistent" in item)
+    except ResidentInvalid as exc:
+        raise ContainerInvalid(str(exc)) from None
+
+
 def container_to_json(container: AppContainer) -> dict[str, Any]:
     """What `parse_container` reads back."""
+    persistent = [persistent_json(p) for p in container.persistent]
+    if not container.image:
+        return {"type": MESOS, "volumes": persistent}
     return {"type": DOCKER, "docker": {
         "image": container.image, "network": container.network,
         "portMappings": [{"containerPort": m.container_port, "hostPort": m.host_port,
@@ -201,4 +229,4 @@ def container_to_json(container: AppContainer) -> dict[str, Any]:
         "forcePullImage": container.force_pull,
         "parameters": [{"key": k, "value": v} for k, v in container.parameters]},
         "volumes": [{"containerPath": v.container_path, "hostPath": v.host_path,
-                     "mode": v.mode} for v in container.volumes]}
+                     "mode": v.mode} for v in container.volumes] + persistent}

@@ -26,6 +26,9 @@ from dyad.messages import CommandInfo, HealthCheck, HealthCheckType
 from frameworks.autopilot.spec import AutopilotSpec, SpecInvalid, parse_spec, unparse_spec
 from frameworks.service.app_container import (
     AppContainer, ContainerInvalid, container_to_json, parse_container)
+from frameworks.service.resident import (
+    PersistentSpec, Residency, ResidentInvalid, parse_residency, residency_json,
+)
 from frameworks.service.constraints import (
     Constraint, ConstraintError, check_satisfiable, parse_constraint)
 
@@ -138,6 +141,7 @@ class AppDefinition:
     user: str = ""
     autopilot: AutopilotSpec = AutopilotSpec()  # right-sizing (docs/autopilot.md)
     container: AppContainer | None = None  # a Docker image (frameworks/service/app_container)
+    residency: Residency | None = None  # persistent volumes (frameworks/service/resident)
     priority: int = priorities.DEFAULT_PRODUCTION  # a service is production by default
     version: str = ""
     config_version: str = ""
@@ -149,6 +153,12 @@ class AppDefinition:
         if self.container is not None and self.container.bridged_ports:
             return [m.host_port for m in self.container.port_mappings]
         return [p.port for p in self.ports]
+
+    @property
+    def persistent(self) -> PersistentSpec | None:
+        """The app's persistent volume, if it is resident."""
+        return self.container.persistent[0] if self.container and self.container.persistent \
+            else None
 
     @property
     def key(self) -> str:
@@ -367,6 +377,13 @@ def _kill_selection(value: Any) -> str:
     return str(value)
 
 
+def _residency(value: Any) -> Residency:
+    try:
+        return parse_residency(value)
+    except ResidentInvalid as exc:
+        raise _Bad(str(exc)) from None
+
+
 def _container(value: Any) -> AppContainer:
     try:
         return parse_container(value)
@@ -410,6 +427,7 @@ _FIELDS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "user": ("user", _string),
     "autopilot": ("autopilot", parse_spec),
     "container": ("container", _container),
+    "residency": ("residency", _residency),
     "priority": ("priority", _priority),
 }
 
@@ -442,7 +460,7 @@ def parse_app(body: Any, *, app_id: str | None = None,
             continue
         name, parse = spec
         if raw is None and name in ("cmd", "args", "task_kill_grace_period_seconds",
-                                    "container"):
+                                    "container", "residency"):
             fields[name] = None
             continue
         if name == "autopilot":  # its parser names every problem with its own path
@@ -469,6 +487,8 @@ def parse_app(body: Any, *, app_id: str | None = None,
                 if k not in ("id", "version", "config_version")}
         fields = {**kept, **fields}
     app = AppDefinition(id=the_id or "", **fields)
+    if app.persistent is not None and app.residency is None:
+        app = attrs.evolve(app, residency=Residency())  # as Marathon does
     _check_whole(app, details)
     if details:
         raise AppInvalid(details)
@@ -509,6 +529,10 @@ def _check_whole(app: AppDefinition, details: list[tuple[str, str]]) -> None:
     fixed = [p.port for p in app.ports if p.port]
     if len(fixed) != len(set(fixed)):
         details.append(("/ports", "a host port is listed twice"))
+    if app.container is not None and len(app.container.persistent) > 1:
+        details.append(("/container/volumes", "one persistent volume per app (Dyad's limit)"))
+    if app.residency is not None and app.persistent is None:
+        details.append(("/residency", "residency needs a persistent volume in the container"))
     if app.container is not None and app.container.bridged_ports and app.ports:
         details.append(("/container", "give portMappings or portDefinitions, not both"))
     for check in app.health_checks:
@@ -550,6 +574,8 @@ def app_to_json(app: AppDefinition) -> dict[str, Any]:
     })
     if app.container is not None:
         body["container"] = container_to_json(app.container)
+    if app.residency is not None:
+        body["residency"] = residency_json(app.residency)
     return body
 
 

@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="upgrades with no new task ready for this long roll back")
     p.add_argument("--decline-refuse", type=_duration, default="30s",
                    help="filter on declined offers (new demand revives at once)")
+    p.add_argument("--role", default="*",
+                   help="the framework's role; apps with persistent volumes reserve to it")
+    p.add_argument("--principal", default="", help="the framework's principal")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"])
     pilot = p.add_argument_group("autopilot (apps with an \"autopilot\" block; "
@@ -226,12 +229,14 @@ class Service:
             log.error("%s", exc)
             return STEPPED_DOWN
         config = ServiceConfig(deployment_timeout=self.args.deployment_timeout,
-                               refuse_seconds=self.args.decline_refuse)
+                               refuse_seconds=self.args.decline_refuse,
+                               role=self.args.role, principal=self.args.principal)
         core = ServiceCore(config, lambda: uuid.uuid4().hex, snapshot)
         runtime = ServiceRuntime(core, store, SystemClock(), on_fatal=lambda _: failed.set(),
                                  autopilot=autopilot_config(self.args))
         info = FrameworkInfo(name=self.args.name, id=snapshot.framework_id,
                              failover_timeout=self.args.failover_timeout, checkpoint=True,
+                             roles=[self.args.role], principal=self.args.principal,
                              hostname=self.args.hostname or socket.gethostname(),
                              webui_url=f"http://{self.advertised}")
         scheduler = ServiceScheduler(runtime)

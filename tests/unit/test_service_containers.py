@@ -67,7 +67,7 @@ def test_a_host_network_app_keeps_its_port_definitions() -> None:
      "'privileged' is not supported"),
     ({"docker": {"image": "x", "privileged": True}}, "privileged is not supported"),
     ({"docker": {"image": "x"}, "volumes": [{"containerPath": "/d", "persistent": {"size": 1}}]},
-     "persistent volumes are not supported yet"),
+     "must be a relative path"),
     ({"docker": {"image": "x"}, "volumes": [{"containerPath": "/mnt/mesos/sandbox",
                                              "hostPath": "x"}]}, "would hide"),
     ({"docker": {"image": "x", "colour": "red"}}, "unknown field(s) colour"),
