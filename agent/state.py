@@ -82,8 +82,10 @@ class AgentState(ExecutorRuns):
         self.agent_id: str | None = None
         self.link = MasterLink(config)
         self.records = Records(config.completed_limit)
-        self.updates = StatusUpdateManager(config.status_update_backoff,
-                                           config.status_update_backoff_max)
+        # Seeded by what tells agents apart, so their retries spread yet replay.
+        self.updates = StatusUpdateManager(
+            config.status_update_backoff, config.status_update_backoff_max,
+            seed=f"{config.hostname}:{config.port}:{config.work_dir}")
         self.health = HealthChecker()
         self.used = Resources()
         self.draining = False
