@@ -19,6 +19,7 @@ from dyad.messages import (
 )
 from dyad.resources import Resources, is_valid_role
 from master.events import DEFAULT_CAPACITY as DEFAULT_EVENTS
+from master.offer_frames import DEFAULT_BUDGET as OFFERS_FRAME_BUDGET
 from master.operator import OperatorCall, Reply
 
 EMPTY = Resources()
@@ -66,6 +67,8 @@ class MasterConfig:
     # a partition look alike); None: no limit. dyad-master defaults to 1/10s.
     agent_removal_rate: tuple[int, float] | None = None
     max_events: int = DEFAULT_EVENTS  # entries kept in the events log (GET /events)
+    # Most bytes in one Offers frame: a pass's offers to a framework are split.
+    offers_frame_bytes: int = OFFERS_FRAME_BUDGET
 
 
 # ------------------------------------------------------------------------ timer keys

@@ -76,6 +76,7 @@ from master.operator import (
     CONFLICT, INVALID, NOT_FOUND, DrainMachine, KillLiveTask, MalformedCall, OperatorCall,
     Reply, Request, SetQuota, SetWeights, TeardownFramework,
 )
+from master.offer_frames import offer_bytes, pack
 from master.reservations import for_agent, reservation_problem
 from master.tasks import claim_offers, launched, reconciled, status_of, task_problem
 
@@ -106,6 +107,7 @@ class MasterState(AgentHandlers):
             ExecutorExited: self._on_executor_exited,
             UsageReport: self._on_usage_report,
             DrainAgent: self._on_drain_agent,
+            Rejected: self._on_rejected,
         }
 
     def handle(self, event: Event, now: float) -> list[Effect]:
@@ -333,8 +335,42 @@ class MasterState(AgentHandlers):
             self._arm(OfferTimeout(offer.id), self._now + self.config.offer_timeout)
             batches.setdefault(framework_id, []).append(offer)
         for framework_id, offers in batches.items():
-            self.counters.inc("master/offers_sent", len(offers))
-            self._to_framework(self.frameworks[framework_id], Offers(offers=offers))
+            self._send_offers(self.frameworks[framework_id], offers)
+
+    def _send_offers(self, framework: MasterFramework, offers: list[Offer]) -> None:
+        """A pass's offers to one framework, in frames under the byte budget; an offer
+        no frame can hold goes back (filtered, so it is not made again at once)."""
+        packed = pack(offers, self.config.offers_frame_bytes)
+        for offer in packed.too_large:
+            self.counters.inc("master/offers_too_large")
+            self.events.record(self._now, "offer_too_large", offer_id=offer.id,
+                               framework_id=framework.id, agent_id=offer.agent_id,
+                               bytes=offer_bytes(offer))
+            self._return_offer(offer, self.config.default_refuse_seconds)
+        for frame in packed.frames:
+            self.counters.inc("master/offers_sent", len(frame))
+            self.counters.inc("master/offers_frames")
+            self._to_framework(framework, Offers(offers=frame))
+
+    def _on_rejected(self, peer: str, message: Rejected) -> None:
+        """A peer could not take one of our frames. Never answered: two peers would
+        refuse each other forever. A framework that refused offers (or a frame it
+        could not even read the type of, such as an oversize one) holds nothing it
+        can accept; its offers go back at once, rescinded, rather than stranding
+        its share until the offer timeout."""
+        self.counters.inc("master/rejections_received")
+        framework = next((f for f in self.frameworks.values() if f.peer == peer), None)
+        refused_offers = message.message_type in (Offers.TYPE, "")
+        self.events.record(self._now, "rejected_by_peer", peer=peer,
+                           framework_id=framework.id if framework else None,
+                           message_type=message.message_type, reason=message.reason,
+                           offers_returned=len(framework.offers)
+                           if framework and refused_offers else 0)
+        if framework is None or not refused_offers:
+            return
+        for offer_id in sorted(framework.offers):
+            self.counters.inc("master/offers_refused")
+            self._rescind(self.offers[offer_id], notify=True)
 
     def _offer_expired(self, offer_id: str) -> None:
         offer = self.offers.get(offer_id)
