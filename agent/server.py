@@ -46,9 +46,9 @@ from agent.probes import probe, probe_host
 from agent.state import AgentState, Event
 from agent.status_updates import SendMaster
 from dyad.clock import Clock, SystemClock
-from dyad.detector import Detector, make_detector
+from dyad.detector import Detector, LeaderFollower, make_detector
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired
-from dyad.messages import Reason
+from dyad.messages import MasterInfo, Reason
 from dyad.supervision import LogLimiter, Supervisor
 from dyad.timers import TimerTable
 from dyad.transport import Dealer, Inbound, Router
@@ -121,7 +121,9 @@ class AgentServer:
         self._started = False
         self._jobs: set[asyncio.Task[Any]] = set()  # launches and health checks
         self._fetching: dict[RunKey, asyncio.Task[None]] = {}
-        self._detecting: asyncio.Task[None] | None = None
+        # Follows the leader: a failover reaches the core as MasterDetected as soon
+        # as ZooKeeper names the successor, not after 3 missed pings.
+        self._leaders = LeaderFollower(self._detector, self._master_detected)
         self._router: Router | None = None
         self._dealer: Dealer | None = None
         self._runner: web.AppRunner | None = None
@@ -177,6 +179,7 @@ class AgentServer:
         self._loops.loop("executor-socket", lambda: self._receive(router, "executor"))
         self._loops.loop("usage", self._watch_usage)
         self._loops.loop("disk", self._watch_disk)
+        self._loops.loop("detector", self._leaders.run)
         self._started = True
         if saved is not None:
             await self._recover(saved)
@@ -266,7 +269,7 @@ class AgentServer:
             await asyncio.wait_for(self._containerizer.wait_all(), 5)
         except asyncio.TimeoutError:
             log.error("executor processes %s did not die", self._containerizer.pids)
-        tasks = [*self._loops.tasks, *self._jobs, *filter(None, [self._detecting])]
+        tasks = [*self._loops.tasks, *self._jobs]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -347,12 +350,9 @@ class AgentServer:
         self._events.put_nowait(ExecutorProcessExited(*key, status, describe_exit(status)))
 
     def _detect(self) -> None:
-        if self._detecting is not None and not self._detecting.done():
-            return
-        self._detecting = asyncio.create_task(self._detect_once())
+        self._leaders.detect_again()
 
-    async def _detect_once(self) -> None:
-        info = await self._detector.detect()
+    def _master_detected(self, info: MasterInfo) -> None:
         log.info("master detected at %s", info.zmq_endpoint)
         self._events.put_nowait(MasterDetected(info))
 

@@ -232,6 +232,10 @@ class AgentState(ExecutorRuns):
         return self.link.ping_interval
 
     def _on_master_detected(self, master: MasterInfo, now: float) -> list[Effect]:
+        """The leader, found after silence or named by ZooKeeper as the successor:
+        move to it (a failover needs no missed pings); the one we have: nothing."""
+        if self.link.with_master(master):
+            return []
         return [*self.updates.pause(), *self.link.detected(master, self._registration(), now)]
 
     def _registration(self) -> RegisterAgent:

@@ -228,6 +228,27 @@ def test_registering_too_long_or_master_silence_redetects() -> None:
     assert agent.state.metrics()["agent/registered"] == 0
 
 
+def test_a_successor_named_while_registered_is_followed_at_once() -> None:
+    """ZooKeeper names the new leader: the agent moves without missing a ping, its
+    pending updates wait for the new registration; naming the same master again
+    (a watch and a detection crossing) changes nothing."""
+    agent = Agent()
+    agent.register()
+    running_executor(agent, executor_task("t1"))
+    assert agent(MasterDetected(MASTER)) == []  # the one we have
+    successor = attrs.evolve(MASTER, id="m2", ip="10.0.0.2")
+    effects = agent(MasterDetected(successor))
+    assert of_type(effects, ConnectMaster) == [ConnectMaster(successor.zmq_endpoint)]
+    (register,) = to_master(effects, RegisterAgent)
+    assert register.agent.id == "A1" and [t.task_id for t in register.tasks] == ["t1"]
+    assert agent.state.metrics()["agent/registered"] == 0
+    effects = agent.executor(status("t1", TaskState.TASK_RUNNING, "u1"))
+    assert updates(effects) == []  # held until the successor registers us
+    effects = agent.master(AgentRegistered(agent_id="A1", master_info=successor))
+    assert [s.uuid for s in updates(effects)] == ["u1"]
+    assert agent(MasterDetected(successor)) == []
+
+
 def test_reregistration_keeps_the_id_and_reports_tasks_executors_frameworks() -> None:
     agent = Agent()
     agent.register(ping_interval=5.0)
