@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import os
 import statistics
 import sys
 import tempfile
@@ -257,6 +258,16 @@ def master_metrics(url: str) -> dict[str, float]:
     return http_get_json(f"{url}/metrics/snapshot")  # type: ignore[no-any-return]
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_of(pids: dict[str, list[int]]) -> dict[str, float]:
+    return {name: sum(cpu_seconds(p) for p in group) for name, group in pids.items()}
+
+
 async def launch_all(address: str, launchers: list[Launcher], total: int,
                      deadline: float) -> tuple[list[SchedulerDriver], float]:
     drivers = [SchedulerDriver(l, FrameworkInfo(name=l.name), master=address)
@@ -322,12 +333,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.agents} agents registered in {time.monotonic() - started:.1f} s; "
                   f"{args.frameworks} framework(s) launch {total} tasks", flush=True)
             before = master_metrics(url)
+            pids = {"master": [cluster.master.process.pid], "frameworks": [os.getpid()],
+                    "agents": [p.pid for p, _ in workers]}
+            cpu_before = cpu_of(pids)
             per = [total // args.frameworks + (i < total % args.frameworks)
                    for i in range(args.frameworks)]
             launchers = [Launcher(f"fw{i}", n) for i, n in enumerate(per)]
             drivers, _ = asyncio.run(launch_all(cluster.master_address, launchers, total,
                                                 time.monotonic() + args.timeout))
             after = master_metrics(url)
+            cpu = {k: v - cpu_before[k] for k, v in cpu_of(pids).items()}
             reports = []
             for _, conn in workers:
                 conn.send("stop")
@@ -336,12 +351,12 @@ def main(argv: list[str] | None = None) -> int:
             for process, _ in workers:
                 process.kill()
             cluster.stop()
-    return report(args, total, reference, launchers, drivers, reports, before, after)
+    return report(args, total, reference, launchers, drivers, reports, before, after, cpu)
 
 
 def report(args: argparse.Namespace, total: int, reference: float, launchers: list[Launcher],
            drivers: list[SchedulerDriver], reports: list[dict[str, int]],
-           before: dict[str, float], after: dict[str, float]) -> int:
+           before: dict[str, float], after: dict[str, float], cpu: dict[str, float]) -> int:
     accepted = [t for l in launchers for t in l.accepted_at.values()]
     finished = [t for l in launchers for t in l.finished_at.values()]
     latencies = [(l.running_at[t] - l.accepted_at[t]) * 1000
@@ -369,6 +384,11 @@ def report(args: argparse.Namespace, total: int, reference: float, launchers: li
           f"driver sends that waited: {sum(d.send_waits for d in drivers)}; "
           f"master dropped sends: {after.get('master/dropped_sends', 0):.0f}; "
           f"offers frames: {offers_frames:.0f}")
+    runs = after["allocator/allocation_runs"] - before["allocator/allocation_runs"]
+    print(f"CPU per task (ms): " + ", ".join(f"{k} {v * 1000 / max(done, 1):.2f}"
+                                            for k, v in cpu.items())
+          + f"; allocation passes {runs:.0f}, p50 {after['allocator/allocation_run_ms_p50']:.1f}"
+          f" ms, p99 {after['allocator/allocation_run_ms_p99']:.1f} ms")
     print(f"reference: {reference:,.0f} bare pyzmq round trips/s; "
           f"dyad tasks/s / reference: {rate / reference:.3f}")
     return 0 if lost == 0 and duplicates == 0 else 1
