@@ -122,7 +122,7 @@ def _guarded(function: Callable[..., _T], args: tuple[Any, ...]) -> _T:
         raise InvalidPath(f"path cannot be used: {exc}") from None
 
 
-def _beneath(work_dir: str, path: str) -> tuple[str, str]:
+def under_sandboxes(work_dir: str, path: str) -> tuple[str, str]:
     """(the sandboxes root, `path` relative to it), if `path` names something
     under the root; nothing on disk is looked at.
 
@@ -149,7 +149,7 @@ def _opened(work_dir: str, path: str, want_directory: bool) -> Iterator[int]:
     else a regular file), opened one component at a time without following any
     symlink (`dyad.beneath`): what is checked is what is read, whatever a task
     swaps in meanwhile."""
-    root, relative = _beneath(work_dir, path)
+    root, relative = under_sandboxes(work_dir, path)
     try:
         with open_beneath(root, relative) as fd:
             mode = os.fstat(fd).st_mode

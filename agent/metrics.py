@@ -35,12 +35,21 @@ COUNTERS = {
        for state, text in _ENDED.items()},
     # Kept by the shell (`agent.server`, `agent.http`).
     "agent/sandboxes_removed": "Finished sandboxes removed by garbage collection.",
+    "agent/volume_errors": "Persistent volume directories or links that could not be made or removed.",
     "agent/logs_rotated": "Task stdout/stderr files rotated for size.",
     "agent/checkpoints_written": "Checkpoints written to the work dir.",
     "agent/receive_errors": "Frames that broke a receive loop's handling (bugs); the loop went on.",
     "agent/loop_errors": "Rounds of the usage or disk watcher that failed; the watcher went on.",
     "agent/loop_crashes": "Deaths of an agent loop (bugs, logged); each was restarted or fatal.",
     "agent/http_errors": "HTTP requests a handler failed on unexpectedly (answered 400, logged).",
+    # Security (`dyad.security.Refusals`, `agent.access`; docs/security.md).
+    "agent/auth_failures/curve": "Executor CURVE handshakes refused (a key the agent did not give).",
+    "agent/auth_failures/handshake": "Executor handshakes that failed before a key was shown.",
+    "agent/auth_failures/http_unauthenticated": "HTTP requests refused for missing or wrong credentials (401).",
+    "agent/auth_failures/http_cross_origin": "HTTP writes refused for coming from another site (403).",
+    "agent/auth_failures/forbidden": "Requests and registrations refused: the principal may not (403, Rejected).",
+    "agent/auth_failures/principal_changed": "Executor frames dropped: their identity came with another principal before.",
+    "agent/auth_failures/by_master": "Handshakes with the master that failed (it refused our key, or is not the master we trust).",
     # Kept by the fetcher.
     "fetcher/cache_hits": "URI fetches served from the fetcher cache.",
     "fetcher/cache_misses": "Cached URI fetches that had to get the file first.",

@@ -44,6 +44,7 @@ from dyad.messages import Message, Rejected
 from dyad.supervision import LogLimiter, Supervisor
 from dyad.timers import TimerTable
 from dyad.transport import Dealer
+from frameworks._security import SecureDealer
 from frameworks.driver_core import Callback, DriverStatus, Finish, Received, Started
 from frameworks.outbox import DEFAULT_LIMIT, Outbox
 
@@ -79,7 +80,7 @@ class DriverRuntime(Generic[CoreT]):
     OUTBOX_LIMIT = DEFAULT_LIMIT
 
     def __init__(self, target: object, log: logging.Logger, core: CoreT,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, credentials: Any = None) -> None:
         self._target = target
         self._core = core
         self._clock: Clock = clock or SystemClock()
@@ -100,6 +101,7 @@ class DriverRuntime(Generic[CoreT]):
         self._worker: asyncio.Task[Finish] | None = None
         self._stopping = False
         self._dealer: Dealer | None = None
+        self._credentials = credentials  # dyad.auth.ClientCredentials, or None
         self.messages_invalid = 0
         """Frames from the peer that failed to decode (each answered with Rejected)."""
         self.internal_errors = 0
@@ -151,7 +153,8 @@ class DriverRuntime(Generic[CoreT]):
         """Run on the current event loop until the driver stops; return how it ended."""
         early = self._claim()
         status = DriverStatus.ABORTED
-        self._dealer = Dealer()
+        secure = SecureDealer(self._credentials, self._auth_refused)
+        self._dealer = secure.dealer
         try:
             self._worker = asyncio.create_task(self._run_callbacks())
             await self._open()
@@ -167,12 +170,17 @@ class DriverRuntime(Generic[CoreT]):
         finally:
             await self._shutdown_tasks()
             await self._close()
-            self._dealer.close(_CLOSE_LINGER_MS)
+            await secure.close(_CLOSE_LINGER_MS)
             with self._lock:
                 self._status = status
                 self._loop = None
             self._done.set()
         return status
+
+    def _auth_refused(self, reason: str) -> None:
+        """A CURVE handshake failed (a wrong key on either side): tell the user."""
+        self._log.error("connection refused: %s", reason)
+        self._callbacks.put_nowait(Callback("error", (f"connection refused: {reason}",)))
 
     def _claim(self) -> list[Callable[[], None]]:
         with self._lock:

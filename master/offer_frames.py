@@ -10,7 +10,8 @@ added to `Offer` that `offer_bytes` does not count yet cannot push a frame over.
 the lengths of its strings without encoding it (encoding the pass twice would
 double the master's send cost): an ASCII-printable string without quotes or
 backslashes is its own length plus its quotes, and anything else is measured by
-`json.dumps`, which the codec uses. A test holds it equal to the encoded form.
+`json.dumps`, which the codec uses (and so are persistent volumes, which few
+offers carry). A test holds it equal to the encoded form.
 
 An offer too large for any frame cannot reach its framework; `pack` hands it back
 so the master returns it and says so, rather than sending a frame the driver
@@ -35,7 +36,7 @@ _BLANK = Offer(id="", framework_id="", agent_id="", hostname="", resources=Resou
 # Every field of an offer at its emptiest: strings "", lists [], dicts {}.
 _BLANK_BYTES = len(json.dumps(to_json(_BLANK), separators=(",", ":")))
 COUNTED_FIELDS = ("id", "framework_id", "agent_id", "hostname", "resources", "attributes",
-                  "executor_ids", "url", "cached_uris")
+                  "executor_ids", "url", "cached_uris", "revocable", "volumes")
 
 
 def _text(value: str) -> int:
@@ -58,10 +59,14 @@ def offer_bytes(offer: Offer) -> int:
     size = (_BLANK_BYTES + _text(offer.id) + _text(offer.framework_id)
             + _text(offer.agent_id) + _text(offer.hostname)
             + _text(str(offer.resources)) + _text(offer.url)
-            + _strings(offer.executor_ids) + _strings(offer.cached_uris))
+            + _strings(offer.executor_ids) + _strings(offer.cached_uris)
+            + _text(str(offer.revocable)))
     if attributes:
         size += (sum(_text(k) + _text(v) for k, v in attributes.items())
                  + 6 * len(attributes) - 1)  # "k":"v" and commas
+    if offer.volumes:  # rare, and small objects: measured as the codec writes them
+        size += sum(len(json.dumps(to_json(v), separators=(",", ":")))
+                    for v in offer.volumes) + len(offer.volumes) - 1
     return size
 
 

@@ -70,7 +70,8 @@ class Service:
             # leads (or names another leader) it answers 503.
             if "dyad-service leading" in self.log_path.read_text():
                 return True
-            leader = self.get("/v2/leader")["leader"]
+            status, answer = self.call("GET", "/v2/leader")  # 404: no leader yet
+            leader = answer.get("leader") if status == 200 else None
             return leader is not None and f"http://{leader}" != self.url
         await wait_for(settled_role, 20, "the service to lead or name its leader")
         return self
@@ -191,7 +192,7 @@ async def test_apps_heal_spread_survive_a_restart_and_roll_back_a_broken_upgrade
     service.stop(signal.SIGKILL)
     # (The new instance gives upgrades 6 s to show a ready task, for the next step.)
     restarted = await services("second", *argv, "--deployment-timeout", "6s").started()
-    await wait_for(lambda: restarted.get("/v2/info")["connected"], 20, "re-registration")
+    await wait_for(lambda: restarted.get("/v2/info?dyad=true")["connected"], 20, "re-registration")
     assert restarted.get("/v2/info")["frameworkId"] == framework_id
     await wait_for(settled(restarted, 5), 30, "5 healthy tasks after the restart")
     time.sleep(1)  # reconciliation answers and a few offer rounds
@@ -210,7 +211,7 @@ async def test_apps_heal_spread_survive_a_restart_and_roll_back_a_broken_upgrade
         lowest = min(lowest, app["tasksHealthy"])
         saw_new |= len(app["tasks"]) > 5
         assert len(app["tasks"]) <= 7          # (1 + 0.5) x 5, rounded down
-        kinds = [d["kind"] for d in restarted.get("/v2/deployments")]
+        kinds = [d["kind"] for d in restarted.get("/v2/deployments?dyad=true")]
         if not kinds and upgrade not in {d["id"] for d in app["deployments"]}:
             break
         time.sleep(0.2)
@@ -231,7 +232,7 @@ async def test_a_standby_takes_over_through_zookeeper(
     pair = [await services("first", *argv).started(), await services("second", *argv).started()]
 
     def roles() -> tuple[Service, Service] | None:
-        infos = [service.get("/v2/info") for service in pair]
+        infos = [service.get("/v2/info?dyad=true") for service in pair]
         leading = [s for s, i in zip(pair, infos) if i["elected"] and i["connected"]]
         # A standby stands by once it knows, through ZooKeeper, who leads.
         waiting = [s for s, i in zip(pair, infos) if not i["elected"] and i["leader"]]
@@ -250,7 +251,7 @@ async def test_a_standby_takes_over_through_zookeeper(
     framework_id = leader.get("/v2/info")["frameworkId"]
 
     leader.stop(signal.SIGKILL)   # its ZooKeeper session expires after 5 s
-    await wait_for(lambda: standby.get("/v2/info")["connected"], 30, "the standby to lead")
+    await wait_for(lambda: standby.get("/v2/info?dyad=true")["connected"], 30, "the standby to lead")
     assert standby.get("/v2/info")["frameworkId"] == framework_id
     await wait_for(lambda: standby.app()["tasksRunning"] == 2, 20, "the tasks, reconciled")
     time.sleep(1)

@@ -39,3 +39,16 @@ def test_status_update_retries_are_set_by_flags() -> None:
     assert (config.status_update_backoff, config.status_update_backoff_max) == (2.0, 60.0)
     with pytest.raises(SystemExit):
         _config(parser, parser.parse_args(full + ["--status-update-retry", "20mins"]))
+
+
+def test_containerizers_and_docker_flags() -> None:
+    args = _parser().parse_args(["--master", "m:5050", "--containerizers", "process,docker",
+                                 "--docker-socket", "/run/d.sock", "--docker-pull-timeout",
+                                 "90s", "--docker-volume-root", "/data"])
+    options = _options(args)
+    assert options.containerizers == ("process", "docker")
+    assert (options.docker_socket, options.docker_pull_timeout) == ("/run/d.sock", 90.0)
+    assert _options(_parser().parse_args(["--master", "m:5050"])).containerizers is None
+    for bad in ("docker", "process,rkt"):
+        with pytest.raises(SystemExit):
+            _parser().parse_args(["--master", "m:5050", "--containerizers", bad])

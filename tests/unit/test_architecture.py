@@ -20,12 +20,18 @@ PURE_CORES = [
     "agent/views.py", "agent/limits.py", "agent/checkpoint.py", "agent/sandbox.py",
     "frameworks/scheduler_core.py", "frameworks/executor_core.py",
     "frameworks/batch/core.py", "frameworks/service/core.py", "frameworks/autopilot",
-    "master/authz.py", "dyad/containers.py", "agent/container_spec.py",
-    "agent/container_runs.py", "agent/docker_wire.py",
+    "frameworks/service/rightsizing.py", "master/usage_rows.py",
+    "dyad/authz.py", "master/authorization.py", "dyad/containers.py",
+    "agent/container_spec.py",
+    "agent/container_runs.py", "agent/docker_wire.py", "agent/containers_core.py",
     "frameworks/service/appdef.py", "frameworks/service/constraints.py",
     "frameworks/service/deployment.py", "frameworks/service/placement.py",
     "frameworks/service/records.py", "frameworks/service/views.py",
-    "frameworks/service/testing.py",
+    "frameworks/service/testing.py", "frameworks/service/marathon_shape.py",
+    "dyad/mesos_json.py", "dyad/mesos_calls.py",
+    "dyad/volumes.py", "master/volumes.py", "agent/persistent.py",
+    "dyad/priority.py", "agent/reclaim.py", "agent/qos.py", "agent/oversubscription.py",
+    "master/revocable.py", "master/preempting.py",
 ]
 CLOCK_FREE = ["frameworks/autopilot"]
 """Cores that must not even read the wall clock (`time`): given time, always."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -74,8 +75,10 @@ def test_a_fifo_does_not_hang_the_open(root: Path) -> None:
 
 def reads_while_swapping(real: Path, elsewhere: Path, read: Callable[[], str],
                          refused: tuple[type[BaseException], ...], tries: int = 2000) -> set[str]:
-    """What `read()` saw, `tries` times, while a thread kept swapping the directory
-    `real` for a symlink to `elsewhere` and back; "refused" for a refusal."""
+    """What `read()` saw, at least `tries` times and on until it has seen both a
+    read and a refusal (a loaded machine may interleave the two threads rarely;
+    at most 20 s), while a thread kept swapping the directory `real` for a
+    symlink to `elsewhere` and back; "refused" for a refusal."""
     stop = threading.Event()
     parked = real.with_name(real.name + ".parked")
 
@@ -90,11 +93,13 @@ def reads_while_swapping(real: Path, elsewhere: Path, read: Callable[[], str],
     swapper.start()
     seen = set()
     try:
-        for _ in range(tries):
+        done, deadline = 0, time.monotonic() + 20
+        while done < tries or (len(seen) < 2 and time.monotonic() < deadline):
             try:
                 seen.add(read())
             except refused:
                 seen.add("refused")
+            done += 1
     finally:
         stop.set()
         swapper.join()

@@ -14,6 +14,7 @@ from dyad.messages import (
     MAX_FRAME_BYTES, AgentInfo, FrameworkInfo, Offer, Offers, RegisterAgent, Rejected,
     Rescind, Subscribe, decode, encode)
 from dyad.resources import Resources
+from dyad.volumes import PersistentVolume
 from master.model import Allocate, MasterConfig, Received
 from master.offer_frames import COUNTED_FIELDS, DEFAULT_BUDGET, frame_bytes, offer_bytes, pack
 from master.state import MasterState
@@ -26,7 +27,11 @@ offers = st.builds(
     Offer, id=texts, framework_id=texts, agent_id=texts, hostname=texts, resources=resources,
     attributes=st.dictionaries(texts, texts, max_size=3),
     executor_ids=st.lists(texts, max_size=3), url=texts,
-    cached_uris=st.lists(texts, max_size=3))
+    cached_uris=st.lists(texts, max_size=3), revocable=resources,
+    volumes=st.lists(st.builds(PersistentVolume, id=st.from_regex(r"[a-z][a-z0-9-]{0,8}", fullmatch=True),
+                               container_path=st.sampled_from(["data", "db/x"]),
+                               size=st.sampled_from([1.0, 64.0]), role=st.sampled_from(["web"]),
+                               principal=texts), max_size=2))
 
 
 def agent_offer(n: int) -> Offer:
