@@ -100,6 +100,11 @@ class MasterLink:
         is the answer that registers us (not a duplicate, not a stale one)."""
         if self.phase == DETECTING:
             return [], False  # an answer from a master we have since given up on
+        if self.master is not None and msg.master_info.id != self.master.id:
+            # A late answer from the master we left for its successor (it was
+            # already on our socket): registering with it would stop our retries
+            # to the leader.
+            return [], False
         # A nonsensical interval must not make the agent give up on the master at once.
         ok = 0 < msg.ping_interval <= MAX_PING_INTERVAL
         self.ping_interval = msg.ping_interval if ok else self.config.ping_interval

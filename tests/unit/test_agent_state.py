@@ -244,6 +244,10 @@ def test_a_successor_named_while_registered_is_followed_at_once() -> None:
     assert agent.state.metrics()["agent/registered"] == 0
     effects = agent.executor(status("t1", TaskState.TASK_RUNNING, "u1"))
     assert updates(effects) == []  # held until the successor registers us
+    # A late answer from the master we left does not register us.
+    assert agent.master(AgentRegistered(agent_id="A1", master_info=MASTER)) == []
+    assert agent.state.metrics()["agent/registered"] == 0
+    assert [k for k in agent.timers if isinstance(k, RegisterRetry)], "still retrying"
     effects = agent.master(AgentRegistered(agent_id="A1", master_info=successor))
     assert [s.uuid for s in updates(effects)] == ["u1"]
     assert agent(MasterDetected(successor)) == []
