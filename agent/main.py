@@ -65,6 +65,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--isolation", choices=["cgroups", "posix"], default=None,
                    help="resource isolation (default: cgroups if writable, else posix)")
     p.add_argument("--cgroups-root", default="dyad", help="cgroup under which runs live")
+    p.add_argument("--status-update-retry", type=_duration, default=10.0,
+                   help="first resend of an unacknowledged status update; later ones "
+                        "back off (doubling, with jitter) up to --status-update-retry-max")
+    p.add_argument("--status-update-retry-max", type=_duration, default=600.0,
+                   help="the longest wait between resends of a status update")
     p.add_argument("--usage-interval", type=_duration, default=1.0,
                    help="how often executors are measured (and, under posix, limited)")
     p.add_argument("--usage-report-interval", type=_duration, default=5.0,
@@ -199,6 +204,8 @@ def _config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> AgentC
         parse_http_address(args.master)
     except ValueError as exc:
         parser.error(f"argument --master: {exc}")
+    if not 0 < args.status_update_retry <= args.status_update_retry_max:
+        parser.error("need 0 < --status-update-retry <= --status-update-retry-max")
     work_dir = os.path.abspath(args.work_dir)
     try:
         resources: Resources = resolve_resources(args.resources, work_dir)
@@ -212,6 +219,8 @@ def _config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> AgentC
                        executor_reregistration_timeout=args.executor_reregistration_timeout,
                        executor_shutdown_grace_period=args.executor_shutdown_grace_period,
                        recovery_timeout=args.recovery_timeout,
+                       status_update_backoff=args.status_update_retry,
+                       status_update_backoff_max=args.status_update_retry_max,
                        usage_report_interval=args.usage_report_interval,
                        docker=DockerConfig(volume_roots=tuple(
                            os.path.abspath(r) for r in args.docker_volume_root)),

@@ -3,7 +3,9 @@
 DETECTING -> REGISTERING (RegisterAgent retried with backoff, 1 s doubling to
 `register_backoff_max`) -> REGISTERED. Silence from the master for
 3 x ping_interval (any message counts: the master's pings are what keep it alive)
-sends the agent back to DETECTING, and the shell detects the master again.
+sends the agent back to DETECTING, and the shell detects the master again. A
+successor named by ZooKeeper arrives as another `detected` in any phase: the agent
+moves to it at once, without waiting for the old one's silence.
 
 The link knows phases, timers and backoff; what a registration says (the agent's
 executors and tasks) and what registering unlocks (status updates, queued exits)
@@ -72,6 +74,12 @@ class MasterLink:
         return [ConnectMaster(master.zmq_endpoint), *self.register(registration, now),
                 *self._arm_silence(now)]
 
+    def with_master(self, master: MasterInfo) -> bool:
+        """Is the link already registering or registered with `master`? Then
+        naming it again (a watch and a detection crossing) changes nothing."""
+        return (self.phase != DETECTING and self.master is not None
+                and self.master.id == master.id)
+
     def register(self, registration: RegisterAgent, now: float) -> list[Effect]:
         """Send `registration` now, and arm its retry after the current backoff."""
         effects = self._cancel_retry()
@@ -92,6 +100,11 @@ class MasterLink:
         is the answer that registers us (not a duplicate, not a stale one)."""
         if self.phase == DETECTING:
             return [], False  # an answer from a master we have since given up on
+        if self.master is not None and msg.master_info.id != self.master.id:
+            # A late answer from the master we left for its successor (it was
+            # already on our socket): registering with it would stop our retries
+            # to the leader.
+            return [], False
         # A nonsensical interval must not make the agent give up on the master at once.
         ok = 0 < msg.ping_interval <= MAX_PING_INTERVAL
         self.ping_interval = msg.ping_interval if ok else self.config.ping_interval

@@ -279,8 +279,8 @@ class AgentConfig:
     ping_interval: float = 15.0  # assumed until the master says otherwise
     register_backoff: float = 1.0
     register_backoff_max: float = 30.0
-    status_update_backoff: float = 1.0
-    status_update_backoff_max: float = 30.0
+    status_update_backoff: float = 10.0  # first retry of an unacknowledged update
+    status_update_backoff_max: float = 600.0
     executor_registration_timeout: float = 60.0
     executor_reregistration_timeout: float = 10.0  # after an agent restart
     executor_shutdown_grace_period: float = 3.0

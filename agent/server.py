@@ -54,9 +54,9 @@ from dyad.auth import (
     DYAD_CURVE_KEY, DYAD_MASTER_KEY, TOKEN_ENV, TOKEN_FILE_ENV, ClientCredentials, HandshakeWatch,
 )
 from dyad.clock import Clock, SystemClock
-from dyad.detector import Detector, make_detector
+from dyad.detector import Detector, LeaderFollower, make_detector
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired
-from dyad.messages import Reason, Rejected
+from dyad.messages import MasterInfo, Reason, Rejected
 from dyad.supervision import LogLimiter, Supervisor
 from dyad.timers import TimerTable
 from dyad.transport import Dealer, Inbound, Router
@@ -147,7 +147,9 @@ class AgentServer:
         self._started = False
         self._jobs: set[asyncio.Task[Any]] = set()  # launches and health checks
         self._fetching: dict[RunKey, asyncio.Task[None]] = {}
-        self._detecting: asyncio.Task[None] | None = None
+        # Follows the leader: a failover reaches the core as MasterDetected as soon
+        # as ZooKeeper names the successor, not after 3 missed pings.
+        self._leaders = LeaderFollower(self._detector, self._master_detected)
         self._router: Router | None = None
         self._dealer: Dealer | None = None
         self._runner: web.AppRunner | None = None
@@ -209,6 +211,7 @@ class AgentServer:
         self._loops.loop("executor-socket", lambda: self._receive(router, "executor"))
         self._loops.loop("usage", self._watch_usage)
         self._loops.loop("disk", self._watch_disk)
+        self._loops.loop("detector", self._leaders.run)
         self._started = True
         if saved is not None:
             await self._recover(saved)
@@ -335,7 +338,7 @@ class AgentServer:
             await asyncio.wait_for(self._containerizer.wait_all(), 5)
         except asyncio.TimeoutError:
             log.error("executor processes %s did not die", self._containerizer.pids)
-        tasks = [*self._loops.tasks, *self._jobs, *filter(None, [self._detecting])]
+        tasks = [*self._loops.tasks, *self._jobs]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -431,12 +434,9 @@ class AgentServer:
         self._events.put_nowait(ExecutorProcessExited(*key, status, describe_exit(status)))
 
     def _detect(self) -> None:
-        if self._detecting is not None and not self._detecting.done():
-            return
-        self._detecting = asyncio.create_task(self._detect_once())
+        self._leaders.detect_again()
 
-    async def _detect_once(self) -> None:
-        info = await self._detector.detect()
+    def _master_detected(self, info: MasterInfo) -> None:
         log.info("master detected at %s", info.zmq_endpoint)
         self._events.put_nowait(MasterDetected(info))
 

@@ -88,8 +88,10 @@ class AgentState(ContainerRuns):
         self.agent_id: str | None = None
         self.link = MasterLink(config)
         self.records = Records(config.completed_limit)
-        self.updates = StatusUpdateManager(config.status_update_backoff,
-                                           config.status_update_backoff_max)
+        # Seeded by what tells agents apart, so their retries spread yet replay.
+        self.updates = StatusUpdateManager(
+            config.status_update_backoff, config.status_update_backoff_max,
+            seed=f"{config.hostname}:{config.port}:{config.work_dir}")
         self.health = HealthChecker()
         self.oversubscription = Oversubscription(config.reclaim, config.qos, config.resources)
         self.used = Resources()  # what the agent's own resources hold; revocable tasks aside
@@ -243,6 +245,10 @@ class AgentState(ContainerRuns):
         return self.link.ping_interval
 
     def _on_master_detected(self, master: MasterInfo, now: float) -> list[Effect]:
+        """The leader, found after silence or named by ZooKeeper as the successor:
+        move to it (a failover needs no missed pings); the one we have: nothing."""
+        if self.link.with_master(master):
+            return []
         return [*self.updates.pause(), *self.link.detected(master, self._registration(), now)]
 
     def _registration(self) -> RegisterAgent:

@@ -2,9 +2,19 @@
 
 Each task has one *stream*: a queue of updates the master has not acknowledged.
 Only the head is ever on the wire. It is sent as soon as it becomes the head, resent
-when its retry timer fires (1 s, doubling to 30 s), and replaced by the next update
-only when the master acknowledges the head's uuid. That gives the framework every
-update of a task, in order, at least once -- the promise of DESIGN.md §4.
+when its retry timer fires, and replaced by the next update only when the master
+acknowledges the head's uuid. That gives the framework every update of a task, in
+order, at least once -- the promise of DESIGN.md §4.
+
+Retries back off: the first comes `backoff` (10 s) after a send, each later one
+waits twice as long, up to `max_backoff` (10 min); every wait is stretched by a
+random fraction of up to `jitter` (0.2) so agents that lost the master together
+do not resend together. A busy master answers late, not never: retrying sooner
+than it can answer only lengthens its queue (issue 19 measured 18-30 master
+messages per task with a 1 s first retry). Only the head of a stream is ever
+sent, so a flood of updates adds to the agent's queue, never to the master's.
+The jitter comes from a generator seeded by the caller, so the core stays
+deterministic.
 
 While the agent has no registered master the manager is *paused*: updates queue up
 and timers stay quiet; `resume` (after (re-)registration) resends every head.
@@ -18,6 +28,7 @@ completed tasks for that). Pure: effects out, no I/O, time passed in as `now`.
 from __future__ import annotations
 
 import itertools
+import random
 from collections import deque
 
 import attrs
@@ -65,11 +76,16 @@ class _Stream:
 class StatusUpdateManager:
     """One stream of unacknowledged updates per (framework, task)."""
 
-    def __init__(self, backoff: float = 1.0, max_backoff: float = 30.0) -> None:
+    def __init__(self, backoff: float = 10.0, max_backoff: float = 600.0,
+                 jitter: float = 0.2, seed: int | str = 0) -> None:
         if not 0 < backoff <= max_backoff:
             raise ValueError("need 0 < backoff <= max_backoff")
+        if not 0 <= jitter <= 1:
+            raise ValueError("need 0 <= jitter <= 1")
         self.initial_backoff = backoff
         self.max_backoff = max_backoff
+        self.jitter = jitter
+        self._random = random.Random(seed)
         self.paused = True
         self._streams: dict[StreamKey, _Stream] = {}
         self._seq = itertools.count()
@@ -189,5 +205,6 @@ class StatusUpdateManager:
             self.retried += 1
         stream.head_sent = True
         stream.timer = UpdateRetry(*key, next(self._seq))
-        effects += [SendMaster(stream.queue[0]), ArmTimer(stream.timer, now + stream.backoff)]
+        wait = stream.backoff * (1 + self.jitter * self._random.random())
+        effects += [SendMaster(stream.queue[0]), ArmTimer(stream.timer, now + wait)]
         return effects

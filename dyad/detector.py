@@ -8,6 +8,8 @@ current leader's MasterInfo, waiting (with backoff) while there is none.
 Detectors also announce successions: `await next_leader(current)` returns once a
 master other than `current` leads, so agents and scheduler drivers follow a
 failover as soon as it happens instead of waiting for their heartbeats to time out.
+`LeaderFollower` is that loop, shared by the agent and the scheduler driver: it
+detects when asked and then reports every successor ZooKeeper names.
 
 `StandaloneDetector` asks one master at a fixed address. `ZooKeeperDetector`
 watches the masters' election znodes (`zk://host:2181,host2:2181/dyad`, see
@@ -185,6 +187,49 @@ class ZooKeeperDetector:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+class LeaderFollower:
+    """Reports the leading master to `on_leader`: the one `detect()` finds when a
+    detection is asked for (`detect_again`), then each successor the detector names,
+    until the next request. `run` is the loop; the shell supervises it.
+
+    It never deposes a leader on its own: a detector names a successor only when
+    the old leader's znode is gone (its session ended), and while nobody leads the
+    last leader stays. Fencing stays where it is, in the masters and the registry."""
+
+    def __init__(self, detector: Detector, on_leader: Callable[[MasterInfo], None]) -> None:
+        self._detector = detector
+        self._on_leader = on_leader
+        self._wanted = asyncio.Event()
+        self.leader: MasterInfo | None = None
+
+    def detect_again(self) -> None:
+        """Find the leader afresh (at start, or after it fell silent)."""
+        self._wanted.set()
+
+    async def run(self) -> None:
+        if self.leader is not None:  # restarted after a failure: look again at once
+            self._wanted.set()
+        await self._wanted.wait()
+        while True:
+            self._wanted.clear()
+            self._report(await self._detector.detect())
+            while not self._wanted.is_set():
+                assert self.leader is not None
+                successor = asyncio.ensure_future(self._detector.next_leader(self.leader))
+                asked = asyncio.ensure_future(self._wanted.wait())
+                try:
+                    await asyncio.wait([successor, asked], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    successor.cancel()
+                    asked.cancel()
+                if successor.done() and not successor.cancelled():
+                    self._report(successor.result())
+
+    def _report(self, leader: MasterInfo) -> None:
+        self.leader = leader
+        self._on_leader(leader)
 
 
 def make_detector(address: str, client: ClientCredentials | None = None) -> Detector:

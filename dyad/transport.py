@@ -204,6 +204,11 @@ class Dealer:
         Never blocks: callers that need delivery retry (status updates do)."""
         return await _send_nowait(self._sock, [frame])
 
+    async def send_waiting(self, message: Message) -> None:
+        """Queue one frame, waiting while the queue to the peer is full: for a
+        sender that must not drop (a driver's acknowledgements)."""
+        await self._sock.send_multipart([encode(message)])
+
     def close(self, linger_ms: int = 0) -> None:
         """Close; `linger_ms` > 0 keeps flushing queued frames that long in ZMQ's
         I/O thread (a farewell such as Teardown), 0 drops them."""

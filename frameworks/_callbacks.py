@@ -18,6 +18,9 @@ with effects. `DriverRuntime` is the part of the shell they share:
 - ``stop`` lets the callback that is running finish (so its implicit
   acknowledgement still goes out) and skips callbacks still queued; ``abort``
   cancels at once, even a callback that never returns.
+- Nothing the core sends is dropped (`frameworks.outbox`): a full socket makes the
+  send loop wait for it, and a long outbox makes the receive loop wait, so a flood
+  slows the peer down instead of losing acknowledgements.
 - The socket loops (and a subclass's own, started with `_spawn`) run under a
   `dyad.supervision.Supervisor`: no frame can end the receive loop (a bad one is
   answered `Rejected`; one the core fails on is counted in `internal_errors` and
@@ -43,6 +46,7 @@ from dyad.timers import TimerTable
 from dyad.transport import Dealer
 from frameworks._security import SecureDealer
 from frameworks.driver_core import Callback, DriverStatus, Finish, Received, Started
+from frameworks.outbox import DEFAULT_LIMIT, Outbox
 
 # How long a closing socket keeps flushing a farewell (Teardown, Unsubscribe).
 _CLOSE_LINGER_MS = 1000
@@ -73,6 +77,8 @@ class DriverRuntime(Generic[CoreT]):
     `_open`, `_close`, `_perform_other`, `_callback_returned`, `_farewell`.
     """
 
+    OUTBOX_LIMIT = DEFAULT_LIMIT
+
     def __init__(self, target: object, log: logging.Logger, core: CoreT,
                  clock: Clock | None = None, credentials: Any = None) -> None:
         self._target = target
@@ -87,7 +93,7 @@ class DriverRuntime(Generic[CoreT]):
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
         self._callbacks: asyncio.Queue[Callback | Finish] = asyncio.Queue()
-        self._outbox: asyncio.Queue[Message] = asyncio.Queue()
+        self._outbox = Outbox(self.OUTBOX_LIMIT)
         self._timers = TimerTable(self._clock.now, self._fire)
         self._loops = Supervisor(self._loops_failed, self._count_internal_error,
                                  logger=self._log)
@@ -100,6 +106,8 @@ class DriverRuntime(Generic[CoreT]):
         """Frames from the peer that failed to decode (each answered with Rejected)."""
         self.internal_errors = 0
         """Frames the core failed on, and deaths of the driver's loops (bugs, logged)."""
+        self.send_waits = 0
+        """Sends that found the socket's queue full and waited for room."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -209,13 +217,19 @@ class DriverRuntime(Generic[CoreT]):
             await asyncio.gather(self._worker, return_exceptions=True)
 
     async def _flush(self, farewell: Iterable[Message]) -> None:
-        """Send what is still queued, then the farewell, before the socket closes."""
+        """Send what is still queued, then the farewell, before the socket closes;
+        waiting for room at most `_CLOSE_LINGER_MS` in all."""
         await self._loops.stop()
         assert self._dealer is not None
-        while not self._outbox.empty():
-            await self._dealer.send(self._outbox.get_nowait())
-        for message in farewell:
-            await self._dealer.send(message)
+        try:
+            async with asyncio.timeout(_CLOSE_LINGER_MS / 1000):
+                while self._outbox:
+                    await self._dealer.send_waiting(self._outbox.pop())
+                for message in farewell:
+                    await self._dealer.send_waiting(message)
+        except TimeoutError:
+            self._log.warning("stopped with messages unsent (%d queued): the peer is "
+                              "not reading", len(self._outbox))
 
     # ------------------------------------------------------- calls from anywhere
 
@@ -254,7 +268,7 @@ class DriverRuntime(Generic[CoreT]):
     def _apply(self, effects: Iterable[Any]) -> None:
         for effect in effects:
             if isinstance(effect, Send):
-                self._outbox.put_nowait(effect.message)
+                self._outbox.put(effect.message)
             elif isinstance(effect, (Callback, Finish)):
                 self._callbacks.put_nowait(effect)
             elif isinstance(effect, (ArmTimer, CancelTimer)):
@@ -268,19 +282,22 @@ class DriverRuntime(Generic[CoreT]):
     async def _send_forever(self) -> None:
         assert self._dealer is not None
         while True:
-            message = await self._outbox.get()
+            message = await self._outbox.peek()
             if not await self._dealer.send(message):
-                self._log.warning("outgoing queue full; %s dropped", type(message).__name__)
+                self.send_waits += 1
+                await self._dealer.send_waiting(message)
+            self._outbox.pop()
 
     async def _receive_forever(self) -> None:
         assert self._dealer is not None
         while True:
+            await self._outbox.room()  # backpressure: read no more than we can answer
             inbound = await self._dealer.recv()
             if inbound.error is not None:
                 # The contract: answer a bad frame with Rejected, count it, carry on.
                 self.messages_invalid += 1
                 self._log.warning("invalid frame: %s", inbound.error.reason)
-                self._outbox.put_nowait(Rejected(
+                self._outbox.put(Rejected(
                     reason=inbound.error.reason, message_type=inbound.error.type_name))
             elif inbound.message is not None:
                 try:

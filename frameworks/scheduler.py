@@ -16,7 +16,6 @@ is lost: `disconnected()`, detect again, re-subscribe with the same framework id
 
 from __future__ import annotations
 
-import asyncio
 import getpass
 import logging
 import os
@@ -27,7 +26,7 @@ from typing import Any
 import attrs
 
 from dyad.clock import Clock
-from dyad.detector import make_detector
+from dyad.detector import LeaderFollower, make_detector
 from dyad.effects import Send
 from dyad.messages import (
     Filters, FrameworkInfo, MasterInfo, Message, Offer, Operation, OperationType,
@@ -137,7 +136,7 @@ class SchedulerDriver(DriverRuntime[SchedulerCore]):
         super().__init__(scheduler, log, core, clock, client)
         self._detector = make_detector(master, client)
         self._failover = False
-        self._detect_wanted = asyncio.Event()
+        self._leaders = LeaderFollower(self._detector, self._use_master)
 
     @property
     def framework_id(self) -> str | None:
@@ -223,32 +222,12 @@ class SchedulerDriver(DriverRuntime[SchedulerCore]):
     # ------------------------------------------------------------ shell hooks
 
     async def _open(self) -> None:
-        self._spawn(self._detect_forever())
+        # Successions are pushed by the detector, long before the master's
+        # heartbeats would be missed.
+        self._spawn(self._leaders.run())
 
     async def _close(self) -> None:
         await self._detector.close()
-
-    async def _detect_forever(self) -> None:
-        following: asyncio.Task[None] | None = None
-        try:
-            while True:
-                await self._detect_wanted.wait()
-                self._detect_wanted.clear()
-                master = await self._detector.detect()
-                self._use_master(master)
-                # Follow successions from here on: a failover is pushed to us by
-                # the detector, long before the master's heartbeats would be missed.
-                if following is not None:
-                    following.cancel()
-                following = asyncio.ensure_future(self._follow(master))
-        finally:
-            if following is not None:
-                following.cancel()
-
-    async def _follow(self, master: MasterInfo) -> None:
-        while True:
-            master = await self._detector.next_leader(master)
-            self._use_master(master)
 
     def _use_master(self, master: MasterInfo) -> None:
         assert self._dealer is not None
@@ -258,7 +237,7 @@ class SchedulerDriver(DriverRuntime[SchedulerCore]):
 
     def _perform_other(self, effect: Any) -> None:
         if isinstance(effect, Detect):
-            self._detect_wanted.set()
+            self._leaders.detect_again()
         else:
             super()._perform_other(effect)
 

@@ -22,6 +22,7 @@ from dyad.resources import Resources, is_valid_role
 from dyad.volumes import DynamicResources, total_of
 from master.allocator.preemption import PreemptionConfig
 from master.events import DEFAULT_CAPACITY as DEFAULT_EVENTS
+from master.offer_frames import DEFAULT_BUDGET as OFFERS_FRAME_BUDGET
 from master.operator import OperatorCall, Reply
 from master.usage_rows import RecordUsage
 
@@ -70,6 +71,8 @@ class MasterConfig:
     # a partition look alike); None: no limit. dyad-master defaults to 1/10s.
     agent_removal_rate: tuple[int, float] | None = None
     max_events: int = DEFAULT_EVENTS  # entries kept in the events log (GET /events)
+    # Most bytes in one Offers frame: a pass's offers to a framework are split.
+    offers_frame_bytes: int = OFFERS_FRAME_BUDGET
     # Emit `RecordUsage` rows for the usage store (master/usage_rows.py); the shell
     # sets it when it has a store, so without one the core builds no rows.
     record_usage: bool = False

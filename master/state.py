@@ -79,6 +79,7 @@ from master.operator import (
     CONFLICT, FORBIDDEN, INVALID, NOT_FOUND, DrainMachine, KillLiveTask, MalformedCall, OperatorCall,
     Reply, Request, SetQuota, SetWeights, TeardownFramework,
 )
+from master.offer_frames import offer_bytes, pack
 from master.volumes import (
     COUNTERS, offered_volumes, plan_operation, task_volume_problem, volume_users,
 )
@@ -112,6 +113,7 @@ class MasterState(PreemptionHandlers, AgentHandlers):
             ExecutorExited: self._on_executor_exited,
             UsageReport: self._on_usage_report,
             DrainAgent: self._on_drain_agent,
+            Rejected: self._on_rejected,
             Preempt: self._on_preempt,
         }
 
@@ -354,8 +356,7 @@ class MasterState(PreemptionHandlers, AgentHandlers):
         for agent_id, (framework_id, extra) in lent.items():
             self._offer(framework_id, agent_id, EMPTY, extra, batches)
         for framework_id, offers in batches.items():
-            self.counters.inc("master/offers_sent", len(offers))
-            self._to_framework(self.frameworks[framework_id], Offers(offers=offers))
+            self._send_offers(self.frameworks[framework_id], offers)
         self._guarantee_preemption()
 
     def _offer(self, framework_id: str, agent_id: str, resources: Resources,
@@ -392,6 +393,41 @@ class MasterState(PreemptionHandlers, AgentHandlers):
             agents, self.frameworks.values(), self.allocator.share,
             lambda fid, aid: (fid, aid) in self.revocable_filters,
             (self.config.min_allocatable_cpus, self.config.min_allocatable_mem))
+
+    def _send_offers(self, framework: MasterFramework, offers: list[Offer]) -> None:
+        """A pass's offers to one framework, in frames under the byte budget; an offer
+        no frame can hold goes back (filtered, so it is not made again at once)."""
+        packed = pack(offers, self.config.offers_frame_bytes)
+        for offer in packed.too_large:
+            self.counters.inc("master/offers_too_large")
+            self.events.record(self._now, "offer_too_large", offer_id=offer.id,
+                               framework_id=framework.id, agent_id=offer.agent_id,
+                               bytes=offer_bytes(offer))
+            self._return_offer(offer, self.config.default_refuse_seconds)
+        for frame in packed.frames:
+            self.counters.inc("master/offers_sent", len(frame))
+            self.counters.inc("master/offers_frames")
+            self._to_framework(framework, Offers(offers=frame))
+
+    def _on_rejected(self, peer: str, message: Rejected) -> None:
+        """A peer could not take one of our frames. Never answered: two peers would
+        refuse each other forever. A framework that refused offers (or a frame it
+        could not even read the type of, such as an oversize one) holds nothing it
+        can accept; its offers go back at once, rescinded, rather than stranding
+        its share until the offer timeout."""
+        self.counters.inc("master/rejections_received")
+        framework = next((f for f in self.frameworks.values() if f.peer == peer), None)
+        refused_offers = message.message_type in (Offers.TYPE, "")
+        self.events.record(self._now, "rejected_by_peer", peer=peer,
+                           framework_id=framework.id if framework else None,
+                           message_type=message.message_type, reason=message.reason,
+                           offers_returned=len(framework.offers)
+                           if framework and refused_offers else 0)
+        if framework is None or not refused_offers:
+            return
+        for offer_id in sorted(framework.offers):
+            self.counters.inc("master/offers_refused")
+            self._rescind(self.offers[offer_id], notify=True)
 
     def _offer_expired(self, offer_id: str) -> None:
         offer = self.offers.get(offer_id)

@@ -28,6 +28,19 @@ def test_what_the_operator_leaves_out_counts_as_detected() -> None:
         "cpus", "mem", "disk", "ports"}
 
 
+def test_status_update_retries_are_set_by_flags() -> None:
+    from agent.main import _config
+    parser = _parser()
+    full = ["--master", "m:5050", "--resources", "cpus:2;mem:512;disk:100;ports:[31000-31001]"]
+    config = _config(parser, parser.parse_args(full))
+    assert (config.status_update_backoff, config.status_update_backoff_max) == (10.0, 600.0)
+    config = _config(parser, parser.parse_args(
+        full + ["--status-update-retry", "2s", "--status-update-retry-max", "1min"]))
+    assert (config.status_update_backoff, config.status_update_backoff_max) == (2.0, 60.0)
+    with pytest.raises(SystemExit):
+        _config(parser, parser.parse_args(full + ["--status-update-retry", "20mins"]))
+
+
 def test_containerizers_and_docker_flags() -> None:
     args = _parser().parse_args(["--master", "m:5050", "--containerizers", "process,docker",
                                  "--docker-socket", "/run/d.sock", "--docker-pull-timeout",

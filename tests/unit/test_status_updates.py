@@ -55,7 +55,8 @@ class Shell:
 
 
 def connected() -> tuple[StatusUpdateManager, Shell]:
-    manager = StatusUpdateManager()
+    # The rules tested with round numbers; the defaults and the jitter have tests below.
+    manager = StatusUpdateManager(backoff=1.0, max_backoff=30.0, jitter=0.0)
     shell = Shell(manager)
     shell.apply(manager.resume(T0))
     return manager, shell
@@ -75,15 +76,21 @@ def test_first_update_is_sent_at_once_and_the_next_waits_for_the_ack() -> None:
     assert manager.pending() == [update("t", 2)]
 
 
-def test_retries_back_off_from_one_second_doubling_to_thirty() -> None:
-    manager, shell = connected()
-    shell.apply(manager.add(update("t", 1), T0))
+def retry_gaps(shell: Shell, count: int) -> tuple[list[float], float]:
+    """Let the only stream's head be resent `count` times; the waits, and the end."""
     now, gaps = T0, []
-    for _ in range(8):
+    for _ in range(count):
         key, at = shell.only_timer()
         gaps.append(at - now)
         now = at
-        assert uuids(shell.fire(key, now)) == ["t-1"]
+        assert len(shell.fire(key, now)) == 1
+    return gaps, now
+
+
+def test_retries_back_off_from_one_second_doubling_to_thirty() -> None:
+    manager, shell = connected()
+    shell.apply(manager.add(update("t", 1), T0))
+    gaps, now = retry_gaps(shell, 8)
     assert gaps == [1, 2, 4, 8, 16, 30, 30, 30]
     assert (manager.sent, manager.retried) == (9, 8)
     # An ack resets the backoff for the next update.
@@ -130,7 +137,7 @@ def test_streams_are_independent() -> None:
 
 
 def test_paused_manager_queues_and_resume_replays_every_head() -> None:
-    manager = StatusUpdateManager()
+    manager = StatusUpdateManager(jitter=0.0)
     shell = Shell(manager)
     assert shell.apply(manager.add(update("a", 1), T0)) == []
     assert shell.apply(manager.add(update("a", 2), T0)) == []
@@ -164,7 +171,7 @@ class StreamsMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.manager = StatusUpdateManager(backoff=1.0, max_backoff=8.0)
+        self.manager = StatusUpdateManager(backoff=1.0, max_backoff=8.0, seed="machine")
         self.shell = Shell(self.manager)
         self.now = T0
         self.added: dict[str, list[str]] = {t: [] for t in self.TASKS}
@@ -265,3 +272,33 @@ class StreamsMachine(RuleBasedStateMachine):
 
 TestStreams = StreamsMachine.TestCase
 TestStreams.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_defaults_wait_ten_seconds_then_double_with_seeded_jitter_to_ten_minutes() -> None:
+    manager = StatusUpdateManager(seed="agent-1")
+    shell = Shell(manager)
+    shell.apply(manager.resume(T0))
+    shell.apply(manager.add(update("t", 1), T0))
+    gaps, _ = retry_gaps(shell, 9)
+    bases = [10, 20, 40, 80, 160, 320, 600, 600, 600]
+    assert all(base <= gap < base * 1.2 for base, gap in zip(bases, gaps)), gaps
+    assert len(set(round(g / b, 6) for g, b in zip(gaps, bases))) > 1, "jitter varies"
+    # Same seed, same waits: the core stays deterministic.
+    again = StatusUpdateManager(seed="agent-1")
+    again.resume(T0)
+    first = [e for e in again.add(update("t", 1), T0) if isinstance(e, ArmTimer)]
+    assert first[0].at - T0 == gaps[0]
+    other = StatusUpdateManager(seed="agent-2")
+    other.resume(T0)
+    assert [e.at for e in other.add(update("t", 1), T0)
+            if isinstance(e, ArmTimer)] != [first[0].at], "seeds spread agents apart"
+
+
+def test_bad_backoff_settings_are_refused() -> None:
+    for kwargs in ({"backoff": 0}, {"backoff": 20, "max_backoff": 10}, {"jitter": -0.1},
+                   {"jitter": 1.5}):
+        try:
+            StatusUpdateManager(**kwargs)  # type: ignore[arg-type]
+        except ValueError:
+            continue
+        raise AssertionError(f"{kwargs} accepted")

@@ -1,0 +1,398 @@
+"""One real master under a launch flood: how many tasks a second it carries.
+
+    python -m benchmarks.master [--agents 1000] [--frameworks 1] [--tasks N]
+                                [--workers 2] [--quick]
+
+Starts one real `dyad-master` (standalone), `--agents` simulated agents spread
+over `--workers` processes, and `--frameworks` frameworks on the public
+`SchedulerDriver` in this process. Each simulated agent speaks the real agent
+protocol on its own ZMQ connection: it registers, answers pings, and for every
+`RunTask` queues TASK_RUNNING then TASK_FINISHED on the real status-update
+manager (`agent.status_updates`, the agent's retry schedule and all: each update
+is sent when the one before it is acknowledged), then reports its executor gone.
+Each framework launches everything it is offered (as many tasks as fit in each
+offer) until it has launched its share of `--tasks`, and acknowledges every update.
+
+Printed: tasks/s from the first accept to the last TASK_FINISHED; p50 and p99 of
+accept -> TASK_RUNNING as the framework sees it; tasks lost (never finished, or
+ended in another state) and duplicate launches (a `RunTask` an agent already ran),
+both must be 0; master frames per task, status updates resent, driver sends that
+waited for room. The reference, measured in the same run before the cluster
+starts: round trips per second of bare pyzmq DEALER <-> ROUTER (one process each,
+64 in flight) with frames the size of a status update; the ratio tasks/s over
+round trips/s says how close the whole stack gets to its transport.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from agent.status_updates import SendMaster, StatusUpdateManager
+from dyad.effects import ArmTimer, CancelTimer
+from dyad.ids import new_uuid
+from dyad.local import LocalCluster, http_get_json
+from dyad.messages import (
+    AgentInfo, AgentRegistered, ExecutorExited, Ping, Pong, RegisterAgent, RunTask, Source,
+    StatusUpdate, StatusUpdateAck, TaskState, TaskStatus, encode)
+from dyad.resources import Resources
+from dyad.timers import TimerTable
+from dyad.transport import Dealer
+from frameworks import CommandInfo, Filters, FrameworkInfo, Scheduler, SchedulerDriver, TaskInfo
+
+AGENT_RESOURCES = Resources.parse("cpus:4;mem:4096;disk:10000")
+TASK = Resources.parse("cpus:1;mem:1024")  # four fill an agent: no crumbs to decline
+SLOTS_PER_AGENT = 4
+WINDOW = 64  # reference round trips in flight
+
+
+# ------------------------------------------------------------ simulated agents
+
+
+class SimAgent:
+    """A stand-in agent: the real wire protocol and status-update manager, no processes."""
+
+    def __init__(self, name: str, endpoint: str) -> None:
+        self.sock = Dealer()
+        self.sock.connect(endpoint)
+        self.info = AgentInfo(hostname=name, port=5051, ip="127.0.0.1",
+                              resources=AGENT_RESOURCES)
+        self.agent_id: str | None = None
+        self.updates = StatusUpdateManager(seed=name)
+        self.timers = TimerTable(time.monotonic, self._retry_due)
+        self.runs: Counter[str] = Counter()
+        self.send_failures = 0
+
+    async def register(self) -> None:
+        backoff = 1.0
+        while self.agent_id is None:
+            await self._send(RegisterAgent(agent=self.info))
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 30.0)
+
+    async def serve(self) -> None:
+        while True:
+            message = (await self.sock.recv()).message
+            now = time.monotonic()
+            if isinstance(message, Ping):
+                await self._send(Pong(agent_id=message.agent_id))
+            elif isinstance(message, AgentRegistered) and self.agent_id is None:
+                self.agent_id = message.agent_id
+                await self._apply(self.updates.resume(now))
+            elif isinstance(message, RunTask):
+                await self._run(message, now)
+            elif isinstance(message, StatusUpdateAck):
+                await self._apply(self.updates.acknowledge(
+                    message.framework_id, message.task_id, message.uuid, now))
+                if not self.updates.has_stream(message.framework_id, message.task_id):
+                    # The terminal update is acknowledged: the executor is gone.
+                    assert self.agent_id is not None
+                    await self._send(ExecutorExited(
+                        agent_id=self.agent_id, framework_id=message.framework_id,
+                        executor_id=message.task_id, status=0))
+
+    async def _run(self, message: RunTask, now: float) -> None:
+        task, framework_id = message.task, message.framework.id
+        assert framework_id is not None and self.agent_id is not None
+        self.runs[task.task_id] += 1
+        if self.runs[task.task_id] > 1:
+            return
+        for state in (TaskState.TASK_RUNNING, TaskState.TASK_FINISHED):
+            status = TaskStatus(task_id=task.task_id, state=state, source=Source.EXECUTOR,
+                                agent_id=self.agent_id, executor_id=task.task_id,
+                                uuid=new_uuid(), timestamp=time.time())
+            await self._apply(self.updates.add(
+                StatusUpdate(framework_id=framework_id, status=status), now))
+
+    async def _apply(self, effects: list[Any]) -> None:
+        for effect in effects:
+            if isinstance(effect, SendMaster):
+                await self._send(effect.message)
+            elif isinstance(effect, (ArmTimer, CancelTimer)):
+                self.timers.perform(effect)
+
+    def _retry_due(self, key: Any) -> None:
+        effects = self.updates.timer_fired(key, time.monotonic())
+        asyncio.ensure_future(self._apply(effects))
+
+    async def _send(self, message: Any) -> None:
+        if not await self.sock.send(message):
+            self.send_failures += 1  # like a frame lost on the network: retries cover it
+
+
+def agent_worker(endpoint: str, names: list[str], conn: Connection) -> None:
+    """A process of simulated agents; says when all are registered, reports on "stop"."""
+    asyncio.run(_agents(endpoint, names, conn))
+
+
+async def _agents(endpoint: str, names: list[str], conn: Connection) -> None:
+    zmq.asyncio.Context.instance().set(zmq.MAX_SOCKETS, len(names) + 100)
+    agents = [SimAgent(name, endpoint) for name in names]
+    loops = [asyncio.ensure_future(a.serve()) for a in agents]
+    loops += [asyncio.ensure_future(a.register()) for a in agents]
+    while any(a.agent_id is None for a in agents):
+        await asyncio.sleep(0.1)
+    conn.send("registered")
+    await asyncio.get_running_loop().run_in_executor(None, conn.recv)
+    conn.send({
+        "launches": sum(sum(a.runs.values()) for a in agents),
+        "duplicates": sum(n - 1 for a in agents for n in a.runs.values() if n > 1),
+        "retried": sum(a.updates.retried for a in agents),
+        "send_failures": sum(a.send_failures for a in agents),
+    })
+    for loop in loops:
+        loop.cancel()
+    for agent in agents:
+        agent.sock.close()
+
+
+# ------------------------------------------------------------------ frameworks
+
+
+class Launcher(Scheduler):
+    """Launches everything it is offered until it has launched `budget` tasks."""
+
+    def __init__(self, name: str, budget: int) -> None:
+        self.name = name
+        self.remaining = budget
+        self.launched = 0
+        self.accepted_at: dict[str, float] = {}
+        self.running_at: dict[str, float] = {}
+        self.finished_at: dict[str, float] = {}
+        self.failed: list[TaskStatus] = []
+        self.suppressed = False
+
+    def resource_offers(self, driver: SchedulerDriver, offers: list[Any]) -> None:
+        now = time.perf_counter()
+        for offer in offers:
+            fit = int(min(offer.resources.get("cpus") // TASK.get("cpus"),
+                          offer.resources.get("mem") // TASK.get("mem")))
+            count = min(fit, self.remaining)
+            if count == 0:  # crumbs, or everything is launched
+                driver.decline_offer(offer.id, Filters(
+                    refuse_seconds=3600 if self.remaining == 0 else 1))
+                continue
+            tasks = []
+            for _ in range(count):
+                task_id = f"{self.name}-{self.launched}"
+                self.launched += 1
+                self.accepted_at[task_id] = now
+                tasks.append(TaskInfo(task_id=task_id, name="bench", agent_id=offer.agent_id,
+                                      resources=TASK, command=CommandInfo(shell="true")))
+            self.remaining -= count
+            driver.launch_tasks([offer.id], tasks, Filters(refuse_seconds=0))
+        if self.remaining == 0 and not self.suppressed:
+            self.suppressed = True
+            driver.suppress_offers()
+
+    def status_update(self, driver: SchedulerDriver, status: TaskStatus) -> None:
+        now = time.perf_counter()
+        if status.state == TaskState.TASK_RUNNING:
+            self.running_at.setdefault(status.task_id, now)
+        elif status.state == TaskState.TASK_FINISHED:
+            self.finished_at.setdefault(status.task_id, now)
+        elif status.state.is_terminal:
+            self.failed.append(status)
+
+
+# ------------------------------------------------------------------- reference
+
+
+def echo_router(port_conn: Connection) -> None:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    port_conn.send(sock.bind_to_random_port("tcp://127.0.0.1"))
+    while True:
+        frames = sock.recv_multipart()
+        if frames[1] == b"stop":
+            break
+        sock.send_multipart(frames)
+    sock.close(linger=0)
+    ctx.term()
+
+
+def reference_round_trips(size: int, seconds: float) -> float:
+    """Round trips per second of bare pyzmq between two processes, `WINDOW` in flight."""
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    router = ctx.Process(target=echo_router, args=(child,), daemon=True)
+    router.start()
+    port = parent.recv()
+    zctx = zmq.Context()
+    sock = zctx.socket(zmq.DEALER)
+    sock.connect(f"tcp://127.0.0.1:{port}")
+    frame = b"x" * size
+    for _ in range(WINDOW):
+        sock.send(frame)
+    done = 0
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        sock.recv()
+        done += 1
+        sock.send(frame)
+    elapsed = time.perf_counter() - started
+    sock.send(b"stop")
+    router.join(10)
+    sock.close(linger=0)
+    zctx.term()
+    return done / elapsed
+
+
+# ------------------------------------------------------------------------- run
+
+
+def master_metrics(url: str) -> dict[str, float]:
+    return http_get_json(f"{url}/metrics/snapshot")  # type: ignore[no-any-return]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_of(pids: dict[str, list[int]]) -> dict[str, float]:
+    return {name: sum(cpu_seconds(p) for p in group) for name, group in pids.items()}
+
+
+async def launch_all(address: str, launchers: list[Launcher], total: int,
+                     deadline: float) -> tuple[list[SchedulerDriver], float]:
+    drivers = [SchedulerDriver(l, FrameworkInfo(name=l.name), master=address)
+               for l in launchers]
+    running = [asyncio.ensure_future(d.run_async()) for d in drivers]
+    while sum(len(l.finished_at) + len(l.failed) for l in launchers) < total:
+        if time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.05)
+    ended = time.perf_counter()
+    for driver in drivers:
+        driver.stop()
+    await asyncio.wait(running, timeout=30)
+    return drivers, ended
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--agents", type=int, default=1000)
+    parser.add_argument("--frameworks", type=int, default=1)
+    parser.add_argument("--tasks", type=int, default=None,
+                        help=f"tasks in all (default {SLOTS_PER_AGENT} x 3 per agent: "
+                             "three waves; --quick: one)")
+    parser.add_argument("--workers", type=int, default=2, help="processes of simulated agents")
+    parser.add_argument("--quick", action="store_true", help="one wave, a short reference")
+    parser.add_argument("--timeout", type=float, default=600.0)
+    args = parser.parse_args(argv)
+    waves = 1 if args.quick else 3
+    total = args.tasks or args.agents * SLOTS_PER_AGENT * waves
+    size = len(encode(StatusUpdate(framework_id="F-" + new_uuid(), status=TaskStatus(
+        task_id=f"fw0-{total}", state=TaskState.TASK_RUNNING, source=Source.EXECUTOR,
+        agent_id="A-" + new_uuid(), executor_id=f"fw0-{total}", uuid=new_uuid(),
+        timestamp=time.time()))))
+    print(f"reference: bare pyzmq DEALER<->ROUTER, {size} B frames, {WINDOW} in flight ...",
+          flush=True)
+    reference = reference_round_trips(size, 1.0 if args.quick else 3.0)
+    print(f"reference: {reference:,.0f} round trips/s", flush=True)
+
+    ctx = multiprocessing.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="dyad-master-bench-") as scratch:
+        cluster = LocalCluster(work_dir=Path(scratch), agents=0,
+                               master_args=["--log-level", "warning"])
+        workers: list[tuple[Any, Connection]] = []
+        try:
+            cluster.start()
+            assert cluster.master is not None
+            endpoint, url = cluster.master.zmq, cluster.master.url
+            names = [f"sim{i:05d}" for i in range(args.agents)]
+            for w in range(args.workers):
+                parent, child = ctx.Pipe()
+                process = ctx.Process(target=agent_worker, daemon=True,
+                                      args=(endpoint, names[w::args.workers], child))
+                process.start()
+                workers.append((process, parent))
+            started = time.monotonic()
+            for _, conn in workers:
+                conn.recv()
+            print(f"{args.agents} agents registered in {time.monotonic() - started:.1f} s; "
+                  f"{args.frameworks} framework(s) launch {total} tasks", flush=True)
+            before = master_metrics(url)
+            pids = {"master": [cluster.master.process.pid], "frameworks": [os.getpid()],
+                    "agents": [p.pid for p, _ in workers]}
+            cpu_before = cpu_of(pids)
+            per = [total // args.frameworks + (i < total % args.frameworks)
+                   for i in range(args.frameworks)]
+            launchers = [Launcher(f"fw{i}", n) for i, n in enumerate(per)]
+            drivers, _ = asyncio.run(launch_all(cluster.master_address, launchers, total,
+                                                time.monotonic() + args.timeout))
+            after = master_metrics(url)
+            cpu = {k: v - cpu_before[k] for k, v in cpu_of(pids).items()}
+            reports = []
+            for _, conn in workers:
+                conn.send("stop")
+                reports.append(conn.recv())
+        finally:
+            for process, _ in workers:
+                process.kill()
+            cluster.stop()
+    return report(args, total, reference, launchers, drivers, reports, before, after, cpu)
+
+
+def report(args: argparse.Namespace, total: int, reference: float, launchers: list[Launcher],
+           drivers: list[SchedulerDriver], reports: list[dict[str, int]],
+           before: dict[str, float], after: dict[str, float], cpu: dict[str, float]) -> int:
+    accepted = [t for l in launchers for t in l.accepted_at.values()]
+    finished = [t for l in launchers for t in l.finished_at.values()]
+    latencies = [(l.running_at[t] - l.accepted_at[t]) * 1000
+                 for l in launchers for t in l.running_at if t in l.accepted_at]
+    done = len(finished)
+    span = max(finished) - min(accepted) if finished and accepted else float("nan")
+    rate = done / span if span else float("nan")
+    lost = total - done
+    duplicates = sum(r["duplicates"] for r in reports)
+    frames = after["master/messages_received"] - before["master/messages_received"]
+    offers_frames = after.get("master/offers_frames", 0) - before.get("master/offers_frames", 0)
+    print()
+    print(f"agents={args.agents} frameworks={args.frameworks} tasks={total} "
+          f"workers={args.workers}")
+    print(f"tasks/s, first accept -> last TASK_FINISHED: {rate:,.0f} "
+          f"({done} tasks in {span:.2f} s)")
+    print(f"accept -> TASK_RUNNING: p50 {percentile(latencies, 0.5):.0f} ms, "
+          f"p99 {percentile(latencies, 0.99):.0f} ms")
+    print(f"lost: {lost} (must be 0), of them ended otherwise: "
+          f"{sum(len(l.failed) for l in launchers)}; duplicate launches: {duplicates} "
+          f"(must be 0)")
+    print(f"master frames received per task: {frames / max(done, 1):.1f}; "
+          f"status updates resent: {sum(r['retried'] for r in reports)}; "
+          f"agent sends refused: {sum(r['send_failures'] for r in reports)}; "
+          f"driver sends that waited: {sum(d.send_waits for d in drivers)}; "
+          f"master dropped sends: {after.get('master/dropped_sends', 0):.0f}; "
+          f"offers frames: {offers_frames:.0f}")
+    runs = after["allocator/allocation_runs"] - before["allocator/allocation_runs"]
+    print(f"CPU per task (ms): " + ", ".join(f"{k} {v * 1000 / max(done, 1):.2f}"
+                                            for k, v in cpu.items())
+          + f"; allocation passes {runs:.0f}, p50 {after['allocator/allocation_run_ms_p50']:.1f}"
+          f" ms, p99 {after['allocator/allocation_run_ms_p99']:.1f} ms")
+    print(f"reference: {reference:,.0f} bare pyzmq round trips/s; "
+          f"dyad tasks/s / reference: {rate / reference:.3f}")
+    return 0 if lost == 0 and duplicates == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
