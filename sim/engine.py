@@ -23,6 +23,7 @@ drops what it cannot route).
 from __future__ import annotations
 
 import heapq
+import math
 from collections import Counter
 from collections.abc import Callable, Hashable
 from typing import Protocol
@@ -138,8 +139,8 @@ class Engine:
             if on_step is not None and steps % step_every == 0:
                 on_step(at)
         self.counters["steps"] += steps
-        if not self._stopped and (not heap or heap[0][0] > until):
-            self.now = max(self.now, until) if heap else self.now
+        if not self._stopped and until != math.inf:
+            self.now = max(self.now, until)  # nothing left to do before `until`
         return self.now
 
     def idle(self) -> bool:
