@@ -2,11 +2,13 @@
 
     dyad sim run --cell CELL.json --workload W.jsonl [--policy P.json] [--seed N] --out DIR
     dyad sim compare RUN_A RUN_B
+    dyad sim fit --cell CELL.json --app APP.json [--role R] [--workload W.jsonl --at T]
 
 `run` writes DIR/report.json (byte-identical for the same inputs and seed),
 DIR/timing.json (wall time and speed), DIR/summary.txt and PNG plots, prints the
 summary, and shows a progress bar on a terminal. `compare` puts two reports
-side by side. Bad input is reported as ``file:line: what is wrong`` with exit
+side by side. `fit` says how many more instances of a Marathon-style app the
+real service core places on the cell (constraints honoured), and where. Bad input is reported as ``file:line: what is wrong`` with exit
 status 2. docs/simulator.md is the manual.
 """
 
@@ -20,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -48,6 +51,15 @@ def build_parser() -> argparse.ArgumentParser:
     compare = commands.add_parser("compare", help="two runs side by side")
     compare.add_argument("run_a", type=Path, help="a run folder or its report.json")
     compare.add_argument("run_b", type=Path)
+    fit = commands.add_parser("fit", help="how many more instances of an app fit, and where")
+    fit.add_argument("--cell", type=Path, required=True, help="cell spec (JSON)")
+    fit.add_argument("--app", type=Path, required=True, help="Marathon-style app definition")
+    fit.add_argument("--role", default="*", help="the service framework's role (default *)")
+    fit.add_argument("--workload", type=Path, help="replay this workload first ...")
+    fit.add_argument("--at", type=float, default=0.0, help="... up to this simulated second")
+    fit.add_argument("--policy", type=Path, help="policy (JSON)")
+    fit.add_argument("--seed", type=int, default=0)
+    fit.add_argument("--json", action="store_true", help="print the answer as JSON")
     return parser
 
 
@@ -56,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "run":
             return run(args)
+        if args.command == "fit":
+            return fit_command(args)
         return compare(args.run_a, args.run_b)
     except InputError as exc:
         print(f"dyad sim: {exc}", file=sys.stderr)
@@ -148,6 +162,39 @@ def _duration(seconds: float) -> str:
     if seconds >= 3600:
         return f"{seconds / 3600:.2f} h"
     return f"{seconds:.0f} s"
+
+
+# ------------------------------------------------------------------------ fit
+
+
+def fit_command(args: argparse.Namespace) -> int:
+    from sim.fit import fit
+    from sim.inputs import load_document
+    from sim.workload import app_from_json
+
+    cell = load_cell(args.cell)
+    app = app_from_json(load_document(args.app))
+    workload = None
+    if args.workload is not None:
+        workload, skipped = load_workload(args.workload, strict=True)
+    result = fit(cell, app, role=args.role, policy=load_policy(args.policy), workload=workload,
+                 at=args.at, seed=args.seed)
+    if args.json:
+        print(json.dumps(attrs.asdict(result), sort_keys=True, indent=1))
+        return 0
+    console = Console()
+    console.print(f"{result.fits} more instance{'s' if result.fits != 1 else ''} of "
+                  f"{result.app_id} fit (at most {result.upper_bound} by resources alone)")
+    table = Table("agent", "instances")
+    for agent, count in result.by_agent.items():
+        table.add_row(agent, str(count))
+    if result.by_agent:
+        console.print(table)
+    if result.unplaced:
+        console.print("offers that could not take one more: " + ", ".join(
+            f"{code} {n}" for code, n in result.unplaced.items()))
+        console.print(f"for example {result.example}")
+    return 0
 
 
 # -------------------------------------------------------------------- compare

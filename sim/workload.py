@@ -277,14 +277,7 @@ def _app(fields: Fields, at: float) -> AppArrival:
     body = fields.obj_field("app")
     if body is None:
         raise fields.fail(None, "'app' (a Marathon-style app definition) is required")
-    definition = dict(body)
-    if "cmd" not in definition and "args" not in definition:
-        definition["cmd"] = "sim"  # nothing runs: the task shape says what it does
-    try:
-        app = parse_app(definition)
-    except AppInvalid as exc:
-        details = "; ".join(f"{where}: {why}" for where, why in exc.details)
-        raise fields.fail("app", details) from None
+    app = app_from_json(body, "app")
     task = fields.sub("task")
     shape = _shape(task, "task", fields, count=0, base=(app.cpus, app.mem, app.disk),
                    forever=True)
@@ -294,6 +287,19 @@ def _app(fields: Fields, at: float) -> AppArrival:
                       priority=fields.get("priority", integer(-1_000_000),
                                           DEFAULT_PRIORITY["app"]),
                       app=app, task=shape)
+
+
+def app_from_json(body: Obj, name: str = "") -> AppDefinition:
+    """A Marathon-style app definition, validated by the service framework's own
+    parser; `cmd` may be left out (nothing runs in a simulation)."""
+    definition = dict(body)
+    if "cmd" not in definition and "args" not in definition:
+        definition["cmd"] = "sim"
+    try:
+        return parse_app(definition)
+    except AppInvalid as exc:
+        details = "; ".join(f"{where}: {why}" for where, why in exc.details)
+        raise InputError(body.where, f"{name}: {details}" if name else details) from None
 
 
 def _tasks(fields: Fields, at: float) -> TasksArrival:
