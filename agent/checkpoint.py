@@ -7,12 +7,11 @@ is draining, every live framework, executor run (with its pid and process start
 time) and task, and every status update the master has not acknowledged. The core
 (`AgentState`) builds a `SavedAgent` whenever any of that changes and emits a
 `Checkpoint` effect *before* the effects that depend on it (an ack to an
-executor, a message to the master); the shell writes it.
+executor, a message to the master); the shell writes it (`agent.checkpoint_file`).
 
-Writes are atomic (a temporary file renamed over the old one), so a crash leaves
-the previous or the new document, never half of one. They are not fsync'ed: they
-survive the agent process dying, which is what recovery is for; after a machine
-crash there are no executors left to take back.
+This module is the pure half: what is kept, how it is encoded and decoded, and
+whether a checkpoint may be taken over. It touches no file, so `agent.state` can
+import it and stay pure.
 
 A restarted agent refuses the checkpoint when the machine it describes is not the
 one it is told to be (`incompatibility`): the master keeps its books by what the
@@ -22,12 +21,11 @@ agent registered with, so a changed agent must start afresh (remove ``meta``).
 from __future__ import annotations
 
 import json
-import os
 from typing import Any, Iterable, TypeVar
 
 import attrs
 
-from agent.model import AgentConfig, ExecutorRecord, Outcome, TaskRecord
+from agent.model import AgentConfig, AgentExecutor, TaskEnd, AgentTask
 from dyad.codec import CodecError, from_json, to_json
 from dyad.messages import (
     ExecutorExited, ExecutorInfo, FrameworkInfo, StatusUpdate, TaskInfo, TaskState,
@@ -50,7 +48,7 @@ class SavedTask:
     status_uuid: str = ""
     seen_uuids: list[str] = attrs.field(factory=list)
     queued: bool = False  # never sent to the executor
-    kill_as: Outcome | None = None
+    kill_as: TaskEnd | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -82,7 +80,7 @@ class SavedAgent:
     exits: list[ExecutorExited] = attrs.field(factory=list)  # not yet told the master
 
 
-def save_executor(executor: ExecutorRecord) -> SavedExecutor:
+def save_executor(executor: AgentExecutor) -> SavedExecutor:
     """What a restart needs of one run: no peer, timers or samples (all of this
     process's making), the tasks it has not seen acknowledged to the end."""
     tasks = [SavedTask(info=t.info, state=t.state, status_uuid=t.status_uuid,
@@ -96,13 +94,13 @@ def save_executor(executor: ExecutorRecord) -> SavedExecutor:
         pending_kills=dict(executor.pending_kills))
 
 
-def load_executor(saved: SavedExecutor, phase: str) -> ExecutorRecord:
+def load_executor(saved: SavedExecutor, phase: str) -> AgentExecutor:
     """The run's record again, in `phase` (the caller decides what it is now)."""
-    executor = ExecutorRecord(saved.framework_id, saved.info, saved.run_id, saved.directory,
+    executor = AgentExecutor(saved.framework_id, saved.info, saved.run_id, saved.directory,
                               saved.is_command, phase=phase, pid=saved.pid,
                               started=saved.started, pending_kills=dict(saved.pending_kills))
     for task in saved.tasks:
-        record = TaskRecord(task.info, saved.framework_id, saved.info.executor_id, task.state,
+        record = AgentTask(task.info, saved.framework_id, saved.info.executor_id, task.state,
                             task.status_uuid, set(task.seen_uuids), task.kill_as)
         group = (executor.terminated if task.state.is_terminal
                  else executor.queued if task.queued else executor.launched)
@@ -119,19 +117,16 @@ class Recover:
     alive: frozenset[tuple[str, str, str]] = frozenset()
 
 
-def path(work_dir: str) -> str:
-    return os.path.join(work_dir, META_DIR, FILE)
-
-
-def encode(saved: SavedAgent) -> bytes:
-    return Writer("").encode(saved)
+def meta_dir(work_dir: str) -> str:
+    """The directory under `work_dir` that holds the checkpoint."""
+    return f"{work_dir.rstrip('/')}/{META_DIR}"
 
 
 def decode(data: bytes) -> SavedAgent:
     """Parse a checkpoint; raises `CheckpointError` saying what is wrong."""
     try:
         document = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (RecursionError, ValueError) as exc:  # ValueError: bad UTF-8 or JSON
         raise CheckpointError(f"checkpoint is not JSON: {exc}") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint format is not {FORMAT}")
@@ -142,24 +137,17 @@ def decode(data: bytes) -> SavedAgent:
     return saved
 
 
-def load(work_dir: str) -> SavedAgent | None:
-    """The checkpoint under `work_dir`, or None if there is none."""
-    try:
-        with open(path(work_dir), "rb") as handle:
-            data = handle.read()
-    except FileNotFoundError:
-        return None
-    return decode(data)
+def encode(saved: SavedAgent) -> bytes:
+    return Encoder().encode(saved)
 
 
-class Writer:
-    """Writes checkpoints of one agent. The JSON form of each executor and update is
-    kept from the last write and reused while unchanged, so an event that touched
-    one task does not pay for encoding every other one (encoding dominates the
-    cost: docs/agent.md has the figures)."""
+class Encoder:
+    """Encodes the checkpoints of one agent. The JSON form of each executor and
+    update is kept from the last call and reused while unchanged, so an event that
+    touched one task does not pay for encoding every other one (encoding dominates
+    the cost of a checkpoint: docs/agent.md has the figures)."""
 
-    def __init__(self, work_dir: str) -> None:
-        self.work_dir = work_dir
+    def __init__(self) -> None:
         self._executors: dict[tuple[str, str, str], tuple[SavedExecutor, str]] = {}
         self._updates: dict[str, tuple[StatusUpdate, str]] = {}
 
@@ -180,14 +168,6 @@ class Writer:
                  f'"updates":[{",".join(text for _, text in updates.values())}]')
         return f'{{"format":{FORMAT},"agent":{head},{lists}}}}}'.encode()
 
-    def write(self, saved: SavedAgent) -> None:
-        target = path(self.work_dir)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        temporary = f"{target}.tmp"
-        with open(temporary, "wb") as handle:
-            handle.write(self.encode(saved))
-        os.replace(temporary, target)
-
 
 _T = TypeVar("_T")
 
@@ -201,18 +181,6 @@ def _reuse(cached: tuple[_T, str] | None, value: _T) -> tuple[_T, str]:
     if cached is not None and cached[0] == value:
         return cached
     return value, _dumps(to_json(value))
-
-
-def write(work_dir: str, saved: SavedAgent) -> None:
-    Writer(work_dir).write(saved)
-
-
-def remove(work_dir: str) -> None:
-    """Forget the checkpoint: the next start is a new agent."""
-    try:
-        os.remove(path(work_dir))
-    except FileNotFoundError:
-        pass
 
 
 def with_detected(saved: SavedAgent, config: AgentConfig,
@@ -244,6 +212,6 @@ def incompatibility(saved: SavedAgent, config: AgentConfig) -> str:
     if not problems:
         return ""
     return (f"agent {saved.agent_id} cannot recover: {'; '.join(problems)}. Restore the "
-            f"old settings, or remove {os.path.dirname(path(config.work_dir))} to start "
+            f"old settings, or remove {meta_dir(config.work_dir)} to start "
             "as a new agent (executors still running from before are then told to stop "
             "when they reconnect)")

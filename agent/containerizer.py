@@ -26,6 +26,7 @@ from typing import Callable
 import attrs
 import psutil
 
+from dyad.processes import describe_exit as describe_process_exit
 from dyad.processes import signal_group
 
 from agent.isolation import Isolator, IsolationError, PosixIsolator, processes
@@ -52,6 +53,13 @@ class _Run:
     process: asyncio.subprocess.Process | None  # None when adopted
     waiter: asyncio.Future[None] | None = None
     seen: list[psutil.Process] = attrs.field(factory=list)  # at the last sample
+
+
+def describe_exit(status: int) -> str:
+    """How an executor's end is reported in its tasks' failures."""
+    if status == UNKNOWN_EXIT:
+        return "Executor is gone; its exit status is unknown (adopted after an agent restart)"
+    return describe_process_exit(status, "Executor")
 
 
 class Containerizer:

@@ -16,7 +16,7 @@ sees it `TASK_RUNNING`:
   the agent kills the task (kill policy applies) and reports it `TASK_FAILED`.
   0 means "report, never kill".
 
-Timer and probe share one key per round, ``("health", framework, task, n)``, so a
+Timer and probe share one key per round, `HealthRound(framework, task, n)`, so a
 late result of an abandoned round (the task was killed, a check restarted) is
 recognised and ignored.
 """
@@ -24,16 +24,27 @@ recognised and ignored.
 from __future__ import annotations
 
 import itertools
-from typing import Hashable
 
 import attrs
 
-from dyad.effects import ArmTimer, CancelTimer
+from dyad.effects import ArmTimer, CancelTimer, TimerKey
 from dyad.messages import HealthCheck, HealthCheckType
 
-TIMER = "health"
-
 TaskKey = tuple[str, str]  # (framework_id, task_id)
+
+
+@attrs.frozen
+class HealthRound(TimerKey):
+    """One round of one task's check: the timer that starts it and the probe it
+    runs share this key; `seq` makes every round's key new."""
+
+    framework_id: str
+    task_id: str
+    seq: int
+
+    @property
+    def task(self) -> TaskKey:
+        return (self.framework_id, self.task_id)
 
 
 @attrs.frozen
@@ -42,7 +53,7 @@ class RunHealthCheck:
     `HealthCheckResult(key, healthy, message)`. COMMAND checks run in `sandbox_dir`
     with `env` on top of the agent's environment."""
 
-    key: Hashable
+    key: HealthRound
     check: HealthCheck
     sandbox_dir: str
     env: dict[str, str]
@@ -52,14 +63,14 @@ class RunHealthCheck:
 class HealthCheckResult:
     """Event: how a `RunHealthCheck` went; `message` says why when unhealthy."""
 
-    key: Hashable
+    key: HealthRound
     healthy: bool
     message: str = ""
 
 
 @attrs.frozen
 class HealthChanged:
-    """Outcome: the task's health flipped (or was learnt for the first time)."""
+    """HealthOutcome: the task's health flipped (or was learnt for the first time)."""
 
     framework_id: str
     task_id: str
@@ -69,14 +80,14 @@ class HealthChanged:
 
 @attrs.frozen
 class Unhealthy:
-    """Outcome: too many failures in a row; the task must be killed."""
+    """HealthOutcome: too many failures in a row; the task must be killed."""
 
     framework_id: str
     task_id: str
     message: str
 
 
-Outcome = HealthChanged | Unhealthy
+HealthOutcome = HealthChanged | Unhealthy
 Effect = RunHealthCheck | ArmTimer | CancelTimer
 
 
@@ -98,7 +109,7 @@ class _Watch:
     sandbox_dir: str
     env: dict[str, str]
     started: float
-    key: Hashable | None = None  # the current round: armed timer or check in flight
+    key: HealthRound | None = None  # the current round: armed timer or check in flight
     in_flight: bool = False
     healthy: bool | None = None
     ever_healthy: bool = False
@@ -116,9 +127,6 @@ class HealthChecker:
 
     def watching(self, framework_id: str, task_id: str) -> bool:
         return (framework_id, task_id) in self._watches
-
-    def owns(self, key: Hashable) -> bool:
-        return isinstance(key, tuple) and len(key) == 4 and key[0] == TIMER
 
     def health(self, framework_id: str, task_id: str) -> bool | None:
         watch = self._watches.get((framework_id, task_id))
@@ -140,7 +148,7 @@ class HealthChecker:
             return []
         return [CancelTimer(watch.key)]
 
-    def timer_fired(self, key: Hashable, now: float) -> list[Effect]:
+    def timer_fired(self, key: HealthRound, now: float) -> list[Effect]:
         watch = self._current(key)
         if watch is None or watch.in_flight:
             return []
@@ -148,14 +156,13 @@ class HealthChecker:
         self.checks_run += 1
         return [RunHealthCheck(key, watch.check, watch.sandbox_dir, dict(watch.env))]
 
-    def result(self, event: HealthCheckResult, now: float) -> tuple[list[Effect], list[Outcome]]:
+    def result(self, event: HealthCheckResult, now: float) -> tuple[list[Effect], list[HealthOutcome]]:
         watch = self._current(event.key)
         if watch is None or not watch.in_flight:
             return [], []
-        assert isinstance(event.key, tuple)
-        framework_id, task_id = event.key[1], event.key[2]
+        framework_id, task_id = event.key.task
         watch.in_flight = False
-        outcomes: list[Outcome] = []
+        outcomes: list[HealthOutcome] = []
         if event.healthy:
             watch.failures = 0
             watch.ever_healthy = True
@@ -184,17 +191,14 @@ class HealthChecker:
 
     def validate(self) -> None:
         for (framework_id, task_id), watch in self._watches.items():
-            assert isinstance(watch.key, tuple) and self.owns(watch.key), (framework_id, task_id)
-            assert watch.key[1:3] == (framework_id, task_id)
+            assert watch.key is not None, (framework_id, task_id)
+            assert watch.key.task == (framework_id, task_id)
             assert watch.failures == 0 or watch.healthy is False
 
-    def _current(self, key: Hashable) -> _Watch | None:
-        if not self.owns(key):
-            return None
-        assert isinstance(key, tuple)
-        watch = self._watches.get((key[1], key[2]))
+    def _current(self, key: HealthRound) -> _Watch | None:
+        watch = self._watches.get(key.task)
         return watch if watch is not None and watch.key == key else None
 
     def _arm(self, framework_id: str, task_id: str, watch: _Watch, at: float) -> list[Effect]:
-        watch.key = (TIMER, framework_id, task_id, next(self._seq))
+        watch.key = HealthRound(framework_id, task_id, next(self._seq))
         return [ArmTimer(watch.key, at)]

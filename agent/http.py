@@ -6,28 +6,36 @@ so a framework can tail a task's `stdout` or fetch shuffle output by the absolut
 path `/state` shows as an executor's `directory` -- also after the task ended,
 until the sandbox is garbage-collected.
 
-Only files under the sandboxes are served (`agent.sandbox.resolve`): 403 outside,
-404 missing, 400 for bad parameters, always with a JSON `{"error": reason}`. File
-system work runs in a thread so a slow disk never stalls the agent's event loop.
+Only regular files and directories under the sandboxes are served
+(`agent.files`): 403 outside, 404 missing, 400 for bad parameters and for FIFOs,
+devices, sockets and symlink loops, 429 when too many `/files` requests wait,
+always with a JSON `{"error": reason}`. File system work runs on a small pool of
+its own, so a slow disk never stalls the agent's event loop or its other threads.
+
+Bad input is never a 5xx: anything a handler did not expect is logged (at most
+once a minute per route), counted in `agent/http_errors`, and answered 400 with a
+reason. The reason is always in the JSON body, never in the status line, so no
+text from a request can reach a header.
 """
 
 from __future__ import annotations
 
-import asyncio
-import grp
+import logging
 import os
-import pwd
-import stat
-from typing import Any, Protocol
+import re
+from typing import Protocol
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from agent import sandbox
+from agent import files
+from agent.supervision import LogLimiter
 from dyad import prometheus
 from agent.state import AgentState
 
-READ_LIMIT = 1024 * 1024  # /files/read returns at most 1 MiB per call, like Mesos
+log = logging.getLogger(__name__)
+
+_INTEGER = re.compile(r"-?[0-9]{1,18}")  # offsets and lengths; no file is 10**18 bytes
 
 
 class StateSource(Protocol):
@@ -40,9 +48,17 @@ class StateSource(Protocol):
 
     def drain(self) -> None: ...
 
+    def dead_loops(self) -> list[str]:
+        """Names of the agent's long-running loops that are not running now."""
+        ...
+
+    def count(self, counter: str) -> None: ...
+
 
 SOURCE = web.AppKey("state_source", StateSource)
 WORK_DIR = web.AppKey("work_dir", str)
+POOL = web.AppKey("files_pool", files.FilesPool)
+ERROR_LOG = web.AppKey("error_log", LogLimiter)
 
 
 class BadRequest(Exception):
@@ -53,6 +69,9 @@ def make_app(source: StateSource, work_dir: str) -> web.Application:
     app = web.Application(middlewares=[_cors, _errors_as_json])
     app[SOURCE] = source
     app[WORK_DIR] = work_dir
+    app[POOL] = files.FilesPool()
+    app[ERROR_LOG] = LogLimiter(log)
+    app.on_cleanup.append(_shutdown_pool)
     app.router.add_get("/state", _state)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics/snapshot", _metrics)
@@ -87,22 +106,27 @@ def _error(status: int, reason: str) -> web.Response:
     return web.json_response({"error": reason}, status=status)
 
 
+async def _shutdown_pool(app: web.Application) -> None:
+    app[POOL].shutdown()
+
+
 @web.middleware
 async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except BadRequest as exc:
         return _error(400, str(exc))
-    except sandbox.InvalidPath as exc:
-        return _error(400, str(exc))
-    except (sandbox.OutsideSandbox, PermissionError) as exc:
-        return _error(403, str(exc))
-    except FileNotFoundError as exc:
-        return _error(404, f"no such file: {exc}")
+    except files.FilesError as exc:
+        return _error(exc.status, str(exc))
     except web.HTTPException as exc:
         if exc.status >= 400:
             return _error(exc.status, exc.reason)
         raise
+    except Exception:  # a bug, or input nobody foresaw: still the caller's 4xx
+        request.app[SOURCE].count("agent/http_errors")
+        route = getattr(request.match_info.handler, "__name__", "unmatched")
+        request.app[ERROR_LOG].exception(route, "%s %s failed", request.method, route)
+        return _error(400, "the agent could not handle this request")
 
 
 async def _state(request: web.Request) -> web.Response:
@@ -110,6 +134,11 @@ async def _state(request: web.Request) -> web.Response:
 
 
 async def _health(request: web.Request) -> web.Response:
+    """503 while any of the agent's loops is not running (a supervisor should
+    look), else 200."""
+    dead = request.app[SOURCE].dead_loops()
+    if dead:
+        return web.json_response({"healthy": False, "dead_loops": dead}, status=503)
     return web.json_response({"healthy": True})
 
 
@@ -139,52 +168,21 @@ def _path(request: web.Request) -> str:
     path = request.query.get("path")
     if not path:
         raise BadRequest("missing parameter 'path'")
-    return sandbox.resolve(request.app[WORK_DIR], path)
+    return path
 
 
 def _int(request: web.Request, name: str, default: int | None) -> int | None:
     text = request.query.get(name)
     if text is None or text == "":
         return default
-    try:
-        return int(text)
-    except ValueError:
-        raise BadRequest(f"parameter {name!r} must be an integer, got {text!r}") from None
+    if not _INTEGER.fullmatch(text):
+        raise BadRequest(f"parameter {name!r} must be an integer of at most 18 digits")
+    return int(text)
 
 
 async def _browse(request: web.Request) -> web.Response:
-    directory = _path(request)
-    return web.json_response(await asyncio.to_thread(_list, directory))
-
-
-def _list(directory: str) -> list[dict[str, Any]]:
-    if not os.path.isdir(directory):
-        raise BadRequest(f"{directory} is not a directory")
-    entries = []
-    for name in sorted(os.listdir(directory)):
-        path = os.path.join(directory, name)
-        try:
-            info = os.lstat(path)
-        except FileNotFoundError:
-            continue  # removed while we listed
-        entries.append({"path": path, "size": info.st_size, "mode": stat.filemode(info.st_mode),
-                        "mtime": info.st_mtime, "nlink": info.st_nlink,
-                        "uid": _user(info.st_uid), "gid": _group(info.st_gid)})
-    return entries
-
-
-def _user(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
-
-
-def _group(gid: int) -> str:
-    try:
-        return grp.getgrgid(gid).gr_name
-    except KeyError:
-        return str(gid)
+    listing = await request.app[POOL].run(files.browse, request.app[WORK_DIR], _path(request))
+    return web.json_response(listing)
 
 
 async def _read(request: web.Request) -> web.Response:
@@ -196,28 +194,26 @@ async def _read(request: web.Request) -> web.Response:
         raise BadRequest(f"offset must be >= 0 (or -1 for the size), got {offset}")
     if length is not None and length < 0:
         raise BadRequest(f"length must be >= 0, got {length}")
-    data, at = await asyncio.to_thread(_read_chunk, path, offset, length)
+    data, at = await request.app[POOL].run(files.read, request.app[WORK_DIR], path, offset,
+                                           length)
     return web.json_response({"data": data, "offset": at})
 
 
-def _read_chunk(path: str, offset: int, length: int | None) -> tuple[str, int]:
-    """Mesos semantics: offset -1 asks for the size (empty data, offset = size);
-    otherwise up to `length` bytes (default: the rest) capped at 1 MiB."""
-    if os.path.isdir(path):
-        raise BadRequest(f"{path} is a directory")
-    with open(path, "rb") as handle:
-        size = os.fstat(handle.fileno()).st_size
-        if offset == -1:
-            return "", size
-        if offset > size:
-            raise BadRequest(f"offset {offset} is beyond the end of the file ({size} bytes)")
-        handle.seek(offset)
-        chunk = handle.read(min(READ_LIMIT, size - offset if length is None else length))
-    return chunk.decode("utf-8", errors="replace"), offset
-
-
 async def _download(request: web.Request) -> web.StreamResponse:
-    path = _path(request)
-    if await asyncio.to_thread(os.path.isdir, path):
-        raise BadRequest(f"{path} is a directory")
-    return web.FileResponse(path)
+    pool = request.app[POOL]
+    fd, size = await pool.run(files.open_download, request.app[WORK_DIR], _path(request))
+    try:
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        response.content_length = size
+        await response.prepare(request)
+        offset = 0
+        while offset < size:
+            chunk = await pool.run(files.read_at, fd, offset)
+            if not chunk:
+                break  # truncated while we sent it: the client sees a short body
+            await response.write(chunk)
+            offset += len(chunk)
+        await response.write_eof()
+        return response
+    finally:
+        os.close(fd)

@@ -11,13 +11,13 @@ the process tree with the limit itself.
 from __future__ import annotations
 
 from agent.model import (
-    COMMAND_EXECUTOR_CPUS, COMMAND_EXECUTOR_MEM_MB, MIB, ExecutorRecord, Limits, RunSample,
+    COMMAND_EXECUTOR_CPUS, COMMAND_EXECUTOR_MEM_MB, MIB, AgentExecutor, Limits, RunSample,
     mib,
 )
 from dyad.messages import ExecutorUsage
 
 
-def limits(executor: ExecutorRecord) -> Limits:
+def limits(executor: AgentExecutor) -> Limits:
     parts = [executor.info.resources, *(t.info.resources for t in executor.live_tasks())]
     cpus = sum(part.get("cpus") for part in parts)
     mem_mb = sum(part.get("mem") for part in parts)
@@ -27,7 +27,7 @@ def limits(executor: ExecutorRecord) -> Limits:
     return Limits(cpus=round(cpus, 3), mem_bytes=int(mem_mb * MIB))
 
 
-def usage(executor: ExecutorRecord, sample: RunSample) -> ExecutorUsage:
+def usage(executor: AgentExecutor, sample: RunSample) -> ExecutorUsage:
     """The sample as reported, with `cpus_used` from the executor's previous one."""
     cpus_used = 0.0
     before = executor.last_sample
@@ -47,7 +47,7 @@ def usage(executor: ExecutorRecord, sample: RunSample) -> ExecutorUsage:
         processes=sample.processes)
 
 
-def memory_problem(executor: ExecutorRecord, sample: RunSample, isolation: str) -> str:
+def memory_problem(executor: AgentExecutor, sample: RunSample, isolation: str) -> str:
     """Why the run broke its memory limit, for its tasks' TASK_FAILED ('' if it
     did not)."""
     limit = executor.limits.mem_bytes

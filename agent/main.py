@@ -39,8 +39,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ip", default="127.0.0.1", help="address to bind and advertise")
     p.add_argument("--hostname", default=socket.gethostname(), help="name to advertise")
     p.add_argument("--port", type=_port, default=5051, help="HTTP port (0: any free port)")
-    p.add_argument("--executor-port", type=_port, default=5052,
-                   help="port of the executors' ZMQ socket (0: any free port)")
+    p.add_argument("--executor-port", type=_port, default=0,
+                   help="port of the executors' ZMQ socket (default 0: a free port chosen "
+                        "at the first start and kept in the checkpoint, so a restarted "
+                        "agent binds it again and its executors find it)")
     p.add_argument("--work-dir", default="./work-dir/agent",
                    help="sandboxes, the fetcher cache and the checkpoint a restart recovers")
     p.add_argument("--resources", default=None,
@@ -183,7 +185,16 @@ async def _serve(config: AgentConfig, master: str, isolator: Isolator,
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    stopped = asyncio.create_task(stop.wait())
+    failed = asyncio.create_task(server.wait_failed())
+    await asyncio.wait([stopped, failed], return_when=asyncio.FIRST_COMPLETED)
+    for waiter in (stopped, failed):
+        waiter.cancel()
+    if failed.done() and not failed.cancelled():
+        # A loop kept dying: exit non-zero so a supervisor starts a fresh agent.
+        # Executors keep running and re-attach to it (the checkpoint stays).
+        logging.getLogger(__name__).critical("an agent loop cannot be kept alive; exiting")
+        return 2
     logging.getLogger(__name__).info("stopping: shutting down executors")
     await server.stop()
     return 0

@@ -9,11 +9,11 @@ small enough to read in one sitting. Everything here is plain data.
 from __future__ import annotations
 
 from collections import deque
-from typing import Hashable, Iterator
+from typing import Iterator
 
 import attrs
 
-from dyad import processes
+from dyad.effects import TimerKey
 from dyad.messages import (
     CommandInfo, ExecutorInfo, ExecutorUsage, FrameworkInfo, MasterInfo, Message,
     MessageError, Reason, TaskInfo, TaskState, URI,
@@ -53,7 +53,7 @@ class ExecutorMessage:
 
 
 @attrs.frozen
-class Invalid:
+class InvalidFrame:
     """A frame that did not decode. `source` is "master" or "executor"."""
 
     source: str
@@ -76,12 +76,16 @@ class ExecutorStarted:
 @attrs.frozen
 class ExecutorProcessExited:
     """`status` is the exit code, minus the signal number that ended it, or
-    `UNKNOWN_EXIT` for an adopted executor."""
+    `UNKNOWN_EXIT` for an adopted executor. `description` is how the shell names
+    the end ("Executor terminated by signal SIGKILL", see
+    `agent.containerizer.describe_exit`): naming signals takes the OS, which the
+    core does not touch."""
 
     framework_id: str
     executor_id: str
     run_id: str
     status: int
+    description: str = ""
 
 
 @attrs.frozen
@@ -207,6 +211,48 @@ class Exit:
     """Every executor is gone (or the deadline passed): the agent may stop."""
 
 
+# --------------------------------------------------------------------- timer keys
+# `AgentState` arms these; its parts arm their own (`agent.master_link`'s
+# `RegisterRetry` and `MasterSilent`, `agent.status_updates.UpdateRetry`,
+# `agent.health.HealthRound`). `seq` makes
+# each arming a new key, so a firing already queued when the timer was re-armed
+# is recognised as stale.
+
+
+@attrs.frozen
+class ShutdownDeadline(TimerKey):
+    """Executors still run this long after `Shutdown`: exit anyway."""
+
+
+@attrs.frozen
+class ExecutorTimer(TimerKey):
+    """Base of the timers of one executor run (at most one armed per run)."""
+
+    framework_id: str
+    executor_id: str
+    seq: int
+
+
+@attrs.frozen
+class RegistrationTimeout(ExecutorTimer):
+    """A launched executor did not register in time: kill it."""
+
+
+@attrs.frozen
+class ReregistrationTimeout(ExecutorTimer):
+    """A recovered executor did not re-register after the agent restarted: kill it."""
+
+
+@attrs.frozen
+class TermDue(ExecutorTimer):
+    """A shutdown's grace period is over: SIGTERM."""
+
+
+@attrs.frozen
+class KillDue(ExecutorTimer):
+    """SIGTERM did not end the run: SIGKILL."""
+
+
 # ------------------------------------------------------------------------- config
 
 
@@ -254,7 +300,7 @@ EXECUTOR_PHASES = (LAUNCHING, RECOVERING, RUNNING, TERMINATING, TERMINATED)
 
 
 @attrs.frozen
-class Outcome:
+class TaskEnd:
     """How a task the agent is ending must be reported, whatever its executor says
     (killed for failing health checks, or by a drain)."""
 
@@ -264,14 +310,14 @@ class Outcome:
 
 
 @attrs.define
-class TaskRecord:
+class AgentTask:
     info: TaskInfo
     framework_id: str
     executor_id: str
     state: TaskState = TaskState.TASK_STAGING
     status_uuid: str = ""
     seen_uuids: set[str] = attrs.field(factory=set)  # executor resends are dropped
-    kill_as: Outcome | None = None
+    kill_as: TaskEnd | None = None
 
     @property
     def task_id(self) -> str:
@@ -279,7 +325,7 @@ class TaskRecord:
 
 
 @attrs.define
-class ExecutorRecord:
+class AgentExecutor:
     framework_id: str
     info: ExecutorInfo
     run_id: str
@@ -287,13 +333,13 @@ class ExecutorRecord:
     is_command: bool
     phase: str = LAUNCHING
     peer: str | None = None
-    timer: Hashable | None = None  # (re)registration timeout, or the next signal
+    timer: ExecutorTimer | None = None  # (re)registration timeout, or the next signal
     pid: int | None = None
     started: float | None = None
-    queued: dict[str, TaskRecord] = attrs.field(factory=dict)  # until registration
-    launched: dict[str, TaskRecord] = attrs.field(factory=dict)  # non-terminal
-    terminated: dict[str, TaskRecord] = attrs.field(factory=dict)  # terminal, unacked
-    completed: deque[TaskRecord] = attrs.field(factory=deque)
+    queued: dict[str, AgentTask] = attrs.field(factory=dict)  # until registration
+    launched: dict[str, AgentTask] = attrs.field(factory=dict)  # non-terminal
+    terminated: dict[str, AgentTask] = attrs.field(factory=dict)  # terminal, unacked
+    completed: deque[AgentTask] = attrs.field(factory=deque)
     pending_kills: dict[str, float | None] = attrs.field(factory=dict)  # while recovering
     limits: Limits = Limits()
     last_sample: RunSample | None = None
@@ -308,31 +354,25 @@ class ExecutorRecord:
     def key(self) -> RunKey:
         return (self.framework_id, self.executor_id, self.run_id)
 
-    def live_tasks(self) -> Iterator[TaskRecord]:
+    def live_tasks(self) -> Iterator[AgentTask]:
         yield from self.queued.values()
         yield from self.launched.values()
 
-    def find(self, task_id: str) -> TaskRecord | None:
+    def find(self, task_id: str) -> AgentTask | None:
         return (self.queued.get(task_id) or self.launched.get(task_id)
                 or self.terminated.get(task_id))
 
 
 @attrs.define
-class FrameworkRecord:
+class AgentFramework:
     info: FrameworkInfo
-    executors: dict[str, ExecutorRecord] = attrs.field(factory=dict)
-    completed_executors: deque[ExecutorRecord] = attrs.field(factory=deque)
+    executors: dict[str, AgentExecutor] = attrs.field(factory=dict)
+    completed_executors: deque[AgentExecutor] = attrs.field(factory=deque)
 
     @property
     def id(self) -> str:
         assert self.info.id is not None
         return self.info.id
-
-
-def describe_exit(status: int) -> str:
-    if status == UNKNOWN_EXIT:
-        return "Executor is gone; its exit status is unknown (adopted after an agent restart)"
-    return processes.describe_exit(status, "Executor")
 
 
 def mib(size: int) -> str:

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import os
 import shutil
+from collections import Counter
 from typing import Any, Coroutine, Hashable
 
 import attrs
@@ -28,26 +29,28 @@ import zmq
 from aiohttp import web
 
 import agent
-from agent import checkpoint, gc
+from agent import checkpoint, checkpoint_file, gc
 from agent.checkpoint import CheckpointError, Recover, SavedAgent
-from agent.containerizer import Containerizer, LaunchError
+from agent.containerizer import Containerizer, LaunchError, describe_exit
 from agent.fetcher import Fetcher, FetchError, FetcherCache
 from agent.health import RunHealthCheck
 from agent.http import make_app
 from agent.isolation import Isolator, detect
 from agent.model import (
     AgentConfig, Checkpoint, ConnectMaster, DetectMaster, Drain, ExecutorLaunchFailed,
-    ExecutorMessage, ExecutorProcessExited, ExecutorStarted, Exit, Invalid, KillExecutor,
+    ExecutorMessage, ExecutorProcessExited, ExecutorStarted, Exit, InvalidFrame, KillExecutor,
     LaunchExecutor, MasterDetected, MasterMessage, RunKey, RunSample, Shutdown,
     UpdateLimits, UsageSampled,
 )
 from agent.probes import probe
+from agent.supervision import LogLimiter, Supervisor
 from agent.state import AgentState, Event
 from agent.status_updates import SendMaster
 from dyad.clock import Clock, SystemClock
 from dyad.detector import Detector, make_detector
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired
 from dyad.messages import Reason
+from dyad.timers import TimerTable
 from dyad.transport import Dealer, Inbound, Router
 
 log = logging.getLogger(__name__)
@@ -103,8 +106,14 @@ class AgentServer:
         self._clock = clock or SystemClock()
         self.state = AgentState(config)
         self._events: asyncio.Queue[Event] = asyncio.Queue()
-        self._timers: dict[Hashable, asyncio.TimerHandle] = {}
-        self._tasks: list[asyncio.Task[Any]] = []
+        self._timers = TimerTable(self._clock.now, self._timer_due)
+        self.shell_counters: Counter[str] = Counter({
+            "agent/sandboxes_removed": 0, "agent/logs_rotated": 0,
+            "agent/checkpoints_written": 0, "agent/receive_errors": 0,
+            "agent/loop_errors": 0, "agent/loop_crashes": 0, "agent/http_errors": 0})
+        self._loops = Supervisor(log, self.shell_counters)
+        self._errors = LogLimiter(log)
+        self._started = False
         self._jobs: set[asyncio.Task[Any]] = set()  # launches and health checks
         self._fetching: dict[RunKey, asyncio.Task[None]] = {}
         self._detecting: asyncio.Task[None] | None = None
@@ -112,14 +121,12 @@ class AgentServer:
         self._dealer: Dealer | None = None
         self._runner: web.AppRunner | None = None
         self._base_env = executor_base_env()
-        self._checkpoints = checkpoint.Writer(config.work_dir)
+        self._checkpoints = checkpoint_file.Writer(config.work_dir)
         isolator = isolator or detect(config.isolation, self.options.cgroups_root)
         self._containerizer = Containerizer(self._on_process_exit, self._base_env, isolator)
         cache_dir = self.options.fetcher_cache_dir or os.path.join(config.work_dir, "cache")
         self.fetcher = Fetcher(FetcherCache(cache_dir, self.options.fetcher_cache_size),
                                self.options.fetch_timeout)
-        self.shell_counters = {"agent/sandboxes_removed": 0, "agent/logs_rotated": 0,
-                               "agent/checkpoints_written": 0}
         self._exited = asyncio.Event()
         self._stopped = asyncio.Event()
         self._stopping: asyncio.Future[None] | None = None
@@ -147,7 +154,7 @@ class AgentServer:
         checkpoint cannot be taken over, `OSError`/`zmq.ZMQError` when ports are
         taken."""
         os.makedirs(self.config.work_dir, exist_ok=True)
-        saved = await asyncio.to_thread(checkpoint.load, self.config.work_dir)
+        saved = await asyncio.to_thread(checkpoint_file.load, self.config.work_dir)
         if saved is not None:
             self.config = checkpoint.with_detected(saved, self.config,
                                                    self.options.detected_resources)
@@ -159,11 +166,13 @@ class AgentServer:
         await asyncio.to_thread(self.fetcher.cache.load)
         self._dealer = Dealer()
         assert self._router is not None
-        self._tasks = [asyncio.create_task(self._run_core(), name="agent-core"),
-                       asyncio.create_task(self._receive(self._dealer, "master")),
-                       asyncio.create_task(self._receive(self._router, "executor")),
-                       asyncio.create_task(self._watch_usage(), name="agent-usage"),
-                       asyncio.create_task(self._watch_disk(), name="agent-disk")]
+        dealer, router = self._dealer, self._router
+        self._loops.start("core", self._run_core)
+        self._loops.start("master-socket", lambda: self._receive(dealer, "master"))
+        self._loops.start("executor-socket", lambda: self._receive(router, "executor"))
+        self._loops.start("usage", self._watch_usage)
+        self._loops.start("disk", self._watch_disk)
+        self._started = True
         if saved is not None:
             await self._recover(saved)
         self._detect()
@@ -171,9 +180,11 @@ class AgentServer:
                  self.executor_endpoint, self.isolator.name)
 
     async def _bind(self, saved: SavedAgent | None) -> None:
-        """Bind the executor socket and HTTP. After a restart the executor port must
-        be the old one (executors reconnect to it); the HTTP port is reused when
-        the operator left it to us, so the master's link to our /files holds."""
+        """Bind the executor socket and HTTP. Unless pinned, the executor port is a
+        free one on a first start and the checkpointed one after a restart, which
+        it must be while executors live (they reconnect to it); the HTTP port is
+        reused when the operator left it to us, so the master's link to our /files
+        holds."""
         executor_port, http_port = self.config.executor_port, self.config.port
         if saved is not None:
             if executor_port == 0:
@@ -187,9 +198,20 @@ class AgentServer:
         self._router = Router()
         try:
             executor_port = self._router.bind(self.config.ip, executor_port)
-        except zmq.ZMQError:
+        except zmq.ZMQError as exc:
             self._router.close()
-            raise
+            if saved is None or self.config.executor_port:
+                raise  # a port the operator chose, or no free port at all
+            if saved.executors:
+                raise CheckpointError(
+                    f"executor port {executor_port} of agent {saved.agent_id} is taken "
+                    f"({exc}); its running executors reconnect only there: free it, or "
+                    f"remove {checkpoint.meta_dir(self.config.work_dir)} to start afresh"
+                ) from None
+            log.warning("executor port %d of the last run is taken; using a free one",
+                        executor_port)
+            self._router = Router()
+            executor_port = self._router.bind(self.config.ip, 0)
         self._runner = web.AppRunner(make_app(self, self.config.work_dir), access_log=None)
         await self._runner.setup()
         try:
@@ -229,7 +251,7 @@ class AgentServer:
         self._events.put_nowait(Drain())
 
     async def _stop(self) -> None:
-        if self._tasks:
+        if self._started and "core" not in self._loops.dead():
             self._events.put_nowait(Shutdown())
             await self._wait_exited()
         for job in [*self._jobs, *self._fetching.values()]:
@@ -239,15 +261,13 @@ class AgentServer:
             await asyncio.wait_for(self._containerizer.wait_all(), 5)
         except asyncio.TimeoutError:
             log.error("executor processes %s did not die", self._containerizer.pids)
-        tasks = [*self._tasks, *self._jobs, *filter(None, [self._detecting])]
+        tasks = [*self._loops.tasks, *self._jobs, *filter(None, [self._detecting])]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for handle in self._timers.values():
-            handle.cancel()
-        self._timers.clear()
-        if self._tasks:  # every executor is gone: a later start is a new agent
-            await asyncio.to_thread(checkpoint.remove, self.config.work_dir)
+        self._timers.cancel_all()
+        if self._started:  # every executor is gone: a later start is a new agent
+            await asyncio.to_thread(checkpoint_file.remove, self.config.work_dir)
         if self._runner is not None:
             await self._runner.cleanup()
         if self._router is not None:
@@ -283,30 +303,43 @@ class AgentServer:
                 effects = self.state.handle(event, self._clock.now())
             except Exception:  # a core bug must not take the agent down; it is counted
                 self.state.counters["handler_errors"] += 1
-                log.exception("agent core failed on %r", event)
+                self._errors.exception(("core", type(event)), "agent core failed on %r", event)
                 continue
             for effect in effects:
                 try:
                     await self._perform(effect)
                 except Exception:
                     self.state.counters["effect_errors"] += 1
-                    log.exception("performing %r failed", effect)
+                    self._errors.exception(("effect", type(effect)), "performing %r failed",
+                                           effect)
 
     async def _receive(self, sock: Dealer | Router, source: str) -> None:
+        """One frame at a time; whatever one frame throws (a decoder that raises
+        something other than `MessageError`) costs that frame only: counted,
+        logged once a minute per socket, and the loop goes on. The frame was
+        consumed by the failed receive, so it cannot come round again."""
         while True:
-            inbound: Inbound = await sock.recv()
-            peer = inbound.identity.hex()
-            if inbound.message is not None:
-                self._events.put_nowait(MasterMessage(inbound.message) if source == "master"
-                                        else ExecutorMessage(peer, inbound.message))
-            else:
-                assert inbound.error is not None
-                self._events.put_nowait(Invalid(source, peer, inbound.error))
+            try:
+                inbound: Inbound = await sock.recv()
+                peer = inbound.identity.hex()
+                if inbound.message is not None:
+                    self._events.put_nowait(MasterMessage(inbound.message)
+                                            if source == "master"
+                                            else ExecutorMessage(peer, inbound.message))
+                else:
+                    assert inbound.error is not None
+                    self._events.put_nowait(InvalidFrame(source, peer, inbound.error))
+            except zmq.ZMQError:
+                raise  # the socket itself is broken: the supervisor restarts the loop
+            except Exception:
+                self.shell_counters["agent/receive_errors"] += 1
+                self._errors.exception(("receive", source),
+                                       "a frame on the %s socket could not be received", source)
 
     def _on_process_exit(self, key: RunKey, status: int, final: RunSample | None) -> None:
         if final is not None and final.oom:  # the kernel ended it: say why first
             self._events.put_nowait(UsageSampled((final,), tuple(self.fetcher.cache.uris)))
-        self._events.put_nowait(ExecutorProcessExited(*key, status))
+        self._events.put_nowait(ExecutorProcessExited(*key, status, describe_exit(status)))
 
     def _detect(self) -> None:
         if self._detecting is not None and not self._detecting.done():
@@ -319,7 +352,6 @@ class AgentServer:
         self._events.put_nowait(MasterDetected(info))
 
     def _timer_due(self, key: Hashable) -> None:
-        self._timers.pop(key, None)
         self._events.put_nowait(TimerFired(key))
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
@@ -335,17 +367,27 @@ class AgentServer:
         and rotate the logs of live runs."""
         while True:
             await asyncio.sleep(self.options.usage_interval)
-            samples = await self._containerizer.sample_all()
-            self._events.put_nowait(UsageSampled(tuple(samples),
-                                                 tuple(self.fetcher.cache.uris)))
-            live = [e.directory for f in self.state.frameworks.values()
-                    for e in f.executors.values()]
-            self.shell_counters["agent/logs_rotated"] += await asyncio.to_thread(
-                gc.rotate_logs, live, self.options.log_max_size, self.options.log_keep)
+            try:
+                await self._sample_and_rotate()
+            except Exception:  # one bad round (a full disk, a vanished cgroup) only
+                self.shell_counters["agent/loop_errors"] += 1
+                self._errors.exception("usage", "sampling usage failed")
+
+    async def _sample_and_rotate(self) -> None:
+        samples = await self._containerizer.sample_all()
+        self._events.put_nowait(UsageSampled(tuple(samples), tuple(self.fetcher.cache.uris)))
+        live = [e.directory for f in self.state.frameworks.values()
+                for e in f.executors.values()]
+        self.shell_counters["agent/logs_rotated"] += await asyncio.to_thread(
+            gc.rotate_logs, live, self.options.log_max_size, self.options.log_keep)
 
     async def _watch_disk(self) -> None:
         while True:
-            await self.collect_garbage()
+            try:
+                await self.collect_garbage()
+            except Exception:
+                self.shell_counters["agent/loop_errors"] += 1
+                self._errors.exception("disk", "collecting garbage failed")
             await asyncio.sleep(self.options.disk_watch_interval)
 
     async def collect_garbage(self) -> int:
@@ -395,17 +437,8 @@ class AgentServer:
         elif isinstance(effect, Checkpoint):
             await asyncio.to_thread(self._checkpoints.write, self.state.saved())
             self.shell_counters["agent/checkpoints_written"] += 1
-        elif isinstance(effect, ArmTimer):
-            old = self._timers.pop(effect.key, None)
-            if old is not None:
-                old.cancel()
-            delay = max(0.0, effect.at - self._clock.now())
-            self._timers[effect.key] = asyncio.get_running_loop().call_later(
-                delay, self._timer_due, effect.key)
-        elif isinstance(effect, CancelTimer):
-            handle = self._timers.pop(effect.key, None)
-            if handle is not None:
-                handle.cancel()
+        elif isinstance(effect, ArmTimer | CancelTimer):
+            self._timers.perform(effect)
         elif isinstance(effect, LaunchExecutor):
             key = (effect.framework_id, effect.executor_id, effect.run_id)
             self._fetching[key] = self._spawn(self._launch(effect))
@@ -434,3 +467,14 @@ class AgentServer:
 
     def metrics(self) -> dict[str, float]:
         return {**self.state.metrics(), **self.fetcher.metrics(), **self.shell_counters}
+
+    def dead_loops(self) -> list[str]:
+        """The agent's loops not running now (`/health` is 503 while any is)."""
+        return self._loops.dead()
+
+    def count(self, counter: str) -> None:
+        self.shell_counters[counter] += 1
+
+    async def wait_failed(self) -> None:
+        """Returns when a loop died too often to restart: the process should exit."""
+        await self._loops.failed.wait()

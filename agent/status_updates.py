@@ -19,14 +19,11 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from typing import Hashable
 
 import attrs
 
-from dyad.effects import ArmTimer, CancelTimer
+from dyad.effects import ArmTimer, CancelTimer, TimerKey
 from dyad.messages import Message, StatusUpdate
-
-TIMER = "status_update"
 
 
 @attrs.frozen
@@ -37,6 +34,23 @@ class SendMaster:
 
 
 StreamKey = tuple[str, str]  # (framework_id, task_id)
+
+
+@attrs.frozen
+class UpdateRetry(TimerKey):
+    """Resend the head of a task's stream. `seq` tells a retry that was already
+    due when the head changed from the current one, so it cannot cut a backoff
+    short."""
+
+    framework_id: str
+    task_id: str
+    seq: int
+
+    @property
+    def stream(self) -> StreamKey:
+        return (self.framework_id, self.task_id)
+
+
 Effect = SendMaster | ArmTimer | CancelTimer
 
 
@@ -44,7 +58,7 @@ Effect = SendMaster | ArmTimer | CancelTimer
 class _Stream:
     queue: deque[StatusUpdate] = attrs.field(factory=deque)
     backoff: float = 0.0
-    timer: Hashable | None = None
+    timer: UpdateRetry | None = None
     head_sent: bool = False
 
 
@@ -82,9 +96,6 @@ class StatusUpdateManager:
         """Every unacknowledged update, each stream in order: what a checkpoint
         keeps. `add`ing them back to a paused manager restores the streams."""
         return [update for stream in self._streams.values() for update in stream.queue]
-
-    def owns(self, key: Hashable) -> bool:
-        return isinstance(key, tuple) and bool(key) and key[0] == TIMER
 
     # ---------------------------------------------------------------- mutators
 
@@ -130,15 +141,14 @@ class StatusUpdateManager:
             effects += self._send_head(key, stream, now)
         return effects
 
-    def timer_fired(self, key: Hashable, now: float) -> list[Effect]:
+    def timer_fired(self, key: UpdateRetry, now: float) -> list[Effect]:
         """Resend the head whose retry timer `key` came due; stale keys are ignored."""
-        assert isinstance(key, tuple)
-        stream = self._streams.get(key[1:3])
+        stream = self._streams.get(key.stream)
         if stream is None or stream.timer != key or self.paused:
             return []
         stream.timer = None
         stream.backoff = min(stream.backoff * 2, self.max_backoff)
-        return self._send_head(key[1:3], stream, now)
+        return self._send_head(key.stream, stream, now)
 
     def pause(self) -> list[Effect]:
         """The master is gone: stop sending and retrying until `resume`."""
@@ -171,8 +181,6 @@ class StatusUpdateManager:
             assert self.paused or stream.head_sent
 
     def _send_head(self, key: StreamKey, stream: _Stream, now: float) -> list[Effect]:
-        # Timer keys carry a sequence number, so a retry that was already due when
-        # the head changed is recognised as stale instead of cutting a backoff short.
         effects: list[Effect] = []
         if stream.timer is not None:
             effects.append(CancelTimer(stream.timer))
@@ -180,6 +188,6 @@ class StatusUpdateManager:
         if stream.head_sent:
             self.retried += 1
         stream.head_sent = True
-        stream.timer = (TIMER, *key, next(self._seq))
+        stream.timer = UpdateRetry(*key, next(self._seq))
         effects += [SendMaster(stream.queue[0]), ArmTimer(stream.timer, now + stream.backoff)]
         return effects

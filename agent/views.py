@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from agent.model import (
-    REGISTERED, TERMINATED, ExecutorRecord, FrameworkRecord, TaskRecord, resources_dict,
+    REGISTERED, TERMINATED, AgentExecutor, AgentFramework, AgentTask, resources_dict,
 )
 from dyad.codec import to_json
 from dyad.messages import TaskState
@@ -33,7 +33,7 @@ def snapshot(state: AgentState) -> dict[str, Any]:
     }
 
 
-def _framework(state: AgentState, framework: FrameworkRecord) -> dict[str, Any]:
+def _framework(state: AgentState, framework: AgentFramework) -> dict[str, Any]:
     return {
         "id": framework.id, "name": framework.info.name, "roles": framework.info.roles,
         "executors": [_executor(state, e) for e in framework.executors.values()],
@@ -41,7 +41,7 @@ def _framework(state: AgentState, framework: FrameworkRecord) -> dict[str, Any]:
     }
 
 
-def _executor(state: AgentState, executor: ExecutorRecord) -> dict[str, Any]:
+def _executor(state: AgentState, executor: AgentExecutor) -> dict[str, Any]:
     return {
         "id": executor.executor_id, "name": executor.info.name,
         "framework_id": executor.framework_id, "run_id": executor.run_id,
@@ -56,7 +56,7 @@ def _executor(state: AgentState, executor: ExecutorRecord) -> dict[str, Any]:
     }
 
 
-def _task(state: AgentState, task: TaskRecord) -> dict[str, Any]:
+def _task(state: AgentState, task: AgentTask) -> dict[str, Any]:
     return {
         "id": task.task_id, "name": task.info.name, "framework_id": task.framework_id,
         "executor_id": task.executor_id, "agent_id": state.agent_id, "state": task.state.name,
@@ -65,7 +65,7 @@ def _task(state: AgentState, task: TaskRecord) -> dict[str, Any]:
     }
 
 
-def _statistics(executor: ExecutorRecord) -> dict[str, Any] | None:
+def _statistics(executor: AgentExecutor) -> dict[str, Any] | None:
     usage = executor.usage
     if usage is None:
         return None

@@ -1,12 +1,14 @@
 """Real master and agent processes: an agent SIGKILLed and started again takes its
 running task back untouched; a drained agent kills its tasks and is offered no
-more; an agent whose resources changed refuses its checkpoint."""
+more; an agent whose resources changed refuses its checkpoint; two agents share
+one host given only their own `--port` and `--work-dir`."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -16,7 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
-from dyad.local import http_get_json
+from dyad.local import Child, http_get_json
 from dyad.messages import Reason
 from dyad.resources import Resources
 from frameworks import CommandInfo, Filters, FrameworkInfo, TaskInfo
@@ -162,3 +164,72 @@ async def changed_agent_refuses_to_recover(cluster: Any, agent: Any) -> None:
         capture_output=True, text=True, timeout=30)
     assert changed.returncode == 1
     assert "cannot recover" in changed.stderr and "resources were" in changed.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def start_plain_agent(cluster: Any, name: str, port: int) -> Child:
+    """`dyad-agent` as a user starts a second one on the same host: only `--port`
+    and `--work-dir` differ (no `--executor-port`). Registered with the cluster so
+    its stop() takes the agent down."""
+    argv = [sys.executable, "-m", "agent.main", "--master", cluster.master_address,
+            "--ip", "127.0.0.1", "--resources", "cpus:1;mem:256", "--port", str(port),
+            "--work-dir", str(cluster.work_dir / name)]
+    log_path = cluster.work_dir / f"{name}.log"
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, start_new_session=True)
+    child = Child(name, process, log_path, url=f"http://127.0.0.1:{port}")
+    cluster.agent_children.append(child)
+    return child
+
+
+def answers(child: Child) -> bool:
+    assert child.process.poll() is None, child.log_path.read_text(errors="replace")[-2000:]
+    try:
+        return bool(http_get_json(f"{child.url}/health", timeout=1))
+    except OSError:
+        return False
+
+
+async def test_two_agents_on_one_host_need_only_their_own_port_and_work_dir(
+        make_cluster: Any, drivers: Any) -> None:
+    cluster = make_cluster(agents=0, master_args=PATIENT_MASTER)
+    agents = [start_plain_agent(cluster, name, free_port()) for name in ("a", "b")]
+    await wait_for(lambda: all(answers(a) for a in agents), 30, "both agents up")
+    await wait_for(lambda: len(cluster.state()["agents"]) == 2, 30, "both registered")
+    endpoints = {http_get_json(f"{a.url}/state")["id"]: a for a in agents}
+    assert len(endpoints) == 2
+
+    recorder = OfferKeeper()
+    runner = drivers(recorder, FrameworkInfo(name="pair", failover_timeout=60),
+                     cluster.master_address)
+    await runner.registered()
+    offers = await wait_for(lambda: len({o.agent_id for o in recorder.offers}) == 2 and {
+        o.agent_id: o for o in recorder.offers}, 20, "offers from both agents")
+    for index, offer in enumerate(offers.values()):
+        runner.driver.launch_tasks([offer.id], [sleeper(offer, f"t{index}")])
+    for index in range(2):
+        await wait_for(lambda: "TASK_RUNNING" in recorder.states(f"t{index}"), 20,
+                       f"t{index} running")
+
+    # Agent b is SIGKILLed and started again the same way: it binds the executor
+    # port it chose the first time, and its running executor re-attaches.
+    b = agents[1]
+    state = http_get_json(f"{b.url}/state")
+    (before,) = [e for f in state["frameworks"] for e in f["executors"]]
+    b.process.kill()
+    b.process.wait()
+    restarted = start_plain_agent(cluster, "b", int(b.url.rsplit(":", 1)[1]))
+    await wait_for(lambda: answers(restarted), 30, "agent b again")
+    after = await wait_for(lambda: (agent_executor(restarted.url, before["id"]) or {}).get(
+        "state") == "RUNNING" and agent_executor(restarted.url, before["id"]), 20,
+        "the executor to re-register")
+    assert (after["pid"], after["run_id"]) == (before["pid"], before["run_id"])
+    assert all(t["state"] == "TASK_RUNNING" for i in range(2)
+               for t in master_tasks(cluster, f"t{i}"))
+    assert not [s for s in recorder.statuses if s.state.is_terminal]

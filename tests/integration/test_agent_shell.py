@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 import psutil
 import pytest
+import yarl
 import zmq
 import zmq.asyncio
 from aiohttp import web
@@ -339,3 +340,56 @@ async def test_stopping_the_agent_kills_every_executor_process(
     await wait_for(lambda: len(master.received(ExecutorExited)) == 2, what="both exits")
     assert {m.executor_id: m.status for m in master.received(ExecutorExited)} == {
         "E-t4": -9, "E-t5": 0}
+
+
+RECURSIVE = b"[" * 1000 + b"]" * 1000
+HUGE_NUMBER = b'{"type":"acknowledge","v":' + b"1" * 4301 + b',"body":{}}'
+ODD_IDS = (b'{"type":"register_executor","v":1,"body":'
+           b'{"framework_id":"\\ud800","executor_id":"a\\nb"}}')
+
+
+async def test_frames_that_break_a_decoder_cost_only_themselves(agent: AgentServer) -> None:
+    """Issue 12, reproducer 1 on the executor socket: a frame whose decoding raises
+    something other than MessageError used to end the receive loop for good."""
+    sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(agent.executor_endpoint)
+    try:
+        for frame in (RECURSIVE, HUGE_NUMBER, RECURSIVE, ODD_IDS,
+                      b'{"type":"status_update","v":1,"body":{}}'):
+            await sock.send(frame)
+
+        async def the_probes_answer() -> Message:
+            while True:  # earlier frames may be answered too (once decode rejects them)
+                reply = decode(await sock.recv())
+                if isinstance(reply, Rejected) and reply.message_type == "status_update":
+                    return reply
+        assert (await asyncio.wait_for(the_probes_answer(), 10)).reason
+    finally:
+        sock.close()
+    status, metrics = await get(agent, "/metrics/snapshot")
+    # Each broken frame is counted once: as invalid once the decoder rejects it,
+    # as a receive error while it raises; the probe is invalid either way.
+    assert metrics["agent/messages_invalid"] + metrics["agent/receive_errors"] == 4
+    assert (await get(agent, "/health")) == (200, {"healthy": True})
+
+
+async def test_odd_paths_are_answered_4xx_with_a_json_reason(agent: AgentServer) -> None:
+    sandboxes = f"{agent.config.work_dir}/frameworks"
+    os.makedirs(sandboxes, exist_ok=True)
+    async with aiohttp.ClientSession() as session:
+        for raw in ("a%0Ab", "a%0D%0AX-Injected:%201", "%ED%A0%80", "%F0%28%8C%28",
+                    "%5Cud800", "a%00b", "x" * 5000):
+            for route in ("/files/read", "/files/browse", "/files/download"):
+                url = yarl.URL(f"{agent.http_url}{route}?path={sandboxes}/{raw}",
+                               encoded=True)
+                async with session.get(url) as resp:
+                    assert 400 <= resp.status < 500, (route, raw, resp.status)
+                    assert "X-Injected" not in resp.headers
+                    assert (await resp.json())["error"]
+    for offset in ("9" * 400, "1" * 4301, "²", "--1", "1e3", "0x10"):
+        status, body = await get(agent, "/files/read", path=f"{sandboxes}/x", offset=offset)
+        assert status == 400 and "offset" in body["error"], offset
+    assert (await get(agent, "/health"))[0] == 200
+    # Each was refused for what it is, not caught as a surprise.
+    assert (await get(agent, "/metrics/snapshot"))[1]["agent/http_errors"] == 0

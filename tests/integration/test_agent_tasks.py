@@ -303,3 +303,37 @@ async def test_chatty_logs_are_rotated_and_finished_sandboxes_collected(
         assert (await get(server, "/files/read", path=str(stdout)))[0] == 404
     finally:
         await asyncio.wait_for(server.stop(), 20)
+
+
+async def test_fifos_and_symlink_loops_in_a_sandbox_are_refused_without_stalling_the_agent(
+        master: FakeMaster, agent: AgentServer) -> None:
+    """Issue 12, reproducer 4: eight reads of a task's FIFO used to block every
+    default worker thread, after which tasks stopped ending."""
+    await master.send(RunTask(framework=FRAMEWORK, task=command_task(
+        "fifo", "mkfifo pipe && ln -s loop loop && echo made && exec sleep 60")))
+    await running(master, "fifo")
+    (executor,) = agent.state.snapshot()["frameworks"][0]["executors"]
+    sandbox = executor["directory"]
+    await wait_for(lambda: os.path.islink(f"{sandbox}/loop"), 10, "the FIFO and the loop")
+
+    started = time.monotonic()
+    reads = await asyncio.wait_for(asyncio.gather(*(
+        get(agent, "/files/read", path=f"{sandbox}/pipe") for _ in range(8))), 10)
+    assert time.monotonic() - started < 5
+    for status, body in reads:
+        assert status == 400 and "not a regular file" in body["error"]
+    for route in ("/files/download", "/files/browse"):
+        status, body = await get(agent, route, path=f"{sandbox}/pipe")
+        assert 400 <= status < 500 and body["error"], route
+    for route in ("/files/read", "/files/download", "/files/browse"):
+        status, body = await get(agent, route, path=f"{sandbox}/loop")
+        assert status == 400 and "symbolic links" in body["error"], (route, body)
+    status, listing = await get(agent, "/files/browse", path=sandbox)
+    assert status == 200 and any(e["mode"].startswith("p") for e in listing)
+
+    # The agent still runs and ends tasks, and checkpoints as it goes.
+    await master.send(RunTask(framework=FRAMEWORK, task=command_task("after", "echo done")))
+    assert (await final(master, "after")).state == TaskState.TASK_FINISHED
+    await master.send(KillTask(framework_id="F1", task_id="fifo"))
+    assert (await final(master, "fifo")).state == TaskState.TASK_KILLED
+    assert (await get(agent, "/health"))[0] == 200

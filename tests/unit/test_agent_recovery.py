@@ -9,9 +9,10 @@ from typing import Any
 import attrs
 import pytest
 
-from agent import checkpoint
+from agent import checkpoint, checkpoint_file
 from agent.checkpoint import CheckpointError, Recover, SavedAgent
-from agent.model import UNKNOWN_EXIT, KillExecutor, UpdateLimits, describe_exit
+from agent.containerizer import describe_exit
+from agent.model import UNKNOWN_EXIT, KillExecutor, UpdateLimits
 from dyad.messages import (
     ExecutorExited, ExecutorRegistered, KillTask, LaunchTask, Reason, RegisterAgent,
     RegisterExecutor, ReregisterExecutor, ShutdownExecutor, ShutdownFramework,
@@ -163,18 +164,18 @@ def test_unknown_executors_reregistering_are_told_to_stop() -> None:
 def test_the_checkpoint_file_is_written_atomically_and_damage_is_reported(
         tmp_path: Path) -> None:
     _, saved = before_the_crash()
-    assert checkpoint.load(str(tmp_path)) is None
-    checkpoint.write(str(tmp_path), saved)
-    assert checkpoint.load(str(tmp_path)) == saved
+    assert checkpoint_file.load(str(tmp_path)) is None
+    checkpoint_file.write(str(tmp_path), saved)
+    assert checkpoint_file.load(str(tmp_path)) == saved
     assert sorted(p.name for p in (tmp_path / "meta").iterdir()) == ["agent.json"]
     (tmp_path / "meta" / "agent.json").write_text('{"format": 1, "agent": {"hostname": 3}}')
     with pytest.raises(CheckpointError, match="damaged"):
-        checkpoint.load(str(tmp_path))
+        checkpoint_file.load(str(tmp_path))
     (tmp_path / "meta" / "agent.json").write_text("{oops")
     with pytest.raises(CheckpointError, match="not JSON"):
-        checkpoint.load(str(tmp_path))
-    checkpoint.remove(str(tmp_path))
-    assert checkpoint.load(str(tmp_path)) is None
+        checkpoint_file.load(str(tmp_path))
+    checkpoint_file.remove(str(tmp_path))
+    assert checkpoint_file.load(str(tmp_path)) is None
 
 
 def test_a_changed_agent_refuses_its_checkpoint_and_says_why() -> None:

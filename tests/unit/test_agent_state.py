@@ -11,17 +11,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.checkpoint import Recover
-from agent.health import HealthCheckResult
+from agent.containerizer import describe_exit
+from agent.health import HealthCheckResult, HealthRound
 from agent.model import (
     AgentConfig, Checkpoint, ConnectMaster, DetectMaster, Drain, ExecutorLaunchFailed,
-    ExecutorMessage, ExecutorProcessExited, ExecutorStarted, Exit, Invalid, KillExecutor,
-    LaunchExecutor, MasterDetected, MasterMessage, RunSample, Shutdown, UsageSampled,
-    describe_exit,
+    ExecutorMessage, ExecutorProcessExited, ExecutorStarted, Exit, InvalidFrame, KillExecutor,
+    KillDue, LaunchExecutor, MasterDetected, MasterMessage, RunSample, Shutdown, UsageSampled,
 )
+from agent.master_link import MasterSilent, RegisterRetry
 from agent.state import AgentState
 from agent.status_updates import SendMaster
 from dyad.clock import FakeClock
-from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired
+from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired, TimerKey, UnknownTimer
 from dyad.messages import (
     Address, AgentRegistered, CommandInfo, ExecutorExited, ExecutorInfo, ExecutorRegistered,
     ExecutorToFramework, FrameworkInfo, FrameworkToExecutor, Heartbeat, KillTask, LaunchTask,
@@ -179,6 +180,22 @@ def test_detected_master_is_connected_and_registered_with() -> None:
     assert to_master(agent.master(Ping(agent_id="A1")), Pong) == [Pong(agent_id="A1")]
 
 
+def test_timers_of_an_unknown_kind_raise_and_stale_ones_are_ignored() -> None:
+    @attrs.frozen
+    class Stranger(TimerKey):
+        n: int
+
+    agent = Agent()
+    agent.register()
+    with pytest.raises(UnknownTimer):
+        agent.state.handle(TimerFired(("register", 0)), agent.now)
+    with pytest.raises(UnknownTimer):
+        agent.state.handle(TimerFired(Stranger(1)), agent.now)
+    # Known kinds whose subject is gone or was re-armed: nothing happens.
+    for stale in (RegisterRetry(999), MasterSilent(999), KillDue("F1", "gone", 0)):
+        assert agent(TimerFired(stale)) == []
+
+
 def test_registration_is_retried_with_backoff_until_answered() -> None:
     agent = Agent(register_backoff_max=8.0)
     start = agent.now
@@ -188,7 +205,7 @@ def test_registration_is_retried_with_backoff_until_answered() -> None:
             sent_at.append(agent.now - start)
     assert sent_at == [0, 1, 3, 7, 15, 23, 31, 39]  # gaps 1, 2, 4, 8, then capped at 8
     agent.master(AgentRegistered(agent_id="A1", master_info=MASTER))
-    assert not [k for k in agent.timers if isinstance(k, tuple) and k[0] == "register"]
+    assert not [k for k in agent.timers if isinstance(k, RegisterRetry)]
     assert to_master(agent.advance(100), RegisterAgent) == []
     # A duplicate answer to a retried registration changes nothing.
     assert to_master(agent.master(AgentRegistered(agent_id="A1", master_info=MASTER))) == []
@@ -450,7 +467,7 @@ def test_executor_exit_fails_unfinished_tasks_and_tells_the_master(task: TaskInf
     running_executor(agent, task)
     executor_id = task.executor.executor_id if task.executor else "t1"
     agent.executor(status("t1", TaskState.TASK_RUNNING, "u1", executor_id))
-    effects = agent(ExecutorProcessExited("F1", executor_id, "id0", 3))
+    effects = agent(ExecutorProcessExited("F1", executor_id, "id0", 3, describe_exit(3)))
     assert to_master(effects, ExecutorExited) == [ExecutorExited(
         agent_id="A1", framework_id="F1", executor_id=executor_id, status=3)]
     assert agent.state.updates.queued("F1", "t1")[-1].status.state == TaskState.TASK_FAILED
@@ -557,11 +574,11 @@ def test_invalid_frames_are_rejected_to_their_sender_and_counted() -> None:
     agent = Agent()
     agent.register()
     bad = MessageError("not JSON: nope")
-    assert agent(Invalid("executor", PEER, bad)) == [
+    assert agent(InvalidFrame("executor", PEER, bad)) == [
         Send(PEER, Rejected(reason="not JSON: nope", message_type=""))]
-    assert agent(Invalid("master", "", MessageError("invalid kill_task: x", "kill_task"))) == [
+    assert agent(InvalidFrame("master", "", MessageError("invalid kill_task: x", "kill_task"))) == [
         SendMaster(Rejected(reason="invalid kill_task: x", message_type="kill_task"))]
-    assert agent(Invalid("master", "", MessageError("invalid rejected", "rejected"))) == []
+    assert agent(InvalidFrame("master", "", MessageError("invalid rejected", "rejected"))) == []
     assert to_master(agent.master(Subscribe(framework=FRAMEWORK)), Rejected)
     assert to_peer(agent.executor(Heartbeat()), kind=Rejected)
     assert agent.master(Rejected(reason="meh")) == []
@@ -644,7 +661,7 @@ def _messages() -> st.SearchStrategy[Any]:
         st.builds(lambda p, t, s, u: ExecutorMessage(p, StatusUpdate(
             framework_id="F1", status=TaskStatus(task_id=t, state=s, uuid=u))),
             st.sampled_from([PEER, PEER2]), IDS, STATES, st.sampled_from(["u1", "u2", ""])),
-        st.builds(lambda p: Invalid("executor", p, MessageError("bad")),
+        st.builds(lambda p: InvalidFrame("executor", p, MessageError("bad")),
                   st.sampled_from([PEER, PEER2])),
         st.builds(lambda e, r, s: ExecutorProcessExited("F1", e, r, s), IDS,
                   st.sampled_from(["id0", "id1", "id2"]), st.integers(-15, 3)),
@@ -657,7 +674,7 @@ def _messages() -> st.SearchStrategy[Any]:
         st.builds(lambda e, r, rss, oom: UsageSampled((RunSample(
             "F1", e, r, 1.0, 1.0, 0.5, rss, 1, oom=oom),), ("http://x/a",)),
             IDS, st.sampled_from(["id0", "id1"]), st.sampled_from([0, 2 ** 40]), st.booleans()),
-        st.builds(lambda t, ok: HealthCheckResult(("health", "F1", t, 0), ok), IDS,
+        st.builds(lambda t, ok: HealthCheckResult(HealthRound("F1", t, 0), ok), IDS,
                   st.booleans()),
         st.builds(lambda s: ("advance", s), st.floats(0, 70)),
         st.just(Drain()),
@@ -683,10 +700,3 @@ def test_any_sequence_of_inputs_keeps_the_invariants(events: list[Any]) -> None:
     fresh(Recover(saved, alive))
     fresh.register()
     assert fresh.state.used == agent.state.used
-
-
-@pytest.mark.parametrize("core", ["agent/model.py", "agent/health.py", "agent/views.py",
-                                  "agent/state.py", "agent/status_updates.py"])
-def test_the_agents_pure_rooms_import_no_io(core: str) -> None:
-    from tests.unit.test_architecture import IO_MODULES, ROOT, _imported_top_levels
-    assert not _imported_top_levels(ROOT / core) & IO_MODULES

@@ -16,7 +16,8 @@ IO_MODULES = {"asyncio", "zmq", "aiohttp", "kazoo", "socket", "subprocess",
 PURE_CORES = [
     "dyad/resources.py", "dyad/messages.py", "dyad/codec.py", "dyad/effects.py",
     "master/state.py", "master/allocator",
-    "agent/state.py", "agent/status_updates.py",
+    "agent/state.py", "agent/status_updates.py", "agent/model.py", "agent/health.py",
+    "agent/views.py", "agent/limits.py", "agent/checkpoint.py", "agent/sandbox.py",
     "frameworks/scheduler_core.py", "frameworks/executor_core.py",
     "frameworks/batch/core.py", "frameworks/service/core.py",
 ]

@@ -8,7 +8,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from agent.status_updates import TIMER, SendMaster, StatusUpdateManager
+from agent.status_updates import SendMaster, StatusUpdateManager, UpdateRetry
 from dyad.effects import ArmTimer, CancelTimer
 from dyad.messages import StatusUpdate, TaskState, TaskStatus
 
@@ -139,7 +139,7 @@ def test_paused_manager_queues_and_resume_replays_every_head() -> None:
     assert uuids(shell.apply(manager.resume(T0))) == ["a-1", "b-1"]
     shell.apply(manager.pause())
     assert shell.timers == {}
-    key = (TIMER, "F", "a", 0)
+    key = UpdateRetry("F", "a", 0)
     assert manager.timer_fired(key, T0 + 5) == []  # a timer that was already due
     assert uuids(shell.apply(manager.resume(T0 + 5))) == ["a-1", "b-1"]
     assert manager.retried == 2
@@ -243,7 +243,7 @@ class StreamsMachine(RuleBasedStateMachine):
             if pending and not self.manager.paused:
                 head = self.added[task][self.acked[task]]
                 assert self.received[task][-1] == head
-                assert any(isinstance(k, tuple) and k[2] == task for k in self.shell.timers)
+                assert any(k.task_id == task for k in self.shell.timers)
         if self.manager.paused:
             assert self.shell.timers == {}
 

@@ -1,0 +1,72 @@
+"""What an executor run is given: the executor a plain command task runs under,
+the environment of the run and of its tasks, the `LaunchExecutor` effect, and how
+long it gets to stop. Pure functions of the agent's config and one run's record.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from agent.model import (
+    COMMAND_EXECUTOR_MODULE, AgentConfig, AgentExecutor, AgentTask, LaunchExecutor,
+)
+from dyad.messages import CommandInfo, ExecutorInfo, TaskInfo
+
+
+def executor_info_for(config: AgentConfig, framework_id: str, task: TaskInfo) -> ExecutorInfo:
+    if task.executor is not None:
+        return attrs.evolve(task.executor, framework_id=framework_id)
+    # A plain command runs under the built-in command executor, one per task,
+    # with the task's id and no resources of its own (docs/protocol.md).
+    command = CommandInfo(argv=[config.python, "-m", COMMAND_EXECUTOR_MODULE])
+    return ExecutorInfo(executor_id=task.task_id, command=command,
+                        name=f"Command Executor (Task: {task.task_id})",
+                        framework_id=framework_id)
+
+
+def executor_env(config: AgentConfig, agent_id: str | None,
+                 executor: AgentExecutor) -> dict[str, str]:
+    """What the agent adds to a run's environment (docs/protocol.md)."""
+    endpoint = config.executor_endpoint
+    return {
+        "DYAD_AGENT_ENDPOINT": endpoint, "DYAD_AGENT_ID": agent_id or "",
+        "DYAD_FRAMEWORK_ID": executor.framework_id,
+        "DYAD_EXECUTOR_ID": executor.executor_id,
+        "DYAD_SANDBOX_DIRECTORY": executor.directory,
+        "DYAD_RECOVERY_TIMEOUT": f"{config.recovery_timeout:g}s",
+        "MESOS_AGENT_ENDPOINT": endpoint, "MESOS_FRAMEWORK_ID": executor.framework_id,
+        "MESOS_EXECUTOR_ID": executor.executor_id, "MESOS_DIRECTORY": executor.directory,
+        "MESOS_SANDBOX": executor.directory,
+    }
+
+
+def launch(config: AgentConfig, agent_id: str | None, executor: AgentExecutor,
+           task: TaskInfo) -> LaunchExecutor:
+    """Start `executor` for its first task `task` (its limits already set)."""
+    info = executor.info
+    env = dict(info.command.environment)
+    env.update(executor_env(config, agent_id, executor))
+    # A command task's URIs are fetched into its command executor's sandbox.
+    uris = (task.command if executor.is_command and task.command else info.command).uris
+    return LaunchExecutor(executor.framework_id, info.executor_id, executor.run_id,
+                          info.command, env, executor.directory, tuple(uris), executor.limits)
+
+
+def task_env(config: AgentConfig, agent_id: str | None, executor: AgentExecutor,
+             task: AgentTask) -> dict[str, str]:
+    """The environment a COMMAND health check of `task` runs with: its executor's,
+    its command's, and its id -- what the task itself saw."""
+    env = dict(executor.info.command.environment)
+    env.update(executor_env(config, agent_id, executor))
+    if task.info.command is not None:
+        env.update(task.info.command.environment)
+    env["DYAD_TASK_ID"] = env["MESOS_TASK_ID"] = task.task_id
+    return env
+
+
+def shutdown_grace(config: AgentConfig, executor: AgentExecutor) -> float:
+    """Time an executor gets to stop: its tasks' longest kill grace period (their
+    kill policy holds) plus the agent's own grace period."""
+    task_grace = max((t.info.kill_grace_period or 0.0 for t in executor.live_tasks()),
+                     default=0.0)
+    return config.executor_shutdown_grace_period + task_grace
