@@ -119,8 +119,13 @@ class SimFramework(Scheduler):
 # ------------------------------------------------------------------------ greedy
 
 
+SCAN = 1000
+"""Queued tasks the greedy framework looks at per offer (first fit)."""
+
+
 class GreedyFramework(SimFramework):
-    """Launches queued tasks in arrival order, at most `per_offer` per offer, and
+    """Launches queued tasks in arrival order (first fit among the first `SCAN`
+    that wait), at most `per_offer` (of the oldest waiting arrival) per offer, and
     refuses the rest of each offer for the arrival's `refuse_seconds`: small
     steps, so the allocator's DRF order decides who gets what. Suppresses offers
     while nothing waits; a failed task is not retried."""
@@ -152,20 +157,25 @@ class GreedyFramework(SimFramework):
         for offer in offers:
             left = offer.resources
             tasks: list[TaskInfo] = []
-            refuse = 1.0
-            while self._queue and len(tasks) < self._queue[0][1].per_offer:
-                since, arrival, index = self._queue[0]
+            refuse = self._queue[0][1].refuse_seconds if self._queue else 1.0
+            per_offer = self._queue[0][1].per_offer if self._queue else 0
+            # First fit over the head of the queue, so one big task does not
+            # block the small ones behind it.
+            position = 0
+            while position < min(len(self._queue), SCAN) and len(tasks) < per_offer:
+                since, arrival, index = self._queue[position]
                 need = arrival.shape.resources
-                refuse = arrival.refuse_seconds
                 if not need <= left:
-                    break
-                self._queue.popleft()
+                    position += 1
+                    continue
+                del self._queue[position]
                 left = left - need
                 self._launched += 1
                 task_id = f"{self.name}-{self._launched:06d}"
                 self._plans[task_id] = (arrival, index)
-                tasks.append(TaskInfo(task_id=task_id, name=f"{self.name} task", agent_id=offer.agent_id,
-                                      resources=need, command=CommandInfo(shell="sim")))
+                tasks.append(TaskInfo(task_id=task_id, name=f"{self.name} task",
+                                      agent_id=offer.agent_id, resources=need,
+                                      command=CommandInfo(shell="sim")))
                 self.recorder.launched(self.band, now - since)
             if tasks:
                 driver.launch_tasks([offer.id], tasks, Filters(refuse_seconds=refuse))
