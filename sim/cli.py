@@ -3,6 +3,7 @@
     dyad sim run --cell CELL.json --workload W.jsonl [--policy P.json] [--seed N] --out DIR
     dyad sim compare RUN_A RUN_B
     dyad sim fit --cell CELL.json --app APP.json [--role R] [--workload W.jsonl --at T]
+    dyad sim import-google --trace DIR --max-cpus N --max-mem MB --cell C.json --workload W.jsonl
 
 `run` writes DIR/report.json (byte-identical for the same inputs and seed),
 DIR/timing.json (wall time and speed), DIR/summary.txt and PNG plots, prints the
@@ -60,6 +61,19 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--policy", type=Path, help="policy (JSON)")
     fit.add_argument("--seed", type=int, default=0)
     fit.add_argument("--json", action="store_true", help="print the answer as JSON")
+    google = commands.add_parser("import-google",
+                                 help="a cell and a workload from the Google 2011 trace")
+    google.add_argument("--trace", type=Path, required=True,
+                        help="folder with machine_events, task_events, task_usage")
+    google.add_argument("--max-cpus", type=float, required=True,
+                        help="cores of the trace's largest machine (cpus are normalized to it)")
+    google.add_argument("--max-mem", type=float, required=True,
+                        help="memory (MB) of the trace's largest machine")
+    google.add_argument("--start", type=float, default=0.0, help="window start (trace seconds)")
+    google.add_argument("--end", type=float, help="window end (trace seconds; default: all)")
+    google.add_argument("--cell", type=Path, required=True, help="cell spec to write")
+    google.add_argument("--workload", type=Path, required=True, help="workload to write")
+    google.add_argument("--strict", action="store_true", help="a malformed row is fatal")
     return parser
 
 
@@ -70,6 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run(args)
         if args.command == "fit":
             return fit_command(args)
+        if args.command == "import-google":
+            return import_google(args)
         return compare(args.run_a, args.run_b)
     except InputError as exc:
         print(f"dyad sim: {exc}", file=sys.stderr)
@@ -194,6 +210,26 @@ def fit_command(args: argparse.Namespace) -> int:
         console.print("offers that could not take one more: " + ", ".join(
             f"{code} {n}" for code, n in result.unplaced.items()))
         console.print(f"for example {result.example}")
+    return 0
+
+
+# ------------------------------------------------------------- import-google
+
+
+def import_google(args: argparse.Namespace) -> int:
+    from sim.google import import_trace
+
+    if args.max_cpus <= 0 or args.max_mem <= 0:
+        print("dyad sim: --max-cpus and --max-mem must be positive", file=sys.stderr)
+        return 2
+    imported = import_trace(args.trace, max_cpus=args.max_cpus, max_mem=args.max_mem,
+                            start=args.start, end=args.end, strict=args.strict)
+    for problem in imported.problems:
+        print(f"dyad sim: skipped {problem}", file=sys.stderr)
+    imported.write(args.cell, args.workload)
+    counts = ", ".join(f"{key.replace('_', ' ')} {n}" for key, n in sorted(imported.counts.items()))
+    print(f"wrote {args.cell} and {args.workload}: {counts}; "
+          f"{len(imported.problems)} malformed rows skipped")
     return 0
 
 
