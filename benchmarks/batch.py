@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dyad.local import LocalCluster, http_get_json
+from dyad.local import LocalCluster, agent_address, http_get_json
 from dyad.units import parse_duration
 from frameworks.batch import Job, JobResult, run_job
 
@@ -47,15 +47,15 @@ def reduce(key, values):
 
 def make_inputs(directory: Path, maps: int, agents: int, replication: int, task_ms: int,
                 seed: int) -> list[str]:
-    """One input per map, each naming the agents that hold it (agent hostnames are
-    agent0..agentN-1 on a LocalCluster)."""
+    """One input per map, each naming the agents that hold it (by their hostnames
+    on a LocalCluster, `agent_address(i)`)."""
     rng = random.Random(seed)
     directory.mkdir(parents=True)
     inputs = []
     for number in range(maps):
         path = directory / f"input-{number:04d}"
         path.write_text(f"{int(task_ms * rng.uniform(0.5, 1.5))}\n")
-        hosts = rng.sample([f"agent{i}" for i in range(agents)], replication)
+        hosts = rng.sample([agent_address(i) for i in range(agents)], replication)
         inputs.append(f"{','.join(hosts)}:{path}")
     return inputs
 

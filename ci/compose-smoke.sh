@@ -25,6 +25,23 @@ export DOCKER_HOST="unix://$work/docker.sock"
 project=dyadsmoke
 compose() { docker-compose -p "$project" -f docker-compose.yml "$@"; }
 
+# Every mount at or below $1, deepest first. dockerd leaves exec/netns/default
+# mounted when it exits, and overlay and shm mounts under data/ when it dies hard.
+mounts_under() {
+  awk -v root="$1" '$5 == root || index($5, root "/") == 1 {print $5}' /proc/self/mountinfo \
+    | sort -r
+}
+unmount_all() {  # succeeds only when nothing is left mounted below $1
+  local target round
+  for round in 1 2 3; do  # a stacked mount shows one line per layer; retry for late ones
+    [ -z "$(mounts_under "$1")" ] && return 0
+    for target in $(mounts_under "$1"); do
+      umount "$target" 2>/dev/null || umount -l "$target" 2>/dev/null || true
+    done
+  done
+  [ -z "$(mounts_under "$1")" ]
+}
+
 cleanup() {
   code=$?
   if [ "$code" != 0 ] && [ -S "$work/docker.sock" ]; then
@@ -37,8 +54,14 @@ cleanup() {
     kill "$pid" 2>/dev/null || true
     for _ in $(seq 1 100); do [ -e "/proc/$pid" ] || break; sleep 0.2; done
   fi
-  umount -R "$work/data" 2>/dev/null || true
-  rm -rf "$work" docker/wheels
+  # Never rm -rf through a mount: if one stays, say so, keep $work and fail.
+  if unmount_all "$work"; then
+    rm -rf "$work"
+  else
+    echo "compose smoke: still mounted under $work:" $(mounts_under "$work") >&2
+    [ "$code" != 0 ] || code=1
+  fi
+  rm -rf docker/wheels
   exit "$code"
 }
 trap cleanup EXIT

@@ -19,6 +19,7 @@ reason, and enforces limits a sender cannot talk its way past:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -57,8 +58,7 @@ def loads(data: bytes | bytearray | str, limits: JsonLimits = DEFAULT_LIMITS) ->
         except UnicodeDecodeError as exc:
             raise JsonInputError(f"not UTF-8: {exc.reason} at byte {exc.start}") from None
     try:
-        value = json.loads(data, parse_int=_int_parser(limits), parse_float=_float_parser(limits),
-                           parse_constant=_no_constant)
+        value = _decoder(limits).decode(data)
     except RecursionError:
         raise JsonInputError(f"nested deeper than {limits.max_depth} levels") from None
     except json.JSONDecodeError as exc:
@@ -66,13 +66,22 @@ def loads(data: bytes | bytearray | str, limits: JsonLimits = DEFAULT_LIMITS) ->
                              ) from None
     except ValueError as exc:  # from the hooks below, or int conversion limits
         raise JsonInputError(str(exc)) from None
-    # The walk is needed only when a cheap look at the text says a limit may be
-    # broken: more brackets than the depth limit, a string that could be too
-    # long, or an escaped surrogate (raw UTF-8 cannot carry one).
-    if (data.count("[") + data.count("{") > limits.max_depth
-            or len(data) > limits.max_string_chars or _SURROGATE_ESCAPE.search(data)):
-        _check_tree(value, limits)
+    # A cheap look at the text says whether a limit may be broken at all: more
+    # brackets than the depth limit, a string that could be too long, an escaped
+    # surrogate (raw UTF-8 cannot carry one). Typical frames skip both walks.
+    if data.count("[") + data.count("{") > limits.max_depth:
+        _check_depth(value, limits.max_depth)
+    if len(data) > limits.max_string_chars or _SURROGATE_ESCAPE.search(data):
+        _check_strings(value, limits)
     return value
+
+
+@functools.lru_cache(maxsize=16)
+def _decoder(limits: JsonLimits) -> json.JSONDecoder:
+    """One decoder per set of limits: `json.loads` with hooks builds a new one per
+    call, which costs more than parsing a small frame."""
+    return json.JSONDecoder(parse_int=_int_parser(limits), parse_float=_float_parser(limits),
+                            parse_constant=_no_constant)
 
 
 def _int_parser(limits: JsonLimits) -> Any:
@@ -100,22 +109,41 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _check_tree(value: Any, limits: JsonLimits) -> None:
-    """Walk without recursion: depth, string sizes and Unicode validity."""
-    stack: list[tuple[Any, int]] = [(value, 0)]
+def _check_depth(value: Any, max_depth: int) -> None:
+    """Level by level over containers only, so no recursion can overflow and a
+    frame of many small objects costs a fraction of its parse. Exact type checks
+    suffice (the parser builds plain dicts and lists) and are the fast ones."""
+    level = [value] if type(value) is dict or type(value) is list else []
+    for _ in range(max_depth):
+        deeper: list[Any] = []
+        add = deeper.append
+        for item in level:
+            for child in (item.values() if type(item) is dict else item):
+                kind = type(child)
+                if kind is dict or kind is list:
+                    add(child)
+        if not deeper:
+            return
+        level = deeper
+    raise JsonInputError(f"nested deeper than {max_depth} levels")
+
+
+def _check_strings(value: Any, limits: JsonLimits) -> None:
+    """Every key and string value: its size and that it is valid Unicode."""
+    stack: list[Any] = [value]
     while stack:
-        item, depth = stack.pop()
+        item = stack.pop()
         if isinstance(item, str):
             if len(item) > limits.max_string_chars:
                 raise JsonInputError(f"string of {len(item)} characters exceeds the limit "
                                      f"of {limits.max_string_chars}")
             if not _encodable(item):
                 raise JsonInputError("string is not valid Unicode (lone surrogate)")
-        elif isinstance(item, (dict, list)):
-            if depth >= limits.max_depth:
-                raise JsonInputError(f"nested deeper than {limits.max_depth} levels")
-            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in children)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def _encodable(text: str) -> bool:

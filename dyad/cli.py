@@ -3,6 +3,10 @@
     dyad local --agents 3                      # until Ctrl-C / SIGTERM
     dyad local --agents 3 --run examples/hello.py [ARGS...]
 
+The master listens on 127.0.0.1 (HTTP on `--port`, ZMQ on any free port unless
+`--zmq-port` pins it); agent N on its own loopback address 127.0.0.(N+2), which is
+also its hostname, so tasks' hosts resolve and answer.
+
 With `--run`, the program gets the master's address in `DYAD_MASTER`, its output
 goes to this terminal, and `dyad local` exits with the program's exit code after
 stopping the cluster. Logs and sandboxes stay in the work directory.
@@ -43,11 +47,15 @@ def build_parser() -> argparse.ArgumentParser:
     local.add_argument("--agents", type=int, default=3, help="number of agents (default 3)")
     local.add_argument("--port", type=int, default=5050,
                        help="master HTTP port (default 5050; 0 = any free port)")
+    local.add_argument("--zmq-port", type=int, default=0,
+                       help="master ZMQ port (default 0 = any free port; agents and "
+                            "drivers learn it from the master's /master/info)")
     local.add_argument("--work-dir", type=Path, default=None,
                        help="where logs and sandboxes go (default: a new temp dir)")
     local.add_argument("--resources", type=_resources, default=DEFAULT_AGENT_RESOURCES,
-                       help=f"per agent (default {DEFAULT_AGENT_RESOURCES!r}; each agent "
-                            "gets its own 1000 ports unless you give ports)")
+                       help=f"per agent (default {DEFAULT_AGENT_RESOURCES!r}; unless you "
+                            "give ports, each agent gets its own 1000 outside the "
+                            "kernel's ephemeral port range)")
     local.add_argument("--master-arg", action="append", default=[], metavar="ARG",
                        help="extra argument for dyad-master (repeatable)")
     local.add_argument("--run", nargs=argparse.REMAINDER, metavar="PROGRAM",
@@ -74,8 +82,8 @@ def run_local(args: argparse.Namespace) -> int:
         return 2
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="dyad-local-"))
     cluster = LocalCluster(work_dir=work_dir.resolve(), agents=args.agents, port=args.port,
-                           zmq_port=args.port + 5 if args.port else 0,
-                           resources=args.resources, master_args=args.master_arg)
+                           zmq_port=args.zmq_port, resources=args.resources,
+                           master_args=args.master_arg)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:

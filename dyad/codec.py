@@ -62,20 +62,36 @@ def _type_name(value: Any) -> str:
     return type(value).__name__
 
 
+# Wire integers are 64-bit, as in Mesos' protobufs: a larger one is a mistake or an
+# attack, and would overflow later when it meets float arithmetic.
+INT_MIN, INT_MAX = -2**63, 2**63 - 1
+
+
 def _primitive(kind: type) -> Structure:
     def structure(value: Any, path: str) -> Any:
         # bool is an int subclass in Python; JSON keeps them apart, so do we.
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
         if isinstance(value, bool) and kind is not bool:
             raise CodecError(path, f"expected {kind.__name__}, got bool")
+        if kind is float and isinstance(value, int):
+            return _int_to_float(value, path)
         if not isinstance(value, kind):
             raise CodecError(path, f"expected {kind.__name__}, got {_type_name(value)}")
         if kind is float and not math.isfinite(value):  # nor does NaN or infinity
             raise CodecError(path, f"{value} is not allowed")
+        if kind is int and not INT_MIN <= value <= INT_MAX:
+            # (no str(value) here: it raises for more than 4,300 digits)
+            raise CodecError(path, f"integer of {value.bit_length()} bits is out of the "
+                                   "64-bit range")
         return value
 
     return structure
+
+
+def _int_to_float(value: int, path: str) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # beyond about 1.8e308
+        raise CodecError(path, "number is too large for a float") from None
 
 
 def _structure_bytes(value: Any, path: str) -> bytes:
@@ -187,7 +203,9 @@ def _build_attrs_structurer(cls: type) -> Structure:
             raise CodecError(path, f"expected object, got {_type_name(value)}")
         unknown = set(value) - known
         if unknown:
-            raise CodecError(path, f"unknown field(s) {sorted(unknown)}")
+            names = sorted(unknown)
+            more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+            raise CodecError(path, f"unknown field(s) {names[:5]}{more}")
         kwargs = {}
         for name, structure, required in fields:
             if name in value:

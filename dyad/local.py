@@ -32,6 +32,10 @@ _MASTER_LINE = re.compile(r"dyad-master listening on (http://\S+) zmq=(tcp://\S+
 _AGENT_LINE = re.compile(r"dyad-agent listening on (http://\S+) executors=(tcp://\S+)")
 DEFAULT_AGENT_RESOURCES = "cpus:2;mem:2048;disk:10000"
 PORTS_PER_AGENT = 1000
+LOWEST_TASK_PORT = 10000
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+DEFAULT_EPHEMERAL_RANGE = (32768, 60999)  # Linux's default
+MAX_LOCAL_AGENTS = 253  # 127.0.0.2 .. 127.0.0.254
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 _PR_SET_PDEATHSIG = 1
 
@@ -76,18 +80,59 @@ def http_get_json(url: str, timeout: float = 5.0) -> Any:
         return json.loads(resp.read())
 
 
-def agent_resources(base: str, index: int) -> str:
-    """Each local agent gets its own slice of ports so two never hand out the same."""
+def agent_address(index: int) -> str:
+    """Local agent `index` lives on its own loopback address, 127.0.0.2 onwards
+    (the master keeps 127.0.0.1): it is the agent's ip and hostname, so a task's
+    host resolves, answers, and tells agents apart (`UNIQUE hostname`). Linux
+    routes all of 127.0.0.0/8 to the loopback interface."""
+    if not 0 <= index < MAX_LOCAL_AGENTS:
+        raise ClusterError(f"dyad local runs at most {MAX_LOCAL_AGENTS} agents "
+                           f"(one per loopback address); agent {index} has none")
+    return f"127.0.0.{index + 2}"
+
+
+def ephemeral_port_range(path: str = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
+    """The ports the kernel hands to outgoing sockets; task ports must avoid them,
+    or a task can find "its" port taken by some client's connection."""
+    try:
+        with open(path) as handle:
+            low, high = map(int, handle.read().split())
+    except (OSError, ValueError):
+        return DEFAULT_EPHEMERAL_RANGE
+    return low, high
+
+
+def port_ranges(count: int, ephemeral: tuple[int, int]) -> list[tuple[int, int]]:
+    """`count` disjoint blocks of PORTS_PER_AGENT ports, none inside `ephemeral`:
+    blocks aligned on thousands from 31000 (Mesos' default) down to 10000, then
+    those above the ephemeral range."""
+    low, high = ephemeral
+    starts = [*range(31000, LOWEST_TASK_PORT - 1, -PORTS_PER_AGENT),
+              *range(32000, 65536 - PORTS_PER_AGENT + 1, PORTS_PER_AGENT)]
+    blocks = [(start, start + PORTS_PER_AGENT - 1) for start in starts]
+    usable = [(a, b) for a, b in blocks if b < low or a > high]
+    if len(usable) < count:
+        raise ClusterError(
+            f"only {len(usable)} blocks of {PORTS_PER_AGENT} ports lie outside the "
+            f"ephemeral range {low}-{high}; give the agents ports in --resources")
+    return usable[:count]
+
+
+def agent_resources(base: str, index: int, ephemeral: tuple[int, int] | None = None) -> str:
+    """Each local agent gets its own slice of ports so two never hand out the same
+    (tasks that bind every address would collide), outside the ephemeral range."""
     resources = Resources.parse(base)
     if not resources.ranges("ports"):
-        low = 31000 + index * PORTS_PER_AGENT
-        resources = resources + Resources.parse(f"ports:[{low}-{low + PORTS_PER_AGENT - 1}]")
+        low, high = port_ranges(index + 1, ephemeral or ephemeral_port_range())[index]
+        resources = resources + Resources.parse(f"ports:[{low}-{high}]")
     return str(resources)
 
 
 @attrs.define
 class LocalCluster:
-    """One master and `agents` agents on 127.0.0.1, logs under `work_dir`.
+    """One master on 127.0.0.1 and `agents` agents, each on its own loopback
+    address (`agent_address`), logs under `work_dir`. `port` and `zmq_port` are the
+    master's (0: any free port).
 
     With `zk` (a `zk://host:port/root` URL of a running ZooKeeper), `masters`
     masters contend through it and agents follow whichever leads; `master` is
@@ -168,7 +213,7 @@ class LocalCluster:
     def start_agent(self, index: int, timeout: float = 30.0) -> Child:
         child = self._spawn(f"agent{index}", [
             sys.executable, "-m", "agent.main", "--master", self.master_address,
-            "--ip", "127.0.0.1", "--hostname", f"agent{index}", "--port", "0",
+            "--ip", agent_address(index), "--hostname", agent_address(index), "--port", "0",
             "--executor-port", "0", "--work-dir", str(self.work_dir / f"agent{index}"),
             "--resources", agent_resources(self.resources, index),
             "--attributes", self.attributes(index), *self.agent_args])

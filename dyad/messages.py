@@ -32,20 +32,30 @@ from typing import Any, Callable, ClassVar, TypeVar
 
 import attrs
 
+from dyad import bounded_json
 from dyad.codec import CodecError, from_json, to_json
 from dyad.resources import Resources
 
 WIRE_VERSION = 1
 MAX_FRAME_BYTES = 4 * 1024 * 1024
+# What a frame may hold (docs/protocol.md, "Bad frames"). The deepest valid message
+# nests 8 levels; strings are bounded only by the frame (framework messages carry
+# their data base64-encoded in one string).
+WIRE_LIMITS = bounded_json.JsonLimits(max_bytes=MAX_FRAME_BYTES, max_depth=32,
+                                      max_number_chars=40, max_string_chars=MAX_FRAME_BYTES)
+MAX_REASON_CHARS = 500
+MAX_TYPE_ECHO = 64
 
 
 class MessageError(ValueError):
-    """A frame that is not a valid Dyad message. `reason` is safe to send back."""
+    """A frame that is not a valid Dyad message. `reason` is safe to send back: it
+    is clipped to `MAX_REASON_CHARS`, since it may quote what the sender sent."""
 
     def __init__(self, reason: str, type_name: str = "") -> None:
+        reason = _clip(reason, MAX_REASON_CHARS)
         super().__init__(reason)
         self.reason = reason
-        self.type_name = type_name
+        self.type_name = _clip(type_name, MAX_TYPE_ECHO)
 
 
 # --------------------------------------------------------------------------- enums
@@ -682,13 +692,17 @@ def encode(msg: Message) -> bytes:
 
 
 def decode(frame: bytes) -> Message:
-    """Parse and validate one frame, or raise `MessageError` saying why not."""
+    """Parse and validate one frame, or raise `MessageError` saying why not.
+
+    Parsing is bounded (`WIRE_LIMITS`): nesting depth, number literals, strings
+    and the frame itself; the version must be the integer 1 (not `true`, not
+    `1.0`). The reason never quotes more than a little of what was sent."""
     if len(frame) > MAX_FRAME_BYTES:
         raise MessageError(f"frame of {len(frame)} bytes exceeds {MAX_FRAME_BYTES}")
     try:
-        envelope = json.loads(frame)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise MessageError(f"not JSON: {exc}") from None
+        envelope = bounded_json.loads(frame, WIRE_LIMITS)
+    except bounded_json.JsonInputError as exc:
+        raise MessageError(f"not JSON within limits: {exc.reason}") from None
     if not isinstance(envelope, dict):
         raise MessageError("frame must be a JSON object")
     type_name = envelope.get("type")
@@ -696,10 +710,21 @@ def decode(frame: bytes) -> Message:
         raise MessageError("missing message type")
     cls = MESSAGE_TYPES.get(type_name)
     if cls is None:
-        raise MessageError(f"unknown message type {type_name!r}", type_name)
-    if envelope.get("v") != WIRE_VERSION:
-        raise MessageError(f"unsupported version {envelope.get('v')!r}", type_name)
+        raise MessageError(f"unknown message type {_clip(type_name, MAX_TYPE_ECHO)!r}",
+                           type_name)
+    version = envelope.get("v")
+    if type(version) is not int or version != WIRE_VERSION:  # bool is an int in Python
+        raise MessageError(f"unsupported version {_clip(json.dumps(version), MAX_TYPE_ECHO)}"
+                           f" (this side speaks {WIRE_VERSION})", type_name)
     try:
         return from_json(cls, envelope.get("body", {}))
     except CodecError as exc:
         raise MessageError(f"invalid {type_name}: {exc}", type_name) from None
+
+
+def _clip(text: str, limit: int) -> str:
+    """`text`, or its start and how long it was, in at most `limit` characters."""
+    if len(text) <= limit:
+        return text
+    tail = f"... ({len(text)} characters)"
+    return text[:max(limit - len(tail), 0)] + tail

@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
-from dyad.local import Child, http_get_json
+from dyad.local import Child, agent_address, http_get_json
 from dyad.messages import Reason
 from dyad.resources import Resources
 from frameworks import CommandInfo, Filters, FrameworkInfo, TaskInfo
@@ -159,7 +159,8 @@ async def changed_agent_refuses_to_recover(cluster: Any, agent: Any) -> None:
     changed = await asyncio.to_thread(
         subprocess.run,
         [sys.executable, "-m", "agent.main", "--master", cluster.master_address,
-         "--hostname", "agent0", "--port", "0", "--executor-port", "0",
+         "--ip", agent_address(0), "--hostname", agent_address(0), "--port", "0",
+         "--executor-port", "0",
          "--work-dir", str(cluster.work_dir / "agent0"), "--resources", "cpus:1;mem:512"],
         capture_output=True, text=True, timeout=30)
     assert changed.returncode == 1

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from dyad.local import PROJECT_ROOT, LocalCluster
+from dyad.local import PROJECT_ROOT, LocalCluster, agent_address
 from frameworks.batch import BatchCore, Job, run_job, run_job_async
 from frameworks.batch.work import load_module
 
@@ -94,7 +94,7 @@ def test_wordcount_submitted_with_the_cli_equals_counter(cluster: LocalCluster,
                                                          tmp_path: Path) -> None:
     paths = corpus(tmp_path / "data", files=6, size=400_000)
     # Each file "lives" on one agent: the scheduler should run its maps there.
-    inputs = [f"agent{number % 3}:{path}" for number, path in enumerate(paths)]
+    inputs = [f"{agent_address(number % 3)}:{path}" for number, path in enumerate(paths)]
     jobs = str(tmp_path / "jobs")
     done = dyad_batch("submit", "--master", cluster.master_address, str(WORDCOUNT),
                       "--input", *inputs, "--output", str(tmp_path / "out"),
@@ -150,8 +150,8 @@ async def test_agent_killed_mid_job_still_gives_the_exact_counts(make_cluster: A
     assert not running.done(), running.result()
     by_host = cores[0].outputs_by_host()
     victim = max(by_host, key=lambda host: by_host[host])
-    cluster.stop_child(cluster.agent_children[int(victim.removeprefix("agent"))],
-                       signal.SIGKILL)
+    hosts = [agent_address(index) for index in range(3)]
+    cluster.stop_child(cluster.agent_children[hosts.index(victim)], signal.SIGKILL)
     result = await asyncio.wait_for(running, 85)
     assert result.succeeded, result.error
     assert counts(tmp_path / "out") == expected(paths)

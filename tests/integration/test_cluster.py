@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
+import sys
 import time
 import urllib.parse
+import urllib.request
 from typing import Any
 
 import pytest
 
-from dyad.local import http_get_json
+from dyad.local import agent_address, http_get_json
 from dyad.resources import Resources
 from frameworks import CommandInfo, Filters, FrameworkInfo, TaskInfo, TaskState
 
@@ -119,12 +122,19 @@ async def test_offer_timeout_rescinds_and_late_launch_is_dropped(
                                for o in recorder.offers), what="a new offer")
 
 
-async def test_decline_filter_then_revive(make_cluster: Any, drivers: Any) -> None:
+async def offers_from_two_agents(make_cluster: Any,
+                                 drivers: Any) -> tuple[Any, Recorder, Any]:
+    """A framework registered on a new 2-agent cluster, once both agents offered."""
     cluster = make_cluster(agents=2)
     recorder = Recorder()
     runner = drivers(recorder, FrameworkInfo(name="it"), cluster.master_address)
     await runner.registered()
     await wait_for(lambda: len({o.agent_id for o in recorder.offers}) == 2, what="2 offers")
+    return cluster, recorder, runner
+
+
+async def test_decline_filter_then_revive(make_cluster: Any, drivers: Any) -> None:
+    cluster, recorder, runner = await offers_from_two_agents(make_cluster, drivers)
     declined = {o.agent_id for o in recorder.offers}
     for offer in list(recorder.offers):
         runner.driver.decline_offer(offer.id, Filters(refuse_seconds=60))
@@ -304,8 +314,6 @@ def _processes_under(path: str) -> list[int]:
 ])
 async def test_dyad_local_runs_a_program_and_leaves_nothing(
         tmp_path: Any, program: str, expected: str) -> None:
-    import sys
-
     work = tmp_path / "local"
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "dyad.cli", "local", "--agents", "3", "--port", "0",
@@ -317,3 +325,68 @@ async def test_dyad_local_runs_a_program_and_leaves_nothing(
     assert proc.returncode == 0, text
     assert expected in text
     assert _processes_under(str(work)) == []
+
+
+async def test_local_task_hosts_resolve_and_answer(make_cluster: Any, drivers: Any) -> None:
+    """A client of a task connects to `host:port` from the offer: in `dyad local`
+    that host must resolve and answer, and differ per agent (issue 11, 2)."""
+    _, recorder, runner = await offers_from_two_agents(make_cluster, drivers)
+    hosts = {o.hostname for o in recorder.offers}
+    assert hosts == {agent_address(0), agent_address(1)}
+    offer = recorder.offers[-1]
+    assert urllib.parse.urlsplit(offer.url).hostname == offer.hostname
+    port = offer.resources.ranges("ports")[0][0]
+    runner.driver.launch_tasks([offer.id], [TaskInfo(
+        task_id="web", name="web", agent_id=offer.agent_id,
+        resources=SMALL + Resources.parse(f"ports:[{port}-{port}]"),
+        command=CommandInfo(shell="exec python3 -m http.server $PORT",
+                            environment={"PORT": str(port)}))])
+    await wait_for(lambda: "TASK_RUNNING" in recorder.states("web"), what="web running")
+    socket.getaddrinfo(offer.hostname, port)  # resolves (raises socket.gaierror if not)
+
+    def answers() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{offer.hostname}:{port}/", timeout=2) as reply:
+                return reply.status == 200
+        except OSError:
+            return False
+    await wait_for(answers, 20, f"http://{offer.hostname}:{port}/ to answer")
+    runner.driver.kill_task("web")
+    await final_state(recorder, "web")
+
+
+def _free_port_with_next_taken(offset: int) -> tuple[int, socket.socket]:
+    """A port P that is free, with P + offset held by the returned socket."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        if port + offset > 65535:
+            continue
+        blocker = socket.socket()
+        try:
+            blocker.bind(("127.0.0.1", port + offset))
+        except OSError:
+            blocker.close()
+            continue
+        blocker.listen()
+        return port, blocker
+    raise AssertionError("no free pair of ports found")
+
+
+async def test_dyad_local_port_does_not_claim_port_plus_five(tmp_path: Any) -> None:
+    """`dyad local --port P` starts although P+5 is taken: the master's ZMQ port is
+    chosen freely unless `--zmq-port` pins it (issue 11, 3)."""
+    port, blocker = _free_port_with_next_taken(5)
+    with blocker:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "dyad.cli", "local", "--agents", "1", "--port", str(port),
+            "--work-dir", str(tmp_path / "local"), "--run", sys.executable, "-c",
+            "import os, urllib.request; print(urllib.request.urlopen("
+            "'http://' + os.environ['DYAD_MASTER'] + '/master/info').read().decode())",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        out, _ = await asyncio.wait_for(proc.communicate(), 110)
+    text = out.decode()
+    assert proc.returncode == 0, text
+    assert f'"port": {port}' in text or f'"port":{port}' in text, text
+

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dyad.local import PROJECT_ROOT, http_get_json
+from dyad.local import PROJECT_ROOT, agent_address, http_get_json
 from dyad.resources import Resources
 from frameworks import CommandInfo, FrameworkInfo, TaskInfo, TaskState
 
@@ -62,7 +62,7 @@ async def test_cli_metrics_events_and_json_logs(make_cluster: Any, drivers: Any)
     await wait_for(lambda: "TASK_RUNNING" in recorder.states("sleeper"), 20, "sleeper running")
 
     agents = json.loads(await ok(master, "agents", "--json"))
-    assert [a["hostname"] for a in agents] == ["agent0"]
+    assert [a["hostname"] for a in agents] == [agent_address(0)]
     assert "1 running" in await ok(master, "state")
     assert "ops" in await ok(master, "frameworks")
     tasks = (await ok(master, "tasks", "--framework", "ops", "--state", "running")).splitlines()

@@ -22,7 +22,7 @@ import psutil
 import pytest
 from kazoo.client import KazooClient
 
-from dyad.local import PROJECT_ROOT, LocalCluster, _die_with_parent
+from dyad.local import PROJECT_ROOT, LocalCluster, _die_with_parent, agent_address
 from frameworks.service.core import Persist, Snapshot
 from frameworks.service.store import StoreError, ZkStore
 
@@ -35,7 +35,9 @@ pytestmark = pytest.mark.integration
 HEALTH = {"protocol": "HTTP", "path": "/", "portIndex": 0, "gracePeriodSeconds": 20,
           "intervalSeconds": 1, "timeoutSeconds": 2, "delaySeconds": 0,
           "maxConsecutiveFailures": 3}
-WEB = {"id": "/web", "cmd": "exec python3 -m http.server --bind 127.0.0.1 $PORT0",
+# Every address: clients use the task's host (its agent's own 127.0.0.N in `dyad
+# local`), while the agent's health checks probe 127.0.0.1.
+WEB = {"id": "/web", "cmd": "exec python3 -m http.server $PORT0",
        "instances": 3, "cpus": 0.1, "mem": 32, "ports": [0],
        "constraints": [["hostname", "UNIQUE"]], "healthChecks": [HEALTH],
        "upgradeStrategy": {"minimumHealthCapacity": 1.0, "maximumOverCapacity": 0.5},
@@ -148,7 +150,8 @@ async def test_apps_heal_spread_survive_a_restart_and_roll_back_a_broken_upgrade
     assert status == 201, created
     await wait_for(settled(service, 3), 60, "3 healthy tasks")
     tasks = service.app()["tasks"]
-    assert sorted(t["host"] for t in tasks) == ["agent0", "agent1", "agent2"]
+    hosts = [agent_address(i) for i in range(3)]
+    assert sorted(t["host"] for t in tasks) == hosts
     assert all(answers_http(t) for t in tasks)
     listing = subprocess.run([sys.executable, "-m", "dyad.cli", "apps", "--service",
                               service.url, "list"], capture_output=True, text=True,
@@ -168,7 +171,7 @@ async def test_apps_heal_spread_survive_a_restart_and_roll_back_a_broken_upgrade
         "instances": 5, "constraints": [["rack", "GROUP_BY"]]})
     assert status == 200, answer
     await wait_for(settled(service, 5), 60, "5 healthy tasks")
-    racks = Counter(f"r{int(t['host'][-1]) % 2 + 1}" for t in service.app()["tasks"])
+    racks = Counter(f"r{hosts.index(t['host']) % 2 + 1}" for t in service.app()["tasks"])
     assert racks == {"r1": 3, "r2": 2}
     good = {t["id"] for t in service.app()["tasks"]}
 

@@ -54,3 +54,13 @@ def test_arbitrary_bytes_parse_or_raise_json_input_error(data: bytes) -> None:
         loads(data)
     except JsonInputError:
         pass
+
+
+@pytest.mark.parametrize("opener, closer", [(b"[", b"]"), (b'{"k":', b"}")])
+def test_depth_limit_is_exact(opener: bytes, closer: bytes) -> None:
+    limits = JsonLimits(max_depth=5)
+    assert loads(opener * 5 + b"1" + closer * 5, limits) is not None
+    with pytest.raises(JsonInputError, match="nested deeper than 5 levels"):
+        loads(opener * 6 + b"1" + closer * 6, limits)
+    # Many shallow containers are not depth: a wide frame passes.
+    assert len(loads(b"[" + b",".join([b'{"a":[1]}'] * 100) + b"]", limits)) == 100

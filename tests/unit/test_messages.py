@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dyad import messages as m
+from dyad.codec import CodecError, from_json
 from dyad.resources import Resources
 
 
@@ -98,11 +99,55 @@ def _frame(type_name: str, body: object, version: object = 1) -> bytes:
         "task_id": "t", "name": "n", "agent_id": "a", "resources": "cpus:1",
         "command": {"shell": "x", "argv": ["y"]}}}), "exactly one of shell or argv"),
     (b" " * (m.MAX_FRAME_BYTES + 1), "exceeds"),
+    # What a fuzzer sent a running master (issue 12): each once escaped decode.
+    (b"[" * 1000 + b"]" * 1000, "nested deeper than 32 levels"),
+    (b'{"type":"acknowledge","v":' + b"1" * 4301 + b',"body":{}}', "4301 digits"),
+    (b'{"type":"heartbeat","v":1,"body":{},"x":"\\ud800"}', "lone surrogate"),
+    (b'{"type":"heartbeat","v":1e999,"body":{}}', "out of range"),
+    (b'{"type":"heartbeat","v":NaN,"body":{}}', "NaN is not a JSON number"),
+    (_frame("heartbeat", {}, version=True), "unsupported version true"),
+    (_frame("heartbeat", {}, version=1.0), "unsupported version 1.0"),
+    (_frame("heartbeat", {}, version="1"), "unsupported version \"1\""),
+    (_frame("kill", {"framework_id": "F", "task_id": "t", "kill_grace_period": 1e308 * 10}),
+     "Infinity is not a JSON number"),
+    (_frame("update", {"status": {"task_id": "t", "state": "TASK_RUNNING",
+                                  "timestamp": 10 ** 309}}), "digits exceeds"),
+    (_frame("executor_exited", {"agent_id": "A", "framework_id": "F", "executor_id": "e",
+                                "status": 1e308}), "status: expected int, got float"),
+    (_frame("executor_exited", {"agent_id": "A", "framework_id": "F", "executor_id": "e",
+                                "status": 2 ** 63}), "64-bit range"),
+    (_frame("executor_exited", {"agent_id": "A", "framework_id": "F", "executor_id": "e",
+                                "status": True}), "status: expected int, got bool"),
 ])
 def test_bad_frames_are_rejected_with_reason(frame: bytes, fragment: str) -> None:
     with pytest.raises(m.MessageError) as info:
         m.decode(frame)
     assert fragment in info.value.reason
+
+
+def test_reasons_quote_little_of_what_was_sent() -> None:
+    with pytest.raises(m.MessageError) as info:
+        m.decode(_frame("x" * 100_000, {}))
+    assert len(info.value.reason) <= m.MAX_REASON_CHARS
+    assert len(info.value.type_name) < 100
+    with pytest.raises(m.MessageError) as info:
+        m.decode(_frame("kill", {f"field{i}": 1 for i in range(10_000)}))
+    assert "unknown field" in info.value.reason and len(info.value.reason) <= m.MAX_REASON_CHARS
+
+
+@pytest.mark.parametrize("cls, data, fragment", [
+    # The codec also serves the registry and checkpoints, read with bare json.loads:
+    # numbers no JSON parser limits must still fail as CodecError.
+    (m.TaskStatus, {"task_id": "t", "state": "TASK_RUNNING", "timestamp": 10 ** 309},
+     "too large for a float"),
+    (m.ExecutorExited, {"agent_id": "A", "framework_id": "F", "executor_id": "e",
+                        "status": 10 ** 5000}, "64-bit range"),
+    (m.Filters, {"refuse_seconds": float("inf")}, "inf is not allowed"),
+    (m.Filters, {"refuse_seconds": False}, "expected float, got bool"),
+])
+def test_codec_refuses_numbers_that_overflow_later(cls: type, data: dict, fragment: str) -> None:
+    with pytest.raises(CodecError, match=fragment):
+        from_json(cls, data)
 
 
 @settings(max_examples=300)

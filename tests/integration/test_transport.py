@@ -1,0 +1,92 @@
+"""`dyad.transport` on real sockets: `recv` never raises for what a peer sends --
+wrong frame counts, bad bytes, even a decoder bug -- it returns an `Inbound`
+carrying the error, so a receive loop cannot be ended by one packet."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from dyad import messages as m
+from dyad import transport
+from dyad.transport import Dealer, Inbound, Router
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def router() -> AsyncIterator[tuple[Router, zmq.asyncio.Socket]]:
+    """A Router and a raw DEALER connected to it, free to send anything."""
+    ours = Router()
+    port = ours.bind("127.0.0.1", 0)
+    raw = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.setsockopt(zmq.IDENTITY, b"raw-peer")
+    raw.connect(f"tcp://127.0.0.1:{port}")
+    yield ours, raw
+    raw.close()
+    ours.close()
+
+
+async def _received(ours: Router, raw: zmq.asyncio.Socket, frames: list[bytes]) -> Inbound:
+    await raw.send_multipart(frames)
+    return await ours.recv()
+
+
+@pytest.mark.parametrize("frames, fragment", [
+    ([b"one", b"two"], "expected 1 frame, got 2"),
+    ([b""], "not JSON"),
+    ([b"[" * 1000 + b"]" * 1000], "nested deeper"),
+    ([b'{"type":"acknowledge","v":' + b"1" * 4301 + b',"body":{}}'], "digits"),
+    ([b'{"type":"heartbeat","v":true,"body":{}}'], "unsupported version true"),
+])
+async def test_router_turns_bad_frames_into_errors(router: tuple[Router, zmq.asyncio.Socket],
+                                                   frames: list[bytes], fragment: str) -> None:
+    ours, raw = router
+    inbound = await _received(ours, raw, frames)
+    assert inbound.identity == b"raw-peer" and inbound.message is None
+    assert inbound.error is not None and fragment in inbound.error.reason
+    # ...and the socket goes on: the next good frame arrives.
+    good = await _received(ours, raw, [m.encode(m.Heartbeat())])
+    assert good.message == m.Heartbeat() and good.error is None
+
+
+async def test_a_decoder_bug_is_an_error_not_an_exception(
+        router: tuple[Router, zmq.asyncio.Socket], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    ours, raw = router
+
+    def broken(frame: bytes) -> m.Message:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(transport, "decode", broken)
+    inbound = await _received(ours, raw, [m.encode(m.Heartbeat())])
+    assert inbound.error is not None and "RuntimeError" in inbound.error.reason
+    assert "decode raised RuntimeError" in caplog.text
+
+
+async def test_dealer_turns_bad_frames_into_errors() -> None:
+    raw = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
+    raw.setsockopt(zmq.LINGER, 0)
+    port = raw.bind_to_random_port("tcp://127.0.0.1")
+    ours = Dealer(identity="ours")
+    ours.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        await ours.send(m.Heartbeat())
+        identity, _ = await raw.recv_multipart()
+        await raw.send_multipart([identity, b"a", b"b", b"c"])
+        await raw.send_multipart([identity, b"\xff\xfe"])
+        first, second = await ours.recv(), await ours.recv()
+        assert first.error is not None and "expected 1 frame, got 3" in first.error.reason
+        assert second.error is not None and "not UTF-8" in second.error.reason
+    finally:
+        ours.close()
+        raw.close()
+
+
+def test_a_frame_without_identity_is_an_error() -> None:
+    assert "identity" in transport._parse_routed([]).error.reason
+    assert "identity" in transport._parse_routed([b"", b"{}"]).error.reason
