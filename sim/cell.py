@@ -37,13 +37,14 @@ class AgentGroup:
     count: int
     resources: Resources
     attributes: dict[str, str | tuple[str, ...]]
+    hostname: str | None = None  # a one-agent group named after a real agent (checkpoints)
 
     def agents(self) -> list[AgentInfo]:
         out = []
         for i in range(self.count):
             attributes = {key: value[i % len(value)] if isinstance(value, tuple) else value
                           for key, value in self.attributes.items()}
-            out.append(AgentInfo(hostname=f"{self.name}-{i + 1}", port=5051,
+            out.append(AgentInfo(hostname=self.hostname or f"{self.name}-{i + 1}", port=5051,
                                  resources=self.resources, attributes=attributes))
         return out
 

@@ -3,6 +3,7 @@
     dyad sim run --cell CELL.json --workload W.jsonl [--policy P.json] [--seed N] --out DIR
     dyad sim compare RUN_A RUN_B
     dyad sim fit --cell CELL.json --app APP.json [--role R] [--workload W.jsonl --at T]
+    dyad sim checkpoint --master HOST:PORT --out FILE   (then: run/fit --cell FILE)
     dyad sim import-google --trace DIR --max-cpus N --max-mem MB --cell C.json --workload W.jsonl
 
 `run` writes DIR/report.json (byte-identical for the same inputs and seed),
@@ -28,7 +29,6 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sim.cell import load_cell
 from sim.inputs import InputError
 from sim.policy import load_policy
 from sim.report import write_json
@@ -40,8 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dyad sim", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="simulate a workload on a cell")
-    run.add_argument("--cell", type=Path, required=True, help="cell spec (JSON)")
-    run.add_argument("--workload", type=Path, required=True, help="workload (JSON Lines)")
+    run.add_argument("--cell", type=Path, required=True,
+                     help="cell spec (JSON) or a checkpoint (dyad sim checkpoint)")
+    run.add_argument("--workload", type=Path, help="workload (JSON Lines); default: none")
     run.add_argument("--policy", type=Path, help="policy (JSON); default: production defaults")
     run.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     run.add_argument("--out", type=Path, required=True, help="folder for the results")
@@ -53,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("run_a", type=Path, help="a run folder or its report.json")
     compare.add_argument("run_b", type=Path)
     fit = commands.add_parser("fit", help="how many more instances of an app fit, and where")
-    fit.add_argument("--cell", type=Path, required=True, help="cell spec (JSON)")
+    fit.add_argument("--cell", type=Path, required=True,
+                     help="cell spec (JSON) or a checkpoint (dyad sim checkpoint)")
     fit.add_argument("--app", type=Path, required=True, help="Marathon-style app definition")
     fit.add_argument("--role", default="*", help="the service framework's role (default *)")
     fit.add_argument("--workload", type=Path, help="replay this workload first ...")
@@ -74,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     google.add_argument("--cell", type=Path, required=True, help="cell spec to write")
     google.add_argument("--workload", type=Path, required=True, help="workload to write")
     google.add_argument("--strict", action="store_true", help="a malformed row is fatal")
+    save = commands.add_parser("checkpoint", help="save a live master's /state to replay from")
+    save.add_argument("--master", required=True, help="the master's HTTP address (host:port)")
+    save.add_argument("--out", type=Path, required=True, help="the checkpoint file to write")
     return parser
 
 
@@ -86,6 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return fit_command(args)
         if args.command == "import-google":
             return import_google(args)
+        if args.command == "checkpoint":
+            return checkpoint(args)
         return compare(args.run_a, args.run_b)
     except InputError as exc:
         print(f"dyad sim: {exc}", file=sys.stderr)
@@ -96,9 +103,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    cell = load_cell(args.cell)
+    from sim.checkpoint import load_start
+
     policy = load_policy(args.policy)
-    workload, skipped = load_workload(args.workload, strict=args.strict)
+    workload, skipped = None, []
+    if args.workload is not None:
+        workload, skipped = load_workload(args.workload, strict=args.strict)
+    cell, workload = load_start(args.cell, workload)
     for problem in skipped:
         print(f"dyad sim: skipped {problem}", file=sys.stderr)
     inputs = {"workload_records_skipped": len(skipped)}
@@ -188,11 +199,13 @@ def fit_command(args: argparse.Namespace) -> int:
     from sim.inputs import load_document
     from sim.workload import app_from_json
 
-    cell = load_cell(args.cell)
+    from sim.checkpoint import load_start
+
     app = app_from_json(load_document(args.app))
     workload = None
     if args.workload is not None:
-        workload, skipped = load_workload(args.workload, strict=True)
+        workload, _ = load_workload(args.workload, strict=True)
+    cell, workload = load_start(args.cell, workload)
     result = fit(cell, app, role=args.role, policy=load_policy(args.policy), workload=workload,
                  at=args.at, seed=args.seed)
     if args.json:
@@ -230,6 +243,19 @@ def import_google(args: argparse.Namespace) -> int:
     counts = ", ".join(f"{key.replace('_', ' ')} {n}" for key, n in sorted(imported.counts.items()))
     print(f"wrote {args.cell} and {args.workload}: {counts}; "
           f"{len(imported.problems)} malformed rows skipped")
+    return 0
+
+
+# ---------------------------------------------------------------- checkpoint
+
+
+def checkpoint(args: argparse.Namespace) -> int:
+    from sim.checkpoint import save
+
+    state = save(args.master, args.out)["state"]
+    tasks = sum(len(f.get("tasks", [])) for f in state.get("frameworks", []))
+    print(f"saved {args.out}: {len(state.get('agents', []))} agents, "
+          f"{len(state.get('frameworks', []))} frameworks, {tasks} live tasks")
     return 0
 
 

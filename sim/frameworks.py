@@ -149,8 +149,8 @@ class GreedyFramework(SimFramework):
         return len(self._queue)
 
     def live(self) -> int:
-        """Tasks launched and not yet ended."""
-        return len(self._plans)
+        """Tasks launched and not yet ended, of those that end by themselves."""
+        return sum(1 for arrival, _ in self._plans.values() if arrival.shape.duration is not None)
 
     def resource_offers(self, driver: Any, offers: list[Offer]) -> None:
         now = self.engine.now
@@ -165,7 +165,7 @@ class GreedyFramework(SimFramework):
             while position < min(len(self._queue), SCAN) and len(tasks) < per_offer:
                 since, arrival, index = self._queue[position]
                 need = arrival.shape.resources
-                if not need <= left:
+                if not need <= left or arrival.agent not in (None, offer.hostname):
                     position += 1
                     continue
                 del self._queue[position]

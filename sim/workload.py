@@ -12,7 +12,8 @@ line). Kinds:
   an upgrade, as `PUT /v2/apps` is.
 - ``app_delete``: ``id`` of an app to delete.
 - ``tasks``: ``count`` independent tasks of one shape for a simple greedy
-  framework (``framework``) that launches at most ``per_offer`` per offer.
+  framework (``framework``) that launches at most ``per_offer`` per offer
+  (only on the agent named ``agent``, if given).
 - ``end``: the simulated span ends at ``at``.
 
 A task shape: ``cpus``, ``mem``, optional ``disk``, ``duration`` (seconds: a
@@ -160,6 +161,7 @@ class TasksArrival:
     shape: Shape
     per_offer: int = 1
     refuse_seconds: float = 1.0
+    agent: str | None = None  # launch only on the agent with this hostname
 
 
 Arrival = JobArrival | AppArrival | AppDeletion | TasksArrival
@@ -308,15 +310,19 @@ def _tasks(fields: Fields, at: float) -> TasksArrival:
         at=at, where=fields.obj.where, framework=fields.need("framework", string),
         role=fields.get("role", _role, "*"),
         priority=fields.get("priority", integer(-1_000_000), DEFAULT_PRIORITY["tasks"]),
-        count=count, shape=_shape(fields.sub("task"), "task", fields, count=count),
+        count=count, shape=_shape(fields.sub("task"), "task", fields, count=count,
+                                  optional_duration=True),
         per_offer=fields.get("per_offer", integer(1), 1),
-        refuse_seconds=fields.get("refuse_seconds", number(), 1.0))
+        refuse_seconds=fields.get("refuse_seconds", number(), 1.0),
+        agent=fields.get("agent", string, None))
 
 
 def _shape(fields: Fields | None, name: str, parent: Fields, *, count: int,
-           base: tuple[float, float, float] | None = None, forever: bool = False) -> Shape:
+           base: tuple[float, float, float] | None = None, forever: bool = False,
+           optional_duration: bool = False) -> Shape:
     """A task shape. Apps take their size from the app (`base`) and run until
-    killed unless a duration is given."""
+    killed unless a duration is given; greedy tasks may say ``"duration": null``
+    (run until the end)."""
     if fields is None:
         if base is None:
             raise parent.fail(None, f"{name!r} (a task shape) is required")
@@ -330,6 +336,8 @@ def _shape(fields: Fields | None, name: str, parent: Fields, *, count: int,
     if forever:
         duration = fields.get("duration", lambda v: None if v is None else _duration(v, 0),
                               None)
+    elif optional_duration and fields.has("duration") and fields.obj["duration"] is None:
+        duration = fields.get("duration", lambda v: None, None)
     else:
         duration = fields.need("duration", lambda v: _duration(v, count))
     usage = fields.sub("usage")
