@@ -57,20 +57,25 @@ class _Shell:
 
 
 class MasterNode(_Shell):
-    def __init__(self, engine: Engine, state: MasterState) -> None:
+    """With `validate`, the master's invariants are checked after every event
+    (`MasterState.validate`: expensive, for tests)."""
+
+    def __init__(self, engine: Engine, state: MasterState, validate: bool = False) -> None:
         super().__init__(engine, MASTER)
         self.state = state
+        self.validate = validate
         engine.add_node(MASTER, self)
 
     def deliver(self, sender: str, message: Message, now: float) -> None:
-        self._perform(self.state.handle(Received(sender, message), now))
+        self.handle(Received(sender, message), now)
 
     def fire(self, key: Hashable, now: float) -> None:
-        self._perform(self.state.handle(TimerFired(key), now))
+        self.handle(TimerFired(key), now)
 
     def handle(self, event: Any, now: float) -> None:
-        """Feed the master any other event (an operator's)."""
         self._perform(self.state.handle(event, now))
+        if self.validate:
+            self.state.validate()
 
 
 class AgentNode(_Shell):

@@ -50,7 +50,7 @@ def apply_operator_policy(state: MasterState, cell: Cell) -> None:
 
 class Simulation:
     def __init__(self, cell: Cell, workload: Workload, policy: Policy, seed: int = 0,
-                 inputs: dict[str, Any] | None = None) -> None:
+                 inputs: dict[str, Any] | None = None, validate: bool = False) -> None:
         self.cell = cell
         self.workload = workload
         self.policy = policy
@@ -59,7 +59,8 @@ class Simulation:
         self.engine = Engine(latency=policy.latency, codec=policy.codec)
         self.info = master_info()
         self.master = MasterNode(self.engine, MasterState(
-            policy.master_config(), self.info, IdGenerator("sim"), start_time=0.0))
+            policy.master_config(), self.info, IdGenerator("sim"), start_time=0.0),
+            validate=validate)
         apply_operator_policy(self.master.state, cell)
         self.recorder = Recorder()
         self.series = Series()

@@ -147,3 +147,19 @@ def test_same_seed_same_report_different_seed_different_draws(tmp_path: Path) ->
     _, other = simulate(tmp_path, spec, records, seed=8)
     assert json.dumps(first, sort_keys=True) == json.dumps(second, sort_keys=True)
     assert first["span"] != other["span"] or first["tasks"] != other["tasks"]
+
+
+def test_example_keeps_the_masters_books_straight_after_every_event() -> None:
+    """The example cell and workload (every kind of record) with the master's
+    invariants checked after each of its events, through the codec."""
+    from sim.policy import load_policy
+    examples = Path(__file__).resolve().parents[2] / "examples" / "sim"
+    workload, _ = load_workload(examples / "workload.jsonl")
+    policy = load_policy(examples / "policy.json")
+    simulation = Simulation(load_cell(examples / "cell.json"), workload,
+                            Policy(**{**policy.to_json(), "until": 3600}), seed=5, validate=True)
+    report = simulation.run()
+    assert report["simulator"]["wire_bytes"] > 0
+    assert report["simulator"].get("agents/rejected", 0) == 0
+    assert report["master"]["master/messages_rejected"] == 0
+    assert report["jobs"]["succeeded"] >= 1
