@@ -34,6 +34,8 @@ def executor_env(config: AgentConfig, agent_id: str | None,
         "DYAD_EXECUTOR_ID": executor.executor_id,
         "DYAD_SANDBOX_DIRECTORY": executor.directory,
         "DYAD_RECOVERY_TIMEOUT": f"{config.recovery_timeout:g}s",
+        # Where a task should listen: the address offers name as its host.
+        "HOST": config.hostname, "LIBPROCESS_IP": config.ip,
         "MESOS_AGENT_ENDPOINT": endpoint, "MESOS_FRAMEWORK_ID": executor.framework_id,
         "MESOS_EXECUTOR_ID": executor.executor_id, "MESOS_DIRECTORY": executor.directory,
         "MESOS_SANDBOX": executor.directory,

@@ -3,10 +3,11 @@
 COMMAND runs the check's command with ``/bin/sh -c`` (or its argv) in the task's
 sandbox, with the task's environment, in a session of its own (a timed-out check is
 killed with everything it started); exit 0 is healthy. HTTP GETs
-``scheme://127.0.0.1:port/path`` without following redirects; 2xx and 3xx are
+``scheme://HOST:port/path`` without following redirects; 2xx and 3xx are
 healthy (certificates are not verified: the point is liveness, not identity). TCP
-opens and closes a connection to ``127.0.0.1:port``. Tasks share the agent's
-network, so loopback reaches them.
+opens and closes a connection to ``HOST:port``. Tasks share the agent's network,
+and HOST is the agent's own address (`--ip`; loopback when it binds every
+address), which is where a task bound to its host (`$HOST`) listens.
 
 Every probe answers within the check's `timeout` (0: no limit) and never raises:
 failures come back as an unhealthy `HealthCheckResult` saying why.
@@ -24,30 +25,34 @@ import aiohttp
 from agent.health import HealthCheckResult, RunHealthCheck
 from dyad.messages import HealthCheck, HealthCheckType
 
-HOST = "127.0.0.1"
+def probe_host(agent_ip: str) -> str:
+    """Where HTTP and TCP checks connect for an agent bound to `agent_ip`."""
+    return "127.0.0.1" if agent_ip in ("", "0.0.0.0") else agent_ip
 
 
-async def probe(effect: RunHealthCheck, base_env: dict[str, str]) -> HealthCheckResult:
+async def probe(effect: RunHealthCheck, base_env: dict[str, str],
+                host: str = "127.0.0.1") -> HealthCheckResult:
     check = effect.check
     try:
-        healthy, message = await asyncio.wait_for(_probe(effect, base_env),
+        healthy, message = await asyncio.wait_for(_probe(effect, base_env, host),
                                                   check.timeout or None)
     except asyncio.TimeoutError:
         healthy, message = False, f"no answer within {check.timeout:g}s"
     return HealthCheckResult(effect.key, healthy, message)
 
 
-async def _probe(effect: RunHealthCheck, base_env: dict[str, str]) -> tuple[bool, str]:
+async def _probe(effect: RunHealthCheck, base_env: dict[str, str],
+                 host: str) -> tuple[bool, str]:
     check = effect.check
     if check.type == HealthCheckType.HTTP:
-        return await _http(check)
+        return await _http(check, host)
     if check.type == HealthCheckType.TCP:
-        return await _tcp(check)
+        return await _tcp(check, host)
     return await _command(effect, base_env)
 
 
-async def _http(check: HealthCheck) -> tuple[bool, str]:
-    url = f"{check.scheme}://{HOST}:{check.port}{check.path}"
+async def _http(check: HealthCheck, host: str) -> tuple[bool, str]:
+    url = f"{check.scheme}://{host}:{check.port}{check.path}"
     try:
         async with aiohttp.ClientSession() as session, \
                 session.get(url, allow_redirects=False, ssl=False) as response:
@@ -57,10 +62,10 @@ async def _http(check: HealthCheck) -> tuple[bool, str]:
         return False, f"{type(exc).__name__}: {exc}"
 
 
-async def _tcp(check: HealthCheck) -> tuple[bool, str]:
+async def _tcp(check: HealthCheck, host: str) -> tuple[bool, str]:
     assert check.port is not None
     try:
-        _, writer = await asyncio.open_connection(HOST, check.port, family=socket.AF_INET)
+        _, writer = await asyncio.open_connection(host, check.port, family=socket.AF_INET)
     except OSError as exc:
         return False, f"cannot connect: {exc.strerror or exc}"
     writer.close()

@@ -42,7 +42,7 @@ from agent.model import (
     LaunchExecutor, MasterDetected, MasterMessage, RunKey, RunSample, Shutdown,
     UpdateLimits, UsageSampled,
 )
-from agent.probes import probe
+from agent.probes import probe, probe_host
 from agent.supervision import LogLimiter, Supervisor
 from agent.state import AgentState, Event
 from agent.status_updates import SendMaster
@@ -424,7 +424,8 @@ class AgentServer:
         self._events.put_nowait(ExecutorStarted(*key, pid, started))
 
     async def _check(self, effect: RunHealthCheck) -> None:
-        self._events.put_nowait(await probe(effect, self._base_env))
+        self._events.put_nowait(await probe(effect, self._base_env,
+                                                     probe_host(self.config.ip)))
 
     # ------------------------------------------------------------------ effects
 

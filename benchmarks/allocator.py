@@ -163,7 +163,7 @@ class Cluster:
         ended = self.tasks[::step]
         self.tasks = [t for i, t in enumerate(self.tasks) if i % step]
         for framework_id, agent_id in ended:
-            self.allocator.recover(agent_id, framework_id, TASK)
+            self.allocator.release(agent_id, framework_id, TASK)
             self.launched[framework_id] -= 1
 
     def load_into(self, reference: ReferenceAllocator) -> None:

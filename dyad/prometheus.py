@@ -9,20 +9,50 @@ turned into ``_`` (``master/tasks_running`` -> ``dyad_master_tasks_running``).
 Per-role keys (``allocator/roles/<role>/shares/dominant``) become one family with
 a ``role`` label, because role names (``eng/ml``) would not survive as names.
 
-Limits: every figure is exposed as a gauge. The snapshot does not say which keys
-are monotonic counters, and `rate()` works on a gauge that only grows, so nothing
-is lost for dashboards; only the `# TYPE` line differs from a hand-typed exporter.
+Types: the snapshot does not say which keys are monotonic counters, so a caller
+passes a catalogue (`MetricInfo` by key: counter or gauge, and a HELP line that
+says what it measures). A counter is exposed as Prometheus' ``<name>_total``; a
+key missing from the catalogue is a gauge whose HELP is the key. Latencies come
+as `HistogramFigures` (cumulative buckets, sum, count) beside the flat figures.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
+import attrs
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric,
+)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+COUNTER = "counter"
+GAUGE = "gauge"
+
+
+@attrs.frozen
+class MetricInfo:
+    """What one snapshot key is: `kind` (COUNTER or GAUGE) and its HELP text."""
+
+    kind: str
+    help: str
+
+    def __attrs_post_init__(self) -> None:
+        if self.kind not in (COUNTER, GAUGE):
+            raise ValueError(f"a metric is a {COUNTER} or a {GAUGE}, not {self.kind!r}")
+
+
+@attrs.frozen
+class HistogramFigures:
+    """A histogram's exposition: `buckets` as (upper bound, cumulative count) in
+    increasing order (the +Inf bucket is `count`), `total` the sum of samples."""
+
+    help: str
+    buckets: Sequence[tuple[float, int]]
+    total: float
+    count: int
 
 _INVALID = re.compile(r"[^a-zA-Z0-9_]")
 # Keys carrying a label value in the middle: (pattern, family name, label, help).
@@ -39,12 +69,15 @@ def metric_name(key: str) -> str:
 class _SnapshotCollector:
     """A one-shot collector over a fixed dict (prometheus_client's Collector API)."""
 
-    def __init__(self, figures: Mapping[str, float]) -> None:
+    def __init__(self, figures: Mapping[str, float], catalogue: Mapping[str, MetricInfo],
+                 histograms: Mapping[str, HistogramFigures]) -> None:
         self._figures = figures
+        self._catalogue = catalogue
+        self._histograms = histograms
 
     def collect(self) -> Iterator[Metric]:
         labelled: dict[str, GaugeMetricFamily] = {}
-        plain: dict[str, GaugeMetricFamily] = {}
+        plain: dict[str, Metric] = {}
         for key in sorted(self._figures):
             value = float(self._figures[key])
             for pattern, family, label, help_text in _LABELLED:
@@ -58,13 +91,32 @@ class _SnapshotCollector:
                 name = metric_name(key)
                 if name in plain:  # two keys differing only in forbidden characters
                     raise ValueError(f"metrics {key!r} and another key both map to {name}")
-                plain[name] = GaugeMetricFamily(name, key, value=value)
+                info = self._catalogue.get(key)
+                if info is not None and info.kind == COUNTER:
+                    plain[name] = CounterMetricFamily(name, info.help, value=value)
+                else:
+                    plain[name] = GaugeMetricFamily(name, info.help if info else key, value=value)
+        for key in sorted(self._histograms):
+            figures = self._histograms[key]
+            name = metric_name(key)
+            if name in plain:
+                raise ValueError(f"histogram {key!r} and another key both map to {name}")
+            buckets = [(_bound(le), count) for le, count in figures.buckets]
+            plain[name] = HistogramMetricFamily(
+                name, figures.help, buckets=[*buckets, ("+Inf", figures.count)],
+                sum_value=figures.total)
         yield from plain.values()
         yield from labelled.values()
 
 
-def render(figures: Mapping[str, float]) -> bytes:
-    """`figures` (a `/metrics/snapshot` dict) as Prometheus text, version 0.0.4."""
+def _bound(le: float) -> str:
+    return repr(float(le))
+
+
+def render(figures: Mapping[str, float], catalogue: Mapping[str, MetricInfo] | None = None,
+           histograms: Mapping[str, HistogramFigures] | None = None) -> bytes:
+    """`figures` (a `/metrics/snapshot` dict), typed and described by `catalogue`,
+    and `histograms`, as Prometheus text, version 0.0.4."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_SnapshotCollector(figures))
+    registry.register(_SnapshotCollector(figures, catalogue or {}, histograms or {}))
     return generate_latest(registry)

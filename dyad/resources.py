@@ -147,6 +147,45 @@ class Resources:
                 scalars[(name, UNRESERVED)] = milli
         return _make(scalars, {})
 
+    @classmethod
+    def scalar(cls, name: str, amount: float, role: str = UNRESERVED) -> Resources:
+        """One scalar entry from a number: ``Resources.scalar("cpus", 2, "eng")`` is
+        ``cpus(eng):2``. Same limits and rounding as `parse`; 0 is empty."""
+        return cls.scalar_milli(name, _number_to_milli(name, amount), role)
+
+    @classmethod
+    def scalar_milli(cls, name: str, milli: int, role: str = UNRESERVED) -> Resources:
+        """One scalar entry of `milli` thousandths (the unit arithmetic keeps)."""
+        _check_scalar_name(name)
+        _check_role(role)
+        if isinstance(milli, bool) or not isinstance(milli, int):
+            raise ResourcesError(f"{name}: milli amount must be a whole number, got {milli!r}")
+        if not 0 <= milli <= _MAX_SCALAR_MILLI:
+            raise ResourcesError(f"{name}: {milli} milli is out of range")
+        return _make({(name, role): milli} if milli else {}, {})
+
+    @classmethod
+    def from_ranges(cls, name: str, ranges: Iterable[Range],
+                    role: str = UNRESERVED) -> Resources:
+        """One range entry from ``(begin, end)`` pairs (inclusive, in any order;
+        adjacent ones merge, overlapping ones are an error):
+        ``Resources.from_ranges("ports", [(31000, 31099)])``."""
+        if not _NAME_RE.fullmatch(name):
+            raise ResourcesError(f"invalid resource name {name!r}")
+        _check_role(role)
+        if name in _SCALAR_ONLY:
+            raise ResourcesError(f"{name} is a scalar, not ranges")
+        pieces = []
+        for begin, end in ranges:
+            if any(isinstance(v, bool) or not isinstance(v, int) for v in (begin, end)):
+                raise ResourcesError(f"{name}: range bounds must be whole numbers, "
+                                     f"got {begin!r}-{end!r}")
+            if not 0 <= begin <= end <= _MAX_RANGE_VALUE:
+                raise ResourcesError(f"{name}: invalid range {begin}-{end}")
+            pieces.append((begin, end))
+        canonical = _canonical(pieces, name) if pieces else ()
+        return _make({}, {(name, role): canonical} if canonical else {})
+
     # ---------------------------------------------------------- value protocol
 
     def __eq__(self, other: object) -> bool:
@@ -463,6 +502,17 @@ def _decimal_to_milli(name: str, amount: Decimal) -> int:
     if milli > _MAX_SCALAR_MILLI:
         raise ResourcesError(f"{name}: value {amount} is too large")
     return milli
+
+
+def is_valid_role(role: object) -> bool:
+    """Whether `role` can name a reservation: ``*``, or ``/``-separated segments of
+    letters, digits, ``_``, ``.`` and ``-`` (not starting with ``.`` or ``-``)."""
+    return isinstance(role, str) and _ROLE_RE.fullmatch(role) is not None
+
+
+def _check_role(role: str) -> None:
+    if not is_valid_role(role):
+        raise ResourcesError(f"invalid role {role!r}")
 
 
 def _check_scalar_name(name: str) -> None:

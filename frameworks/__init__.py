@@ -31,8 +31,9 @@ from dyad.messages import (
     URI, AgentInfo, CommandInfo, ExecutorInfo, Filters, FrameworkInfo, MasterInfo, Offer,
     Operation, OperationType, Reason, Source, TaskInfo, TaskState, TaskStatus)
 from dyad.resources import Resources
-from frameworks._callbacks import DriverStatus
-from frameworks.executor import Executor, ExecutorDriver, ExecutorEnvironmentError
+from frameworks.driver_core import DriverStatus
+from frameworks.executor import Executor, ExecutorDriver
+from frameworks.executor_core import ExecutorEnvironmentError
 from frameworks.scheduler import Scheduler, SchedulerDriver
 
 __all__ = [

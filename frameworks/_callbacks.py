@@ -23,48 +23,30 @@ with effects. `DriverRuntime` is the part of the shell they share:
 from __future__ import annotations
 
 import asyncio
-import enum
 import inspect
 import logging
 import threading
 from collections.abc import Callable, Hashable, Iterable
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
-import attrs
-
-from dyad.clock import SystemClock
-from dyad.effects import ArmTimer, CancelTimer, Send
-from dyad.messages import Message, Rejected, TaskStatus
+from dyad.clock import Clock, SystemClock
+from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired
+from dyad.messages import Message, Rejected
+from dyad.timers import TimerTable
 from dyad.transport import Dealer
+from frameworks.driver_core import Callback, DriverStatus, Finish, Received, Started
 
 # How long a closing socket keeps flushing a farewell (Teardown, Unsubscribe).
 _CLOSE_LINGER_MS = 1000
 
 
-class DriverStatus(enum.StrEnum):
-    """Where a driver is in its life; compares equal to Mesos' status names."""
+class DriverCore(Protocol):
+    """What a driver's pure core offers its runtime: one way in."""
 
-    NOT_STARTED = "DRIVER_NOT_STARTED"
-    RUNNING = "DRIVER_RUNNING"
-    STOPPED = "DRIVER_STOPPED"
-    ABORTED = "DRIVER_ABORTED"
+    def handle(self, event: Any, now: float) -> list[Any]: ...
 
 
-@attrs.frozen
-class Callback:
-    """Effect: call the user's `name(driver, *args)`. `ack` is a status to
-    acknowledge once the callback has returned without raising."""
-
-    name: str
-    args: tuple[Any, ...] = ()
-    ack: TaskStatus | None = None
-
-
-@attrs.frozen
-class Finish:
-    """Effect: end the driver with `status` once the callbacks before it have run."""
-
-    status: DriverStatus
+CoreT = TypeVar("CoreT", bound=DriverCore)
 
 
 async def invoke(callback: Callable[..., Any], *args: Any) -> Any:
@@ -75,15 +57,19 @@ async def invoke(callback: Callable[..., Any], *args: Any) -> Any:
     return result
 
 
-class DriverRuntime:
+class DriverRuntime(Generic[CoreT]):
     """Lifecycle, threading, timers, sockets and the callback worker of a driver.
 
-    Subclasses provide the pure-core hooks (`_begin`, `_on_message`, `_on_timer`) and
-    may extend `_open`, `_close`, `_perform_other`, `_callback_returned`, `_farewell`.
+    Every event goes to `core.handle(event, clock.now())` (through `_handle`), and
+    the runtime carries out the effects that come back. Subclasses may extend
+    `_open`, `_close`, `_perform_other`, `_callback_returned`, `_farewell`.
     """
 
-    def __init__(self, target: object, log: logging.Logger) -> None:
+    def __init__(self, target: object, log: logging.Logger, core: CoreT,
+                 clock: Clock | None = None) -> None:
         self._target = target
+        self._core = core
+        self._clock: Clock = clock or SystemClock()
         self._log = log
         self._status = DriverStatus.NOT_STARTED
         self._lock = threading.Lock()
@@ -94,12 +80,11 @@ class DriverRuntime:
         self._thread: threading.Thread | None = None
         self._callbacks: asyncio.Queue[Callback | Finish] = asyncio.Queue()
         self._outbox: asyncio.Queue[Message] = asyncio.Queue()
-        self._timers: dict[Hashable, asyncio.TimerHandle] = {}
+        self._timers = TimerTable(self._clock.now, self._fire)
         self._tasks: list[asyncio.Task[None]] = []
         self._worker: asyncio.Task[Finish] | None = None
         self._stopping = False
         self._dealer: Dealer | None = None
-        self._clock = SystemClock()
         self.messages_invalid = 0
         """Frames from the peer that failed to decode (each answered with Rejected)."""
 
@@ -153,7 +138,7 @@ class DriverRuntime:
             await self._open()
             self._spawn(self._send_forever())
             self._spawn(self._receive_forever())
-            self._apply(self._begin(self._clock.now()))
+            self._handle(Started())
             for call in early:
                 call()
             await asyncio.wait([self._worker])
@@ -184,9 +169,7 @@ class DriverRuntime:
         self._tasks.append(asyncio.create_task(coro))
 
     async def _shutdown_tasks(self) -> None:
-        for handle in self._timers.values():
-            handle.cancel()
-        self._timers.clear()
+        self._timers.cancel_all()
         pending = [*self._tasks, *([self._worker] if self._worker else [])]
         for task in pending:
             task.cancel()
@@ -233,32 +216,23 @@ class DriverRuntime:
 
     # ------------------------------------------------------------------- effects
 
+    def _handle(self, event: Any) -> None:
+        """On the loop: hand `event` to the core and carry out what it decides."""
+        self._apply(self._core.handle(event, self._clock.now()))
+
     def _apply(self, effects: Iterable[Any]) -> None:
         for effect in effects:
             if isinstance(effect, Send):
                 self._outbox.put_nowait(effect.message)
             elif isinstance(effect, (Callback, Finish)):
                 self._callbacks.put_nowait(effect)
-            elif isinstance(effect, ArmTimer):
-                self._arm(effect.key, effect.at)
-            elif isinstance(effect, CancelTimer):
-                handle = self._timers.pop(effect.key, None)
-                if handle is not None:
-                    handle.cancel()
+            elif isinstance(effect, (ArmTimer, CancelTimer)):
+                self._timers.perform(effect)
             else:
                 self._perform_other(effect)
 
-    def _arm(self, key: Hashable, at: float) -> None:
-        assert self._loop is not None
-        old = self._timers.pop(key, None)
-        if old is not None:
-            old.cancel()
-        delay = max(0.0, at - self._clock.now())
-        self._timers[key] = self._loop.call_later(delay, self._fire, key)
-
     def _fire(self, key: Hashable) -> None:
-        self._timers.pop(key, None)
-        self._apply(self._on_timer(key, self._clock.now()))
+        self._handle(TimerFired(key))
 
     async def _send_forever(self) -> None:
         assert self._dealer is not None
@@ -278,7 +252,7 @@ class DriverRuntime:
                 self._outbox.put_nowait(Rejected(
                     reason=inbound.error.reason, message_type=inbound.error.type_name))
             elif inbound.message is not None:
-                self._apply(self._on_message(inbound.message, self._clock.now()))
+                self._handle(Received(inbound.message))
 
     # ----------------------------------------------------------- user callbacks
 
@@ -310,15 +284,6 @@ class DriverRuntime:
 
     async def _close(self) -> None:
         """Release what `_open` acquired (sockets are closed by the runtime)."""
-
-    def _begin(self, now: float) -> list[Any]:
-        raise NotImplementedError
-
-    def _on_message(self, message: Message, now: float) -> list[Any]:
-        raise NotImplementedError
-
-    def _on_timer(self, key: Hashable, now: float) -> list[Any]:
-        raise NotImplementedError
 
     def _perform_other(self, effect: Any) -> None:
         raise TypeError(f"unknown effect {effect!r}")

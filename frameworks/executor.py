@@ -16,40 +16,30 @@ unfinished tasks and unacknowledged updates) every second to whatever agent come
 back on the same endpoint, and shuts the executor down if none answers within
 ``DYAD_RECOVERY_TIMEOUT`` (default 15 min). Tasks keep running meanwhile.
 
-`ExecutorCore` makes every decision without I/O; `ExecutorDriver` is its shell.
+`frameworks.executor_core.ExecutorCore` makes every decision without I/O;
+`ExecutorDriver` is its shell.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import os
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import attrs
 import psutil
 
-from dyad.effects import ArmTimer, CancelTimer, Send
+from dyad.clock import Clock
 from dyad.ids import new_uuid
-from dyad.messages import (
-    AgentInfo, ExecutorInfo, ExecutorRegistered, ExecutorToFramework, FrameworkInfo,
-    FrameworkToExecutor, KillTask, LaunchTask, Message, RegisterExecutor,
-    ReregisterExecutor, Rejected, ShutdownExecutor, Source, StatusUpdate,
-    StatusUpdateAck, TaskInfo, TaskStatus)
-from dyad.units import parse_duration
-from frameworks._callbacks import Callback, DriverRuntime, DriverStatus, Finish
+from dyad.messages import AgentInfo, ExecutorInfo, FrameworkInfo, TaskInfo, TaskStatus
+from frameworks._callbacks import DriverRuntime
+from frameworks.driver_core import DriverStatus
+from frameworks.executor_core import (
+    AgentLost, ExecutorCore, ExecutorEnvironment, ExecutorTimings,
+    SendStatusUpdateCall, SendToSchedulerCall, WatchAgent)
 
 log = logging.getLogger(__name__)
-
-REGISTER_RETRY = 1.0
-"""Seconds between (re)registration attempts."""
-
-RESEND_INTERVAL = 5.0
-"""Seconds between resends of unacknowledged status updates (docs/protocol.md)."""
-
-DEFAULT_RECOVERY_TIMEOUT = 15 * 60.0
 
 _AGENT_PROBE_INTERVAL = 1.0
 
@@ -89,197 +79,6 @@ class Executor:
         """The agent rejected a message, or one of your callbacks raised."""
 
 
-class ExecutorEnvironmentError(RuntimeError):
-    """The process was not started by a Dyad agent (DYAD_* variables missing/bad)."""
-
-
-_ENV_VARIABLES = {
-    "agent_endpoint": "DYAD_AGENT_ENDPOINT",
-    "agent_id": "DYAD_AGENT_ID",
-    "framework_id": "DYAD_FRAMEWORK_ID",
-    "executor_id": "DYAD_EXECUTOR_ID",
-    "sandbox_directory": "DYAD_SANDBOX_DIRECTORY",
-}
-
-
-@attrs.frozen
-class ExecutorEnvironment:
-    """What the agent tells an executor through its environment."""
-
-    agent_endpoint: str
-    agent_id: str
-    framework_id: str
-    executor_id: str
-    sandbox_directory: str
-    recovery_timeout: float = DEFAULT_RECOVERY_TIMEOUT
-
-    @classmethod
-    def from_environ(cls, environ: Mapping[str, str]) -> ExecutorEnvironment:
-        missing = [var for var in _ENV_VARIABLES.values() if not environ.get(var)]
-        if missing:
-            raise ExecutorEnvironmentError(
-                f"missing {', '.join(missing)}: executors are started by a Dyad agent, "
-                "which sets these variables")
-        values: dict[str, Any] = {field: environ[var] for field, var in _ENV_VARIABLES.items()}
-        timeout = environ.get("DYAD_RECOVERY_TIMEOUT")
-        if timeout:
-            try:
-                values["recovery_timeout"] = parse_duration(timeout)
-            except ValueError as exc:
-                raise ExecutorEnvironmentError(f"DYAD_RECOVERY_TIMEOUT: {exc}") from None
-        return cls(**values)
-
-
-# ---------------------------------------------------------------------- pure core
-
-
-class _Timer(enum.Enum):
-    REGISTER = "register"
-    RECOVERY = "recovery"
-    RESEND = "resend"
-
-
-class _State(enum.Enum):
-    REGISTERING = "registering"
-    REGISTERED = "registered"
-    DISCONNECTED = "disconnected"
-    SHUTTING_DOWN = "shutting_down"
-    DONE = "done"
-
-
-@attrs.frozen
-class WatchAgent:
-    """Effect: from now on the agent is process `pid` (0: unknown; watch the parent)."""
-
-    pid: int
-
-
-Effect = Send | ArmTimer | CancelTimer | Callback | Finish | WatchAgent
-
-
-def _send(message: Message) -> Send:
-    return Send(to="agent", message=message)
-
-
-class ExecutorCore:
-    """Decides what the executor driver does; no I/O. `now` is clock seconds."""
-
-    def __init__(self, env: ExecutorEnvironment) -> None:
-        self.env = env
-        self._state = _State.REGISTERING
-        self._ever_registered = False
-        # Updates not yet acknowledged by the agent, by uuid, in the order sent.
-        self.pending: dict[str, StatusUpdate] = {}
-        # Tasks launched here with no terminal update sent yet.
-        self.tasks: dict[str, TaskInfo] = {}
-        self.kill_grace_periods: dict[str, float | None] = {}
-        self.shutdown_grace_period: float | None = None
-
-    @property
-    def registered(self) -> bool:
-        return self._state in (_State.REGISTERED, _State.SHUTTING_DOWN)
-
-    def start(self, now: float) -> list[Effect]:
-        return [*self._register(now),
-                ArmTimer(_Timer.RECOVERY, now + self.env.recovery_timeout)]
-
-    def _register(self, now: float) -> list[Effect]:
-        if self._state is _State.DISCONNECTED:
-            message: Message = ReregisterExecutor(
-                framework_id=self.env.framework_id, executor_id=self.env.executor_id,
-                tasks=list(self.tasks.values()), updates=list(self.pending.values()))
-        else:
-            message = RegisterExecutor(framework_id=self.env.framework_id,
-                                       executor_id=self.env.executor_id)
-        return [_send(message), ArmTimer(_Timer.REGISTER, now + REGISTER_RETRY)]
-
-    def agent_lost(self, now: float) -> list[Effect]:
-        """The shell saw the agent go away."""
-        if self._state is not _State.REGISTERED:
-            return []
-        log.warning("agent lost; waiting up to %.0fs for it to come back",
-                    self.env.recovery_timeout)
-        self._state = _State.DISCONNECTED
-        return [CancelTimer(_Timer.RESEND), Callback("disconnected"), *self._register(now),
-                ArmTimer(_Timer.RECOVERY, now + self.env.recovery_timeout)]
-
-    def on_timer(self, key: Hashable, now: float) -> list[Effect]:
-        if key is _Timer.REGISTER and self._state in (_State.REGISTERING, _State.DISCONNECTED):
-            return self._register(now)
-        if key is _Timer.RECOVERY and self._state in (_State.REGISTERING, _State.DISCONNECTED):
-            log.error("no agent for %.0fs; shutting down", self.env.recovery_timeout)
-            self._state = _State.DONE
-            return [Callback("shutdown"), Finish(DriverStatus.ABORTED)]
-        if key is _Timer.RESEND and self.registered:
-            return [*map(_send, self.pending.values()),
-                    ArmTimer(_Timer.RESEND, now + RESEND_INTERVAL)]
-        return []
-
-    def on_message(self, message: Message, now: float) -> list[Effect]:
-        if self._state is _State.DONE:
-            return []
-        if isinstance(message, ExecutorRegistered):
-            return self._on_registered(message, now)
-        if isinstance(message, StatusUpdateAck):
-            update = self.pending.pop(message.uuid, None)
-            if update is not None and update.status.state.is_terminal:
-                self.tasks.pop(update.status.task_id, None)
-                self.kill_grace_periods.pop(update.status.task_id, None)
-            return []
-        if isinstance(message, Rejected):
-            what = message.message_type or "a message"
-            return [Callback("error", (f"agent rejected {what}: {message.reason}",))]
-        if isinstance(message, ShutdownExecutor):
-            self._state = _State.SHUTTING_DOWN
-            self.shutdown_grace_period = message.grace_period
-            return [Callback("shutdown"), Finish(DriverStatus.STOPPED)]
-        if self._state is _State.SHUTTING_DOWN:
-            return []
-        if isinstance(message, LaunchTask):
-            self.tasks[message.task.task_id] = message.task
-            return [Callback("launch_task", (message.task,))]
-        if isinstance(message, KillTask):
-            self.kill_grace_periods[message.task_id] = message.kill_grace_period
-            return [Callback("kill_task", (message.task_id,))]
-        if isinstance(message, FrameworkToExecutor):
-            return [Callback("framework_message", (message.data,))]
-        log.warning("unexpected %s from the agent ignored", type(message).__name__)
-        return []
-
-    def _on_registered(self, message: ExecutorRegistered, now: float) -> list[Effect]:
-        if self._state not in (_State.REGISTERING, _State.DISCONNECTED):
-            return []  # an answer to a retried registration
-        self._state = _State.REGISTERED
-        effects: list[Effect] = [CancelTimer(_Timer.REGISTER), CancelTimer(_Timer.RECOVERY),
-                                 ArmTimer(_Timer.RESEND, now + RESEND_INTERVAL),
-                                 WatchAgent(message.agent_pid)]
-        if self._ever_registered:
-            effects.append(Callback("reregistered", (message.agent,)))
-        else:
-            self._ever_registered = True
-            effects.append(Callback("registered",
-                                    (message.executor, message.framework, message.agent)))
-        return effects + [_send(u) for u in self.pending.values()]
-
-    def send_update(self, status: TaskStatus, uuid: str, now: float) -> list[Effect]:
-        """Stamp the update as ours and send it (or hold it until registered)."""
-        update = StatusUpdate(framework_id=self.env.framework_id, status=attrs.evolve(
-            status, uuid=uuid, timestamp=now, source=Source.EXECUTOR,
-            agent_id=self.env.agent_id, executor_id=self.env.executor_id))
-        self.pending[uuid] = update
-        if status.state.is_terminal:
-            self.tasks.pop(status.task_id, None)
-        return [_send(update)] if self.registered else []
-
-    def send_framework_message(self, data: bytes) -> list[Effect]:
-        if not self.registered:
-            log.warning("framework message dropped: not registered with the agent")
-            return []
-        return [_send(ExecutorToFramework(
-            framework_id=self.env.framework_id, agent_id=self.env.agent_id,
-            executor_id=self.env.executor_id, data=data))]
-
-
 # --------------------------------------------------------------------- the shell
 
 
@@ -307,21 +106,23 @@ def _process_alive(pid: int) -> Callable[[], bool]:
     return alive
 
 
-class ExecutorDriver(DriverRuntime):
+class ExecutorDriver(DriverRuntime[ExecutorCore]):
     """Connects an `Executor` to the agent that started this process.
 
     Reads ``DYAD_AGENT_ENDPOINT``, ``DYAD_AGENT_ID``, ``DYAD_FRAMEWORK_ID``,
     ``DYAD_EXECUTOR_ID``, ``DYAD_SANDBOX_DIRECTORY`` and optionally
     ``DYAD_RECOVERY_TIMEOUT`` from `environ` (default ``os.environ``); raises
     `ExecutorEnvironmentError` naming what is missing. Every method may be called
-    from a callback or from any thread.
+    from a callback or from any thread. ``clock`` (default: wall-clock seconds) and
+    ``timings`` (`ExecutorTimings`) are for tests.
     """
 
-    def __init__(self, executor: Executor, *, environ: Mapping[str, str] | None = None) -> None:
-        super().__init__(executor, log)
+    def __init__(self, executor: Executor, *, environ: Mapping[str, str] | None = None,
+                 clock: Clock | None = None, timings: ExecutorTimings | None = None) -> None:
         self.environment = ExecutorEnvironment.from_environ(
             os.environ if environ is None else environ)
-        self._core = ExecutorCore(self.environment)
+        super().__init__(executor, log,
+                         ExecutorCore(self.environment, timings or ExecutorTimings()), clock)
         self._all_acknowledged = asyncio.Event()
         self._all_acknowledged.set()
         self._agent_alive: Callable[[], bool] = lambda: True
@@ -372,14 +173,14 @@ class ExecutorDriver(DriverRuntime):
         agent_id and executor_id, and resends it until the agent acknowledges.
         Returns the update's uuid."""
         uuid = new_uuid()
-        self._on_loop("send_status_update", lambda: self._apply(
-            self._core.send_update(status, uuid, self._clock.now())))
+        self._on_loop("send_status_update",
+                      lambda: self._handle(SendStatusUpdateCall(status, uuid)))
         return uuid
 
     def send_framework_message(self, data: bytes) -> None:
         """Send bytes to the scheduler (best effort: may be lost)."""
         self._on_loop("send_framework_message",
-                      lambda: self._apply(self._core.send_framework_message(bytes(data))))
+                      lambda: self._handle(SendToSchedulerCall(bytes(data))))
 
     async def wait_acknowledged(self, timeout: float | None = None) -> bool:
         """On the driver's loop: wait until every update sent so far is acknowledged
@@ -399,12 +200,12 @@ class ExecutorDriver(DriverRuntime):
         self._spawn(self._watch_agent())
 
     async def _watch_agent(self) -> None:
-        """Probe the agent every second; `agent_lost` only acts while registered, so
+        """Probe the agent every second; `AgentLost` only acts while registered, so
         a dead agent is reported once per loss."""
         while True:
             await asyncio.sleep(_AGENT_PROBE_INTERVAL)
             if not self._agent_alive():
-                self._apply(self._core.agent_lost(self._clock.now()))
+                self._handle(AgentLost())
 
     def _perform_other(self, effect: Any) -> None:
         if not isinstance(effect, WatchAgent):
@@ -420,12 +221,3 @@ class ExecutorDriver(DriverRuntime):
             self._all_acknowledged.clear()
         else:
             self._all_acknowledged.set()
-
-    def _begin(self, now: float) -> list[Any]:
-        return self._core.start(now)
-
-    def _on_message(self, message: Message, now: float) -> list[Any]:
-        return self._core.on_message(message, now)
-
-    def _on_timer(self, key: Hashable, now: float) -> list[Any]:
-        return self._core.on_timer(key, now)

@@ -54,7 +54,7 @@ from dyad.messages import (
     TaskInfo, TaskState, TaskStatus)
 from dyad.resources import Resources
 from dyad.transport import Router
-from frameworks._callbacks import DriverStatus
+from frameworks.driver_core import DriverStatus
 from frameworks.scheduler import Scheduler, reconcile_list
 
 M = TypeVar("M", bound=Message)

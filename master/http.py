@@ -5,7 +5,9 @@ same document a master writes into ZooKeeper), so its shape is fixed by
 `dyad.codec.to_json`. `/state` (alias `/master/state`) is the Mesos-like state
 document; `/metrics/snapshot` the flat metrics (`/metrics`: the same figures in
 Prometheus text); `/events?since=N` the events log (master/events.py);
-`POST /tasks/kill` an operator's kill; `/health` a liveness probe;
+`POST /tasks/kill`, `PUT /weights`, `PUT /quota`, `POST /machine/drain` and
+`POST /teardown` operator calls (each an event for the core, master/operator.py);
+`/health` a liveness probe (503 when a loop of the master is not running);
 `/redirect` (alias `/master/redirect`) a 307 to the leading master.
 
 A standby master (HA mode, not elected) answers `/health`, `/state` (which says it
@@ -13,24 +15,32 @@ is not the leader and who is), `/metrics/snapshot` and `/redirect` itself, and
 redirects every other call to the leader with a 307 and `Location`, so a client
 pointed at any master reaches the leader (aiohttp and curl -L follow it). With no
 leader elected yet, those calls get a 503. Errors are JSON too, so scripts never
-have to parse HTML.
+have to parse HTML: ``{"error": "...", "path": ...}``, with the reason in the body
+and never in the status line (which cannot carry arbitrary text). Bodies are
+parsed by `dyad.bounded_json` (depth, size and number limits; lone surrogates
+refused): anything it refuses is a counted 400 naming the limit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.resources
-from collections.abc import Callable
+import logging
 from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
 
-from dyad import prometheus
+from dyad import bounded_json, prometheus
 from dyad.codec import to_json
 from dyad.messages import MasterInfo
 from master.allocator import PolicyError, parse_quota, parse_weights
-from master.state import Event, MasterState, OperatorKill
+from master.metrics import COUNTERS, GAUGES, HISTOGRAMS, Histogram
+from master.operator import (
+    CONFLICT, INTERNAL, INVALID, NOT_FOUND, DrainMachine, KillLiveTask, MalformedCall, Reply,
+    Request, SetQuota, SetWeights, TeardownFramework,
+)
+from master.state import MasterState
 
 
 class MasterView(Protocol):
@@ -51,12 +61,36 @@ class MasterView(Protocol):
 
     def metrics(self) -> dict[str, float]: ...
 
-    def submit(self, event: Event) -> None:
-        """Hand an operator event to the leader's core, in turn with the rest."""
+    def histograms(self) -> dict[str, Histogram]:
+        """Latency histograms by key (`master.metrics.HISTOGRAMS`)."""
+
+    def problems(self) -> list[str]:
+        """Why this master is unhealthy (a loop not running...); empty if healthy."""
+
+    def count_internal_error(self) -> None:
+        """Count a bug outside the core (a handler raised); it has been logged."""
+
+    async def call(self, request: Request) -> Reply:
+        """Hand an operator request to the leader's core, in turn with every other
+        event, and wait for its answer (`asyncio.TimeoutError` if none comes)."""
 
     @property
     def state(self) -> MasterState:
-        """The leader's core; operator calls (`/weights`, `/quota`) change it."""
+        """The leader's core, for reading views only: changes go through `call`."""
+
+
+class ApiError(Exception):
+    """An answer other than success: `status` and a message for the JSON body
+    (never the reason phrase, which cannot carry arbitrary text)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+_REFUSAL_STATUS = {INVALID: 400, NOT_FOUND: 404, CONFLICT: 409, INTERNAL: 500}
+log = logging.getLogger(__name__)
 
 
 MASTER = web.AppKey("master", MasterView)
@@ -75,20 +109,35 @@ async def _state(request: web.Request) -> web.Response:
 
 
 async def _health(request: web.Request) -> web.Response:
+    """200 while every loop of the master runs; 503 (the one 5xx on purpose, for
+    load balancers and supervisors) naming what is wrong otherwise."""
     master = request.app[MASTER]
-    if master.is_leader:
-        return web.json_response({"healthy": True, "leader": True})
-    leader = master.leader
-    return web.json_response({"healthy": True, "leader": False,
-                              "leader_info": to_json(leader) if leader else None})
+    problems = master.problems()
+    body: dict[str, Any] = {"healthy": not problems, "leader": master.is_leader}
+    if problems:
+        body["problems"] = problems
+    if not master.is_leader:
+        leader = master.leader
+        body["leader_info"] = to_json(leader) if leader else None
+    return web.json_response(body, status=503 if problems else 200)
 
 
 async def _metrics(request: web.Request) -> web.Response:
     return web.json_response(request.app[MASTER].metrics())
 
 
+_CATALOGUE = {**{key: prometheus.MetricInfo(prometheus.COUNTER, text)
+                 for key, text in COUNTERS.items()},
+              **{key: prometheus.MetricInfo(prometheus.GAUGE, text)
+                 for key, text in GAUGES.items()}}
+
+
 async def _prometheus(request: web.Request) -> web.Response:
-    return web.Response(body=prometheus.render(request.app[MASTER].metrics()),
+    master = request.app[MASTER]
+    histograms = {key: prometheus.HistogramFigures(
+        help=HISTOGRAMS[key], buckets=histogram.cumulative(), total=histogram.total,
+        count=histogram.count) for key, histogram in master.histograms().items()}
+    return web.Response(body=prometheus.render(master.metrics(), _CATALOGUE, histograms),
                         headers={"Content-Type": prometheus.CONTENT_TYPE})
 
 
@@ -101,7 +150,7 @@ def _query_int(request: web.Request, name: str, default: int) -> int:
     except ValueError:
         value = -1
     if value < 0:
-        raise web.HTTPBadRequest(reason=f"{name} must be a whole number >= 0, got {text!r}")
+        raise ApiError(400, f"{name} must be a whole number >= 0, got {text!r}")
     return value
 
 
@@ -113,39 +162,77 @@ async def _events(request: web.Request) -> web.Response:
     return web.json_response(request.app[MASTER].state.events.page(since, limit))
 
 
+async def _body(request: web.Request) -> Any:
+    """The request's JSON body, parsed within `dyad.bounded_json`'s limits."""
+    try:
+        return bounded_json.loads(await request.read())
+    except bounded_json.JsonInputError as exc:
+        raise _Malformed(f"the body must be JSON: {exc.reason}") from None
+
+
+class _Malformed(Exception):
+    """A body the handler cannot turn into a request; counted by the core."""
+
+
+async def _operator_call(request: web.Request, parse: Any) -> Reply:
+    """Parse the body with `parse(body) -> Request` and have the core answer it.
+    A body that does not parse still goes to the core (as `MalformedCall`), so
+    refusals are counted in one place and respect the lease like the rest."""
+    try:
+        call: Request = parse(await _body(request))
+    except (_Malformed, PolicyError) as exc:
+        call = MalformedCall(str(exc))
+    master = request.app[MASTER]
+    try:
+        reply = await master.call(call)
+    except asyncio.TimeoutError:
+        raise ApiError(503, "the master did not handle the call in time (is its "
+                            "leadership being confirmed?); retry") from None
+    if not reply.ok:
+        raise ApiError(_REFUSAL_STATUS[reply.refusal], reply.error)
+    return reply
+
+
+def _string_field(body: Any, name: str, shape: str, optional: bool = False) -> str | None:
+    value = body.get(name) if isinstance(body, dict) else None
+    if (value is None and optional and isinstance(body, dict)) or \
+            (isinstance(value, str) and value):
+        return value
+    raise _Malformed(f"the body must be {shape}")
+
+
+def _kill_request(body: Any) -> KillLiveTask:
+    shape = '{"task_id": "<id>"} (and "framework_id" if ambiguous)'
+    task_id = _string_field(body, "task_id", shape)
+    assert task_id is not None
+    return KillLiveTask(task_id=task_id,
+                        framework_id=_string_field(body, "framework_id", shape, optional=True))
+
+
 async def _kill_task(request: web.Request) -> web.Response:
     """Body ``{"task_id": "...", "framework_id": "..."}`` (framework_id needed only
     when two frameworks use the id). 202: the agent kills it; watch its state."""
-    master = request.app[MASTER]
-    state = master.state
-    try:
-        body = await request.json()
-    except ValueError:
-        body = None
-    task_id = body.get("task_id") if isinstance(body, dict) else None
-    framework_id = body.get("framework_id") if isinstance(body, dict) else None
-    if not isinstance(task_id, str) or not task_id or \
-            not isinstance(framework_id, (str, type(None))):
-        state.count_invalid_operator_call()
-        raise web.HTTPBadRequest(reason='the body must be {"task_id": "<id>"} '
-                                        '(and "framework_id" if ambiguous)')
-    owners = [f for f in state.live_task_frameworks(task_id)
-              if framework_id in (None, f)]
-    if not owners:
-        raise web.HTTPNotFound(reason=f"no live task {task_id}"
-                                      + (f" in framework {framework_id}" if framework_id else ""))
-    if len(owners) > 1:
-        raise web.HTTPConflict(reason=f"task id {task_id} is live in frameworks "
-                                      f"{', '.join(owners)}; give framework_id")
-    master.submit(OperatorKill(framework_id=owners[0], task_id=task_id))
-    return web.json_response({"killing": True, "task_id": task_id,
-                              "framework_id": owners[0]}, status=202)
+    reply = await _operator_call(request, _kill_request)
+    return web.json_response(dict(reply.result), status=202)
+
+
+def _teardown_request(body: Any) -> TeardownFramework:
+    framework_id = _string_field(body, "framework_id", '{"framework_id": "<id>"}')
+    assert framework_id is not None
+    return TeardownFramework(framework_id)
+
+
+async def _teardown(request: web.Request) -> web.Response:
+    """Body ``{"framework_id": "..."}``: the framework is removed as if it had torn
+    itself down (its tasks are killed, its executors shut down)."""
+    reply = await _operator_call(request, _teardown_request)
+    return web.json_response({"torn_down": True, **reply.result})
 
 
 def _leader_url(master: MasterView) -> str:
     leader = master.leader
     if leader is None:
-        raise web.HTTPServiceUnavailable(reason="no master is elected yet; retry shortly")
+        raise ApiError(503, "no master is elected yet; retry shortly")
     return leader.http_url
 
 
@@ -168,7 +255,7 @@ async def _get_weights(request: web.Request) -> web.Response:
 
 async def _put_weights(request: web.Request) -> web.Response:
     """Body: ``[{"role": "eng", "weight": 2.0}, ...]``; weight 1.0 resets a role."""
-    await _operator_call(request, lambda state, body: state.set_weights(parse_weights(body)))
+    await _operator_call(request, lambda body: SetWeights(parse_weights(body)))
     return await _get_weights(request)
 
 
@@ -182,51 +269,32 @@ async def _get_quota(request: web.Request) -> web.Response:
 async def _put_quota(request: web.Request) -> web.Response:
     """Body: ``{"role": "eng", "guarantee": {"cpus": 2}, "limit": {"cpus": 8}}`` or a
     list of them; a role given with neither loses its quota. All or nothing."""
-    await _operator_call(request, lambda state, body: state.set_quota(parse_quota(body)))
+    await _operator_call(request, lambda body: SetQuota(parse_quota(body)))
     return await _get_quota(request)
 
 
-async def _operator_call(request: web.Request,
-                         change: Callable[[MasterState, Any], None]) -> None:
-    """Apply `change` with the JSON body; a bad body is a counted 400 that
-    changes nothing."""
-    state = request.app[MASTER].state
-    try:
-        try:
-            body = await request.json()
-        except ValueError:
-            raise PolicyError("the body must be JSON") from None
-        change(state, body)
-    except PolicyError as exc:
-        state.count_invalid_operator_call()
-        raise web.HTTPBadRequest(reason=str(exc)) from None
+def _drain_request(body: Any) -> DrainMachine:
+    agent_id = _string_field(body, "agent_id", '{"agent_id": "<id>"}')
+    assert agent_id is not None
+    return DrainMachine(agent_id)
 
 
 async def _machine_drain(request: web.Request) -> web.Response:
     """Body ``{"agent_id": "..."}``: forwarded to that agent's ``POST /drain``. The
     agent kills its tasks (their kill policy applies; frameworks get TASK_KILLED
     with REASON_AGENT_DRAINING) and tells the master, which offers it nothing more."""
-    try:
-        body = await request.json()
-    except ValueError:
-        raise web.HTTPBadRequest(reason="the body must be JSON") from None
-    agent_id = body.get("agent_id") if isinstance(body, dict) else None
-    if not isinstance(agent_id, str) or not agent_id:
-        raise web.HTTPBadRequest(reason='the body must be {"agent_id": "<id>"}')
-    agents = request.app[MASTER].snapshot()["agents"]
-    url = next((a["url"] for a in agents if a["id"] == agent_id), None)
-    if url is None:
-        raise web.HTTPNotFound(reason=f"agent {agent_id} is not registered")
+    reply = await _operator_call(request, _drain_request)
+    agent_id, url = reply.result["agent_id"], reply.result["url"]
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session, \
                 session.post(f"{url}/drain") as response:
             answer = await response.json()
             ok = response.status < 300
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-        raise web.HTTPBadGateway(reason=f"agent {agent_id} at {url} did not answer: "
-                                        f"{exc or type(exc).__name__}") from None
+        raise ApiError(502, f"agent {agent_id} at {url} did not answer: "
+                            f"{exc or type(exc).__name__}") from None
     if not ok:
-        raise web.HTTPBadGateway(reason=f"agent {agent_id} refused to drain: {answer}")
+        raise ApiError(502, f"agent {agent_id} refused to drain: {answer}")
     return web.json_response(answer, status=202)
 
 
@@ -242,12 +310,20 @@ async def _leader_only(request: web.Request, handler: Any) -> web.StreamResponse
 async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
     try:
         return await handler(request)
+    except ApiError as exc:
+        return web.json_response({"error": exc.message, "path": request.path},
+                                 status=exc.status)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
         return web.json_response({"error": exc.reason, "path": request.path},
                                  status=exc.status, headers=headers)
+    except Exception:  # a bug: logged and counted, and still a JSON answer
+        log.exception("%s %s failed", request.method, request.path[:200])
+        request.app[MASTER].count_internal_error()
+        return web.json_response({"error": "internal error; the master logged it",
+                                  "path": request.path}, status=500)
 
 
 def make_app(master: MasterView) -> web.Application:
@@ -270,4 +346,6 @@ def make_app(master: MasterView) -> web.Application:
     app.router.add_get("/quota", _get_quota)
     app.router.add_put("/quota", _put_quota)
     app.router.add_post("/machine/drain", _machine_drain)
+    app.router.add_post("/teardown", _teardown)
+    app.router.add_post("/master/teardown", _teardown)
     return app

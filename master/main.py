@@ -30,7 +30,7 @@ from dyad.units import parse_duration
 from dyad.zk import ZkAddress, parse_zk_url
 from master.registry import RegistryError
 from master.server import DEFAULT_ZK_SESSION_TIMEOUT, MasterServer
-from master.state import MasterConfig
+from master.model import MasterConfig
 
 log = logging.getLogger("dyad.master")
 

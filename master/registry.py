@@ -6,7 +6,8 @@ were admitted (the new leader waits for them before it calls them gone), which w
 unreachable (so their tasks can be killed if they return after their frameworks
 were told the tasks were lost), and the operator's role weights and quota. Mesos
 keeps the same facts in its replicated-log registry. `snapshot_of(state)` and
-`restore(state, data, now)` move them between a `MasterState` and `RegistryData`.
+`master.restore.restore(state, data, now)` move them between a `MasterState` and
+`RegistryData`.
 
 Two stores, one contract (`recover()` once, then `store()` as often as the data
 changes; both may raise `RegistryError`):
@@ -33,15 +34,17 @@ import json
 import os
 import zlib
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, TYPE_CHECKING, Protocol
 
 import attrs
 
 from dyad.codec import CodecError, from_json, to_json
 from dyad.messages import AgentInfo
 from dyad.zk import VersionConflict, ZkError, ZkSession
-from master.allocator import PolicyError, Quota
-from master.state import Effect, MasterState, UnreachableAgent
+from master.model import UnreachableAgent
+
+if TYPE_CHECKING:
+    from master.state import MasterState
 
 FORMAT = 1
 
@@ -80,18 +83,6 @@ def snapshot_of(state: MasterState) -> RegistryData:
         weights=dict(state.weights),
         quota={role: QuotaEntry(guarantee=dict(q.guarantee), limit=dict(q.limit))
                for role, q in state.quota.items()})
-
-
-def restore(state: MasterState, data: RegistryData, now: float) -> list[Effect]:
-    """Hand a new leader's fresh `state` what the registry held (before any event)."""
-    effects = state.recover(data.agents, data.unreachable, now)
-    try:
-        state.set_weights(data.weights)
-        state.set_quota({role: Quota(guarantee=entry.guarantee, limit=entry.limit)
-                         for role, entry in data.quota.items()})
-    except PolicyError as exc:
-        raise RegistryError(f"the registry's weights or quota are invalid: {exc}") from None
-    return effects
 
 
 def encode(data: RegistryData) -> bytes:

@@ -39,22 +39,28 @@ from aiohttp import web
 
 from dyad.clock import Clock, SystemClock
 from dyad.codec import to_json
-from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired
+from dyad.effects import Send, TimerFired
 from dyad.ids import IdGenerator
+from dyad.timers import TimerTable
 from dyad.messages import Address, MasterInfo
-from dyad.transport import Router
+from dyad.transport import Inbound, Router
 from dyad.zk import (
     CONNECTED, LOST, SUSPENDED, LeaderWatch, Lease, SessionState, ZkAddress, ZkError,
     ZkSession, create_contender,
 )
 from master.http import make_app
 from master.registry import (
-    FileRegistry, Registry, RegistryData, RegistryError, ZooKeeperRegistry, restore,
-    snapshot_of,
+    FileRegistry, Registry, RegistryData, RegistryError, ZooKeeperRegistry, snapshot_of,
 )
-from master.state import (
-    ALLOCATE, VERSION, AllocationTimed, Event, Invalid, MasterConfig, MasterState, Received,
+from master.restore import restore
+from master.metrics import LATENCY_BOUNDS, Histogram
+from master.supervision import LogLimiter, Supervisor
+from master.operator import INTERNAL, OperatorCall, Reply, Request
+from master.model import (
+    VERSION, Allocate, AllocationTimed, Effect, Event, InvalidFrame, MasterConfig,
+    PersistRegistry, Received,
 )
+from master.state import MasterState
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +75,10 @@ EARLY_FRAMES_MAX = 20_000
 REGISTRY_BATCH = 0.1
 """Seconds a registry write waits for more changes: every write is the whole
 registry, so a burst of a thousand new agents must not become a thousand writes."""
+
+OPERATOR_CALL_TIMEOUT = 10.0
+"""Seconds an operator call waits for the core's answer: a leader whose lease is
+unconfirmed handles nothing, and the caller must hear so rather than hang."""
 
 DEFAULT_ZK_SESSION_TIMEOUT = 4.0
 """Seconds. ZooKeeper's own minimum with its stock tickTime (2 s): the shortest
@@ -104,9 +114,10 @@ class MasterServer:
         self._router: Router | None = None
         self._runner: web.AppRunner | None = None
         self._events: asyncio.Queue[Event] = asyncio.Queue()
-        self._timers: dict[Hashable, asyncio.TimerHandle] = {}
-        self._tasks: list[asyncio.Task[None]] = []
+        self._timers = TimerTable(self._clock.now, self._fire)
         self._internal_errors = 0
+        self._supervisor = Supervisor(on_fatal=self._give_up, count=self._count_internal_error)
+        self._log_limiter = LogLimiter()
         self._dropped_sends = 0
         # Election and registry.
         self.leader: MasterInfo | None = None
@@ -117,7 +128,9 @@ class MasterServer:
         self._electing = False
         self._registry: Registry | None = None
         self._registry_dirty = asyncio.Event()
-        self._persisted = 0
+        self._calls: dict[int, asyncio.Future[Reply]] = {}
+        self._registry_seconds = Histogram(LATENCY_BOUNDS)
+        self._last_call_id = 0
         self._counts = {"registry_writes": 0, "received_as_standby": 0, "paused": 0}
         self._lost: asyncio.Future[str] | None = None
         self._elected = asyncio.Event()
@@ -147,7 +160,7 @@ class MasterServer:
         self._runner = web.AppRunner(make_app(self), access_log=None)
         await self._runner.setup()
         await web.SockSite(self._runner, http_socket).start()
-        self._spawn(self._receive(), "master-receive")
+        self._supervisor.loop("master-receive", self._receive)
         if self._zk is None:
             registry = FileRegistry(self._work_dir) if self._work_dir is not None else None
             try:
@@ -156,18 +169,15 @@ class MasterServer:
                 await self.stop()
                 raise
         else:
-            self._spawn(self._campaign(self._zk), "master-campaign")
+            self._supervisor.once("master-campaign", self._campaign(self._zk))
         log.info("master %s up: http %s, zmq %s", self.info.id, self.info.http_url,
                  self.info.zmq_endpoint)
 
     async def stop(self) -> None:
         """Stop acting, then end the ZooKeeper session: that deletes our contender
         znode at once, so a clean stop is an instant failover."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
-        self._cancel_timers()
+        await self._supervisor.stop()
+        self._timers.cancel_all()
         if self._lease is not None:
             self._lease.stop()
         if self._watch is not None:
@@ -195,8 +205,28 @@ class MasterServer:
         """Wait until this master leads."""
         await self._elected.wait()
 
-    def _spawn(self, coroutine: Any, name: str) -> None:
-        self._tasks.append(asyncio.create_task(coroutine, name=name))
+    def _count_internal_error(self) -> None:
+        self._internal_errors += 1
+
+    def count_internal_error(self) -> None:
+        """A bug outside the core (an HTTP handler raised); it has been logged."""
+        self._count_internal_error()
+
+    def problems(self) -> list[str]:
+        """Why this master is unhealthy (empty: healthy): a loop not running, or
+        having stepped down (the process is about to exit)."""
+        found = [f"loop {name} is not running" for name in self._supervisor.down()]
+        if self._lost is not None and self._lost.done():
+            found.append(f"stepped down: {self._lost.result()}")
+        return found
+
+    def _log_limited(self, key: str, level: int, text: str, *args: Any,
+                     exc_info: bool = False) -> None:
+        """Log at most once per `key` (a peer) per interval."""
+        held = self._log_limiter.allow(key)
+        if held is not None:
+            suffix = f" ({held} more since the last report)" if held else ""
+            log.log(level, text + suffix, *args, exc_info=exc_info)
 
     # --------------------------------------------------------------- HTTP view
 
@@ -230,9 +260,22 @@ class MasterServer:
         }
 
     def submit(self, event: Event) -> None:
-        """Queue an operator event (`OperatorKill`) for the core, in turn with the
-        messages and timers, so operator calls change state the same one way."""
+        """Queue an event for the core, in turn with the messages and timers."""
         self._events.put_nowait(event)
+
+    async def call(self, request: Request, timeout: float = OPERATOR_CALL_TIMEOUT) -> Reply:
+        """Hand an operator request to the core through the event queue and wait
+        for its `Reply`. `asyncio.TimeoutError` if the core does not answer in
+        `timeout` seconds (its lease is unconfirmed, or it is stepping down)."""
+        self._last_call_id += 1
+        call_id = self._last_call_id
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = future
+        try:
+            self.submit(OperatorCall(call_id, request))
+            return await asyncio.wait_for(future, timeout)
+        finally:
+            self._calls.pop(call_id, None)
 
     def metrics(self) -> dict[str, float]:
         result: dict[str, float] = self.state.metrics() if self.is_leader else {}
@@ -242,6 +285,12 @@ class MasterServer:
         result["master/registry_writes"] = self._counts["registry_writes"]
         result["master/messages_received_as_standby"] = self._counts["received_as_standby"]
         result["master/leadership_pauses"] = self._counts["paused"]
+        result["master/loop_restarts"] = self._supervisor.restarts
+        return result
+
+    def histograms(self) -> dict[str, Histogram]:
+        result = self.state.histograms() if self.is_leader else {}
+        result["master/registry_write_seconds"] = self._registry_seconds
         return result
 
     # --------------------------------------------------------------- election
@@ -265,7 +314,7 @@ class MasterServer:
         if (path is not None and path == self._contender and self._state is None
                 and not self._electing and not self.lost.done()):
             self._electing = True
-            self._spawn(self._take_over(), "master-take-over")
+            self._supervisor.once("master-take-over", self._take_over())
 
     async def _take_over(self) -> None:
         assert self._session is not None and self._contender is not None
@@ -294,13 +343,12 @@ class MasterServer:
             if received >= cutoff:
                 self._events.put_nowait(event)
         self._early.clear()
-        self._persisted = state.registry_changes
         self.leader = self.info
         for effect in effects:
             await self._perform(effect)
-        self._spawn(self._process(), "master-process")
+        self._supervisor.loop("master-process", self._process)
         if registry is not None:
-            self._spawn(self._write_registry(), "master-registry")
+            self._supervisor.loop("master-registry", self._write_registry)
         self._elected.set()
         log.info("leading: recovered %d agents and %d unreachable ones from the registry "
                  "in %.0f ms", len(data.agents), len(data.unreachable),
@@ -323,11 +371,8 @@ class MasterServer:
         if self.lost.done():
             return
         log.error("stepping down: %s", reason)
-        current = asyncio.current_task()
-        for task in self._tasks:
-            if task is not current and task.get_name() in ("master-process", "master-registry"):
-                task.cancel()
-        self._cancel_timers()
+        self._supervisor.cancel("master-process", "master-registry")
+        self._timers.cancel_all()
         if self._router is not None:
             self._router.close()  # drops anything still queued
             self._router = None
@@ -346,55 +391,73 @@ class MasterServer:
         log.info("resumed: the ZooKeeper session is confirmed")
 
     async def _write_registry(self) -> None:
-        """Write the registry whenever the core's `registry_changes` moved; a burst
-        of changes (a thousand new agents) becomes a few writes. The counter is
-        checked after every event; a change made outside one (an operator's
-        `PUT /weights`) is seen at the next, at most one allocation interval later."""
+        """Write the registry after the core asked to (`PersistRegistry`), waiting
+        `REGISTRY_BATCH` first so a burst of changes (a thousand new agents)
+        becomes a few writes; each write is the state as it is when it starts."""
         assert self._registry is not None
         while True:
             await self._registry_dirty.wait()
             await asyncio.sleep(REGISTRY_BATCH)
             self._registry_dirty.clear()
-            changes = self.state.registry_changes
+            started = time.perf_counter()
             try:
                 await self._registry.store(snapshot_of(self.state))
             except RegistryError as exc:
                 self._give_up(f"registry write failed: {exc}")
                 return
-            self._persisted = changes
+            self._registry_seconds.add(time.perf_counter() - started)
             self._counts["registry_writes"] += 1
 
     # ----------------------------------------------------------------- loops
 
     async def _receive(self) -> None:
+        """Frames -> events. One frame never ends the loop: whatever decoding or
+        queueing it raises is counted, logged (at most once per peer per
+        interval) and the next frame is read."""
         while self._router is not None:
             try:
                 inbound = await self._router.recv()
             except zmq.ZMQError as exc:
                 if exc.errno in (zmq.ENOTSOCK, zmq.ETERM):
                     return  # the socket is gone: we are stopping
-                log.error("master receive failed: %s", exc)
                 self._internal_errors += 1
+                self._log_limited("receive", logging.ERROR, "master receive failed: %s", exc)
                 continue
-            peer = inbound.identity.hex()
-            if inbound.message is not None:
-                event: Event = Received(peer, inbound.message)
-            elif inbound.error is not None:
-                log.debug("bad frame from %s: %s", peer, inbound.error.reason)
-                event = Invalid(peer, inbound.error)
-            else:
+            except Exception as exc:  # the decoder raised instead of refusing: its bug
+                self._internal_errors += 1
+                self._log_limited("decode", logging.ERROR, "a frame broke the decoder (%s: %s); "
+                                  "it is dropped", type(exc).__name__, str(exc)[:200])
                 continue
-            if self._state is None:
-                # A standby acts on nothing (as Mesos' do); it keeps the last few
-                # seconds' frames in case it is about to lead (EARLY_FRAMES_WINDOW).
-                self._counts["received_as_standby"] += 1
-                now = time.monotonic()
-                while self._early and self._early[0][0] < now - EARLY_FRAMES_WINDOW:
-                    self._early.popleft()
-                self._early.append((now, event))
-            else:
-                self._events.put_nowait(event)
+            try:
+                self._take(inbound)
+            except Exception:
+                self._internal_errors += 1
+                self._log_limited(inbound.identity.hex()[:64], logging.ERROR,
+                                  "failed to take a frame from %s", inbound.identity.hex()[:64],
+                                  exc_info=True)
             await asyncio.sleep(0)  # see _process
+
+    def _take(self, inbound: Inbound) -> None:
+        """Queue one received frame for the core (or keep it, as a standby)."""
+        peer = inbound.identity.hex()
+        if inbound.message is not None:
+            event: Event = Received(peer, inbound.message)
+        elif inbound.error is not None:
+            self._log_limited(peer, logging.INFO, "bad frame from %s: %s", peer,
+                              inbound.error.reason)
+            event = InvalidFrame(peer, inbound.error)
+        else:
+            return
+        if self._state is None:
+            # A standby acts on nothing (as Mesos' do); it keeps the last few
+            # seconds' frames in case it is about to lead (EARLY_FRAMES_WINDOW).
+            self._counts["received_as_standby"] += 1
+            now = time.monotonic()
+            while self._early and self._early[0][0] < now - EARLY_FRAMES_WINDOW:
+                self._early.popleft()
+            self._early.append((now, event))
+        else:
+            self._events.put_nowait(event)
 
     async def _process(self) -> None:
         while True:
@@ -403,10 +466,14 @@ class MasterServer:
             try:
                 await self._step(event)
             except Exception:
-                log.exception("master failed to handle %r", event)
                 self._internal_errors += 1
-            if self.state.registry_changes != self._persisted:
-                self._registry_dirty.set()
+                key = (event.peer if isinstance(event, (Received, InvalidFrame))
+                       else type(event).__name__)
+                self._log_limited(key, logging.ERROR, "master failed to handle %.300r", event,
+                                  exc_info=True)
+                if isinstance(event, OperatorCall):  # its caller must not wait in vain
+                    self._answer(Reply(event.call_id, refusal=INTERNAL,
+                                       error="the master failed to handle this call"))
             # Awaiting a ready queue or socket does not yield: without this, a
             # burst (a thousand agents re-registering) would starve HTTP and the
             # lease renewals until it is all handled.
@@ -415,13 +482,17 @@ class MasterServer:
     async def _step(self, event: Event) -> None:
         started = time.perf_counter()
         effects = self.state.handle(event, self._clock.now())
-        if isinstance(event, TimerFired) and event.key == ALLOCATE:
+        if isinstance(event, TimerFired) and isinstance(event.key, Allocate):
             self._events.put_nowait(AllocationTimed(time.perf_counter() - started))
         for effect in effects:
             await self._perform(effect)
 
-    async def _perform(self, effect: Send | ArmTimer | CancelTimer) -> None:
-        if isinstance(effect, Send):
+    async def _perform(self, effect: Effect) -> None:
+        if isinstance(effect, PersistRegistry):
+            self._registry_dirty.set()  # no registry (tests): nothing persists
+        elif isinstance(effect, Reply):
+            self._answer(effect)
+        elif isinstance(effect, Send):
             sent = False
             if self._router is not None:
                 try:
@@ -431,25 +502,13 @@ class MasterServer:
                                 effect.to, exc)
             if not sent:
                 self._dropped_sends += 1
-        elif isinstance(effect, ArmTimer):
-            self._cancel_timer(effect.key)
-            loop = asyncio.get_running_loop()
-            # Clock time -> loop time: only the distance from now matters.
-            delay = max(0.0, effect.at - self._clock.now())
-            self._timers[effect.key] = loop.call_later(delay, self._fire, effect.key)
         else:
-            self._cancel_timer(effect.key)
+            self._timers.perform(effect)
 
-    def _cancel_timer(self, key: Hashable) -> None:
-        handle = self._timers.pop(key, None)
-        if handle is not None:
-            handle.cancel()
-
-    def _cancel_timers(self) -> None:
-        for handle in self._timers.values():
-            handle.cancel()
-        self._timers.clear()
+    def _answer(self, reply: Reply) -> None:
+        future = self._calls.get(reply.call_id)
+        if future is not None and not future.done():  # else its caller gave up
+            future.set_result(reply)
 
     def _fire(self, key: Hashable) -> None:
-        self._timers.pop(key, None)
         self._events.put_nowait(TimerFired(key))

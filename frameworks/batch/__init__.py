@@ -10,7 +10,8 @@ agents' ``/files`` API, retries and progress. The guide is docs/batch.md.
 From a shell: ``dyad-batch submit --master HOST:PORT wordcount.py --input ... --output ...``.
 """
 
-from frameworks.batch.core import BatchCore, CoreConfig, Progress, Split
+from frameworks.batch.config import CoreConfig, Split
+from frameworks.batch.core import BatchCore, Progress
 from frameworks.batch.job import Job, JobError
 from frameworks.batch.scheduler import BatchScheduler, JobResult, run_job, run_job_async
 

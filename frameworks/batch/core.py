@@ -54,22 +54,21 @@ what was needed and the biggest offer seen, instead of waiting forever.
 from __future__ import annotations
 
 import enum
-import json
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
-from dyad.effects import ArmTimer, TimerFired
-from dyad.messages import ExecutorInfo, Offer, Source, TaskInfo, TaskState, TaskStatus
+from dyad.effects import ArmTimer, TimerFired, TimerKey, UnknownTimer
+from dyad.messages import Offer, Source, TaskInfo, TaskState, TaskStatus
 from dyad.resources import Resources
+from frameworks.batch.config import CoreConfig
+from frameworks.batch.wire import MAP, REDUCE, parse_fetch_failures, parse_result, task_data
+from frameworks.effects import (
+    DeclineOffers, DriverEffect, LaunchTasks, ReconcileTasks, RequestKill, ReviveOffers,
+    SuppressOffers)
 
-MAP = "map"
-REDUCE = "reduce"
-
-TICK = "tick"
-"""Timer key of the periodic check (speculation, starvation)."""
 TICK_INTERVAL = 0.5
 MIN_REFUSE = 0.1
 """Shortest filter put on a declined offer: shorter ones only add offer traffic."""
@@ -79,58 +78,6 @@ REFUSAL_BACKOFF = 0.1
 MAX_REFUSAL_BACKOFF = 5.0
 SPECULATIVE_FACTOR = 1.5
 SPECULATIVE_MIN_RUNTIME = 1.0
-FETCH_FAILED_KEY = "fetch_failed"
-"""Key in a reduce's TASK_FAILED data: ``[{"map": i, "task_id": id}, ...]``."""
-
-
-@attrs.frozen
-class Split:
-    """One map task's input: bytes ``[start, start + length)`` of `path` (``length``
-    None: to the end), read whole lines by Hadoop's rule (see
-    `frameworks.batch.work.iter_split`). `path` is an absolute local path or an
-    ``http(s)://`` URI; `hosts` are the hostnames that hold the data."""
-
-    index: int
-    path: str
-    start: int = 0
-    length: int | None = None
-    hosts: tuple[str, ...] = ()
-
-    @property
-    def is_uri(self) -> bool:
-        return self.path.startswith(("http://", "https://"))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "start": self.start, "length": self.length}
-
-
-@attrs.frozen
-class CoreConfig:
-    """Everything the core decides with. `job_payload` is the JSON text every
-    task carries (the job's code); `output` the absolute output directory."""
-
-    splits: tuple[Split, ...]
-    reducers: int
-    executor: ExecutorInfo
-    map_resources: Resources
-    reduce_resources: Resources
-    job_payload: str
-    output: str
-    max_attempts: int = 4
-    locality_wait: float = 1.0
-    speculative: bool = False
-    refuse_seconds: float = 5.0
-    starvation_timeout: float = 60.0
-
-    def __attrs_post_init__(self) -> None:
-        if not self.splits:
-            raise ValueError("a job needs at least one split")
-        if self.reducers < 1:
-            raise ValueError("a job needs at least one reducer")
-        if self.max_attempts < 1:
-            raise ValueError("max_attempts must be at least 1")
-        if self.locality_wait < 0 or self.refuse_seconds < 0:
-            raise ValueError("locality_wait and refuse_seconds must not be negative")
 
 
 # ------------------------------------------------------------------------ events
@@ -164,55 +111,24 @@ class AgentLost:
 Event = Started | Reregistered | OffersMade | TaskUpdate | AgentLost | TimerFired
 
 
+@attrs.frozen
+class Tick(TimerKey):
+    """The periodic check (speculation, starvation, refusal backoffs), every
+    `TICK_INTERVAL` seconds while the job runs."""
+
+
 # ----------------------------------------------------------------------- effects
 
 
 @attrs.frozen
-class Launch:
-    """Accept `offer_id` with these tasks; the unused rest is refused for
-    `refuse_seconds`."""
-
-    offer_id: str
-    tasks: tuple[TaskInfo, ...]
-    refuse_seconds: float
-
-
-@attrs.frozen
-class DeclineOffer:
-    offer_id: str
-    refuse_seconds: float
-
-
-@attrs.frozen
-class SuppressOffers:
-    pass
-
-
-@attrs.frozen
-class ReviveOffers:
-    pass
-
-
-@attrs.frozen
-class KillAttempt:
-    task_id: str
-
-
-@attrs.frozen
-class Reconcile:
-    """Ask the master for the state of these (task id, agent id) attempts."""
-
-    attempts: tuple[tuple[str, str], ...]
-
-
-@attrs.frozen
 class JobDone:
+    """The job ended: the shell stops the driver (tearing the framework down)."""
+
     succeeded: bool
     error: str = ""
 
 
-Effect = (Launch | DeclineOffer | SuppressOffers | ReviveOffers | KillAttempt | Reconcile
-          | ArmTimer | JobDone)
+Effect = DriverEffect | ArmTimer | JobDone
 
 
 # ------------------------------------------------------------------------- state
@@ -359,26 +275,30 @@ class BatchCore:
     def handle(self, event: Event, now: float) -> list[Effect]:
         if self._done is not None:
             return []
-        if isinstance(event, Started):
-            return self._start(now)
-        if isinstance(event, Reregistered):
-            return [Reconcile(tuple((a.task_id, a.agent_id) for a in self._live()))]
-        if isinstance(event, OffersMade):
-            return self._answer_offers(event.offers, now)
-        if isinstance(event, TaskUpdate):
-            return self._on_update(event.status, now)
-        if isinstance(event, AgentLost):
-            return self._on_agent_lost(event.agent_id, now)
-        if isinstance(event, TimerFired) and event.key == TICK:
-            return self._tick(now)
-        return []
+        match event:
+            case Started():
+                return self._start(now)
+            case Reregistered():
+                return [ReconcileTasks(tuple((a.task_id, a.agent_id) for a in self._live()))]
+            case OffersMade(offers):
+                return self._answer_offers(offers, now)
+            case TaskUpdate(status):
+                return self._on_update(status, now)
+            case AgentLost(agent_id):
+                return self._on_agent_lost(agent_id, now)
+            case TimerFired(Tick()):
+                return self._tick(now)
+            case TimerFired(key):
+                raise UnknownTimer("BatchCore", key)
+            case _:
+                raise TypeError(f"BatchCore cannot handle {event!r}")
 
     def _start(self, now: float) -> list[Effect]:
         if self._started:
             return []
         self._started = True
         self._last_launch = now
-        return [ArmTimer(TICK, now + TICK_INTERVAL)]
+        return [ArmTimer(Tick(), now + TICK_INTERVAL)]
 
     # ----------------------------------------------------------------- offers
 
@@ -397,9 +317,9 @@ class BatchCore:
         effects: list[Effect] = []
         for fill in fills:
             if fill.tasks:
-                effects.append(Launch(fill.offer.id, tuple(fill.tasks), fill.refuse))
+                effects.append(LaunchTasks(fill.offer.id, tuple(fill.tasks), fill.refuse))
             else:
-                effects.append(DeclineOffer(fill.offer.id, fill.refuse))
+                effects.append(DeclineOffers((fill.offer.id,), fill.refuse))
         return effects + self._interest(freed=False)
 
     def _deal_one(self, fill: _Fill, now: float) -> bool:
@@ -530,10 +450,7 @@ class BatchCore:
             spec["inputs"] = [{"map": m.index, "task_id": m.output.task_id, "url": m.output.url,
                                "path": m.output.paths[task.index]}
                               for m in self._maps if m.output is not None]
-        # The job payload (the user's code) is already JSON text: splice it in rather
-        # than decode and re-encode it for every task.
-        return ('{"job":' + self.config.job_payload + ',"task":' + json.dumps(spec)
-                + "}").encode()
+        return task_data(self.config.job_payload, spec)
 
     # ---------------------------------------------------------------- updates
 
@@ -561,7 +478,7 @@ class BatchCore:
         if attempt.killed or task.phase is TaskPhase.DONE:
             return []  # a speculative loser that finished anyway
         try:
-            result = _parse_result(task.kind, status.data, self.config.reducers)
+            result = parse_result(task.kind, status.data, self.config.reducers)
         except ValueError as exc:
             self.invalid_updates += 1
             return self._failed(attempt, attrs.evolve(
@@ -576,7 +493,7 @@ class BatchCore:
         effects: list[Effect] = []
         for other in task.live:
             other.killed = True
-            effects.append(KillAttempt(other.task_id))
+            effects.append(RequestKill(other.task_id))
         if task.kind == MAP:
             task.output = MapOutput(
                 task_id=attempt.task_id, agent_id=attempt.agent_id, hostname=attempt.hostname,
@@ -598,7 +515,7 @@ class BatchCore:
         if attempt.killed or task.phase is TaskPhase.DONE:
             return []
         if task.kind == REDUCE and status.state is TaskState.TASK_FAILED:
-            lost = _parse_fetch_failures(status.data)
+            lost = parse_fetch_failures(status.data)
             if lost:
                 effects = self._lose_outputs(lost, attempt.hostname)
                 if not task.live and self._done is None:
@@ -702,7 +619,7 @@ class BatchCore:
         if self._starving(now):
             return [self._fail(self._starvation_message())]
         effects += self._interest(freed=False)
-        effects.append(ArmTimer(TICK, now + TICK_INTERVAL))
+        effects.append(ArmTimer(Tick(), now + TICK_INTERVAL))
         return effects
 
     def _speculate(self, now: float) -> None:
@@ -820,42 +737,6 @@ class BatchCore:
                 assert wants == task.wants_copy, task
                 if wants:
                     assert task.phase is TaskPhase.RUNNING, task
-
-
-def _parse_result(kind: str, data: bytes, reducers: int) -> Mapping[str, Any]:
-    """A finished attempt's result: a map names R partition files, a reduce its
-    part file. Raises ValueError for anything else."""
-    try:
-        result = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ValueError(f"result is not JSON: {exc}") from None
-    if not isinstance(result, dict):
-        raise ValueError("result is not a JSON object")
-    if kind == MAP:
-        outputs = result.get("outputs")
-        if (not isinstance(outputs, list) or len(outputs) != reducers
-                or not all(isinstance(p, str) and p.startswith("/") for p in outputs)):
-            raise ValueError(f"a map must name {reducers} absolute output paths")
-    elif not isinstance(result.get("output"), str):
-        raise ValueError("a reduce must name its output file")
-    for key in ("records_in", "records_out"):
-        if not isinstance(result.get(key, 0), int):
-            raise ValueError(f"{key} must be an integer")
-    return result
-
-
-def _parse_fetch_failures(data: bytes) -> list[tuple[int, str]]:
-    """The (map index, attempt id) pairs a failed reduce could not fetch; empty if
-    its data says nothing of the kind."""
-    try:
-        found = json.loads(data).get(FETCH_FAILED_KEY) if data else None
-    except (ValueError, AttributeError, UnicodeDecodeError):
-        return []
-    if not isinstance(found, list):
-        return []
-    return [(item["map"], item["task_id"]) for item in found
-            if isinstance(item, dict) and isinstance(item.get("map"), int)
-            and isinstance(item.get("task_id"), str)]
 
 
 def _refused(status: TaskStatus) -> bool:

@@ -27,7 +27,7 @@ import attrs
 
 from dyad.messages import CommandInfo, ExecutorInfo
 from dyad.resources import Resources
-from frameworks.batch.core import CoreConfig, Split
+from frameworks.batch.config import CoreConfig, Split
 from frameworks.batch.work import OUTPUT_FORMATS, TEXT, TaskError, check_module, load_module
 
 DEFAULT_SPLIT_SIZE = 32 * 1024 * 1024

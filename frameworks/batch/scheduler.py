@@ -27,13 +27,14 @@ from typing import Any
 import attrs
 
 from dyad.effects import ArmTimer, TimerFired
-from dyad.messages import Filters, FrameworkInfo, MasterInfo, Offer, TaskStatus
+from dyad.timers import TimerTable
+from dyad.messages import FrameworkInfo, MasterInfo, Offer, TaskStatus
 from frameworks.batch.core import (
-    AgentLost, BatchCore, DeclineOffer, Effect, Event, JobDone, KillAttempt, Launch,
-    OffersMade, Progress, Reconcile, Reregistered, ReviveOffers, Started, SuppressOffers,
+    AgentLost, BatchCore, Effect, Event, JobDone, OffersMade, Progress, Reregistered, Started,
     TaskUpdate)
 from frameworks.batch.job import Job, commit_output, create_output, prepare, remove_output
 from frameworks.batch.status import FAILED, RUNNING, SUCCEEDED, JobRecord, progress_dict
+from frameworks.effects import perform
 from frameworks.scheduler import Scheduler, SchedulerDriver
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,8 @@ RECORD_INTERVAL = 0.5
 
 class BatchScheduler(Scheduler):
     """Adapter between a `SchedulerDriver` and a `BatchCore`. Everything runs on the
-    driver's loop: callbacks are plain methods and timers are ``call_later``s, so
-    the core sees one event at a time. `on_change` is called after every event."""
+    driver's loop: callbacks are plain methods and timers live in a `TimerTable`
+    on the same loop, so the core sees one event at a time. `on_change` is called after every event."""
 
     def __init__(self, core: BatchCore, on_change: Callable[[], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -58,7 +59,7 @@ class BatchScheduler(Scheduler):
         self._on_change = on_change
         self._clock = clock
         self._driver: Any = None
-        self._timers: dict[Hashable, asyncio.TimerHandle] = {}
+        self._timers = TimerTable(clock, self._fire)
 
     # ---------------------------------------------------------- callbacks
 
@@ -97,38 +98,16 @@ class BatchScheduler(Scheduler):
             self._on_change()
 
     def _perform(self, effect: Effect) -> None:
-        driver = self._driver
-        if isinstance(effect, Launch):
-            driver.launch_tasks([effect.offer_id], list(effect.tasks),
-                                Filters(refuse_seconds=effect.refuse_seconds))
-        elif isinstance(effect, DeclineOffer):
-            driver.decline_offer(effect.offer_id, Filters(refuse_seconds=effect.refuse_seconds))
-        elif isinstance(effect, SuppressOffers):
-            driver.suppress_offers()
-        elif isinstance(effect, ReviveOffers):
-            driver.revive_offers()
-        elif isinstance(effect, KillAttempt):
-            driver.kill_task(effect.task_id)
-        elif isinstance(effect, Reconcile):
-            driver.reconcile_tasks(list(effect.attempts))
-        elif isinstance(effect, ArmTimer):
-            self._arm(effect.key, effect.at)
+        if isinstance(effect, ArmTimer):
+            self._timers.perform(effect)
         elif isinstance(effect, JobDone):
             self.outcome = effect
-            for handle in self._timers.values():
-                handle.cancel()
-            self._timers.clear()
-            driver.stop()
-
-    def _arm(self, key: Hashable, at: float) -> None:
-        old = self._timers.pop(key, None)
-        if old is not None:
-            old.cancel()
-        loop = asyncio.get_running_loop()
-        self._timers[key] = loop.call_later(max(0.0, at - self._clock()), self._fire, key)
+            self._timers.cancel_all()
+            self._driver.stop()
+        else:
+            perform(effect, self._driver)
 
     def _fire(self, key: Hashable) -> None:
-        self._timers.pop(key, None)
         self._handle(self._driver, TimerFired(key))
 
 

@@ -43,7 +43,7 @@ from typing import Any
 
 import attrs
 
-from frameworks.batch.core import FETCH_FAILED_KEY, MAP, REDUCE
+from frameworks.batch.wire import FETCH_FAILED_KEY, MAP, REDUCE
 
 FETCH_TIMEOUT = 60.0
 FETCH_TRIES = 2

@@ -34,8 +34,9 @@ import sys
 from dyad import processes
 from dyad.processes import signal_group
 from dyad.messages import Reason, TaskInfo, TaskState, TaskStatus
-from frameworks._callbacks import DriverStatus
-from frameworks.executor import Executor, ExecutorDriver, ExecutorEnvironmentError
+from frameworks.driver_core import DriverStatus
+from frameworks.executor import Executor, ExecutorDriver
+from frameworks.executor_core import ExecutorEnvironmentError
 
 log = logging.getLogger("frameworks.executors.command")
 

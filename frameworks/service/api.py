@@ -5,8 +5,11 @@ Routes are matched on the request path with runs of slashes collapsed, so
 carelessly). Status codes follow Marathon: 201 created, 404 unknown app, task or
 deployment, 409 an app is locked by a deployment (override with ``?force=true``),
 422 an invalid definition with ``details``, 400 for a body that is not JSON or a
-bad query parameter. Every error body is JSON with a ``message``; every 4xx/5xx is
-counted in ``GET /metrics``. A standby instance answers 503 and names the leader.
+bad query parameter (bodies are parsed by `dyad.bounded_json` within `BODY_LIMITS`).
+Every error body is JSON with a ``message``; every 4xx/5xx is counted in
+``GET /metrics``. A standby instance answers 503 and names the leader. Reasons go
+in the JSON body only: the status line keeps aiohttp's standard reason phrase, so
+no user text (a ``\n`` in an id, say) ever reaches a header.
 
 Nothing here decides anything: handlers parse, call `ServiceRuntime.execute`, and
 render with `views`.
@@ -14,7 +17,6 @@ render with `views`.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections import Counter
@@ -23,6 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
+from dyad import bounded_json
 from frameworks.service import views
 from frameworks.service.appdef import AppInvalid, normalize_app_id, parse_app
 from frameworks.service.core import (
@@ -34,6 +37,10 @@ from frameworks.service.store import StoreError
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 1024 * 1024
+BODY_LIMITS = bounded_json.JsonLimits(max_bytes=MAX_BODY_BYTES, max_depth=16)
+"""An app definition nests a few levels (healthChecks, portDefinitions, labels);
+deeper bodies, numbers longer than 40 characters, infinities and lone surrogates
+are refused with 400 before any handler sees them."""
 VERSION = "0.1.0"
 
 Handler = Callable[[web.Request, dict[str, str]], Awaitable[web.StreamResponse]]
@@ -62,13 +69,9 @@ def _flag(request: web.Request, name: str) -> bool:
 async def _json_body(request: web.Request) -> Any:
     raw = await request.read()
     try:
-        return json.loads(raw, parse_constant=_no_constant)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise BadRequest(f"Invalid JSON: {exc}") from None
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
+        return bounded_json.loads(raw, BODY_LIMITS)
+    except bounded_json.JsonInputError as exc:
+        raise BadRequest(f"Invalid JSON: {exc.reason}") from None
 
 
 def _deployment_answer(outcome: Any, status: int = 200) -> web.Response:
@@ -87,7 +90,9 @@ class ServiceApi:
         self.name = name
         self.counters: Counter[str] = Counter()
         self.app = web.Application(client_max_size=MAX_BODY_BYTES)
-        self.app.router.add_route("*", "/{path:.*}", self._dispatch)
+        # Every path, even one with a newline in it (`.` would not match that), gets
+        # our JSON answers rather than aiohttp's plain-text 404.
+        self.app.router.add_route("*", r"/{path:[\s\S]*}", self._dispatch)
         a = r"(?P<app>/.+?)"
         self._routes: list[tuple[str, re.Pattern[str], Handler, bool]] = [
             (method, re.compile(pattern), handler, leader_only)

@@ -181,7 +181,9 @@ def _number(low: float, high: float = MAX_SCALAR, *, above: bool = False) -> Cal
     def parse(value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise _Bad("must be a number")
-        if not math.isfinite(value):
+        # Only floats can be infinite; an int is compared exactly (math.isfinite
+        # of a 309-digit int would raise OverflowError converting it to float).
+        if isinstance(value, float) and not math.isfinite(value):
             raise _Bad("must be finite")
         if value < low or (above and value == low):
             raise _Bad(f"must be {'greater than' if above else 'at least'} {low:g}")

@@ -20,21 +20,36 @@ A constraint is Marathon's triple ``[field, operator, value]``. ``field`` is
 An offer without the field (an agent lacking the attribute) satisfies only
 ``UNLIKE``. Everything here is pure: the caller says how many of the app's tasks
 hold each value and which values the cluster is known to have.
+
+Patterns are user input, so they run on RE2 (`google-re2`), whose matching time
+is linear in the text: a pattern such as ``(a+)+`` that takes Python's `re` hours
+on ``"a" * 40 + "!"`` takes RE2 microseconds. RE2 has no backreferences or
+lookaround; a pattern that uses them is refused as invalid. Sizes are bounded too:
+a field name at most `MAX_FIELD_LENGTH` characters, a value or pattern at most
+`MAX_VALUE_LENGTH`, a count at most `MAX_COUNT_DIGITS` ASCII digits.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
+import re2
 
 UNIQUE, CLUSTER, GROUP_BY, LIKE, UNLIKE, MAX_PER = (
     "UNIQUE", "CLUSTER", "GROUP_BY", "LIKE", "UNLIKE", "MAX_PER")
 OPERATORS = (UNIQUE, CLUSTER, GROUP_BY, LIKE, UNLIKE, MAX_PER)
 HOSTNAME = "hostname"
+MAX_FIELD_LENGTH = 128
+MAX_VALUE_LENGTH = 256
+MAX_COUNT_DIGITS = 6
 _FIELD = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
-MAX_REGEX_LENGTH = 1000
+# ASCII digits only: "²".isdigit() is true, yet int("²") raises.
+_COUNT = re.compile(f"[0-9]{{1,{MAX_COUNT_DIGITS}}}")
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # a bad pattern is the sender's problem, not our stderr's
 
 
 class ConstraintError(ValueError):
@@ -54,6 +69,31 @@ class Constraint:
         return ":".join(self.to_json())
 
 
+def _shown(text: str) -> str:
+    """`text` quoted for an error message, cut short: it is the sender's input."""
+    return repr(text) if len(text) <= 40 else repr(text[:40]) + "..."
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled(pattern: str) -> re2._Regexp:
+    try:
+        return re2.compile(pattern, options=_RE2_OPTIONS)
+    except re2.error as exc:
+        reason = exc.args[0].decode(errors="replace") if exc.args and isinstance(
+            exc.args[0], bytes) else str(exc)
+        raise ConstraintError(f"regex {_shown(pattern)} is invalid (RE2 syntax): "
+                              f"{reason}") from None
+
+
+def fullmatches(pattern: str, value: str) -> bool:
+    """Whether `value` matches all of `pattern`, in time linear in `value`. A
+    value that is not valid Unicode (a lone surrogate) matches no pattern."""
+    try:
+        return _compiled(pattern).fullmatch(value) is not None
+    except UnicodeEncodeError:
+        return False
+
+
 def parse_constraint(raw: object) -> Constraint:
     """``["rack", "GROUP_BY", "2"]`` -> `Constraint`; raises `ConstraintError`."""
     if not isinstance(raw, list) or not 2 <= len(raw) <= 3:
@@ -66,25 +106,24 @@ def parse_constraint(raw: object) -> Constraint:
         value = str(value)
     if value is not None and not isinstance(value, str):
         raise ConstraintError("constraint value must be a string")
-    if not _FIELD.fullmatch(field):
-        raise ConstraintError(f"invalid constraint field {field!r}")
+    if len(field) > MAX_FIELD_LENGTH or not _FIELD.fullmatch(field):
+        raise ConstraintError(f"invalid constraint field {_shown(field)} (letters, digits, "
+                              f"_ . -; at most {MAX_FIELD_LENGTH} characters)")
     if operator not in OPERATORS:
-        raise ConstraintError(f"unknown constraint operator {raw[1]!r} "
+        raise ConstraintError(f"unknown constraint operator {_shown(raw[1])} "
                               f"(one of {', '.join(OPERATORS)})")
+    if value is not None and len(value) > MAX_VALUE_LENGTH:
+        raise ConstraintError(f"{operator} value longer than {MAX_VALUE_LENGTH} characters")
     if operator == UNIQUE and value is not None:
         raise ConstraintError("UNIQUE takes no value")
     if operator in (LIKE, UNLIKE):
         if not value:
             raise ConstraintError(f"{operator} needs a regular expression")
-        if len(value) > MAX_REGEX_LENGTH:
-            raise ConstraintError(f"{operator} regex longer than {MAX_REGEX_LENGTH}")
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ConstraintError(f"{operator} regex {value!r} is invalid: {exc}") from None
+        _compiled(value)
     if operator == MAX_PER or (operator == GROUP_BY and value is not None):
-        if value is None or not value.isdigit() or int(value) < 1:
-            raise ConstraintError(f"{operator} needs a positive whole number")
+        if value is None or not _COUNT.fullmatch(value) or int(value) < 1:
+            raise ConstraintError(f"{operator} needs a positive whole number (at most "
+                                  f"{MAX_COUNT_DIGITS} digits 0-9)")
     if operator == CLUSTER and value == "":
         raise ConstraintError("CLUSTER value must not be empty")
     return Constraint(field, operator, value)
@@ -107,9 +146,9 @@ def check_satisfiable(constraints: Sequence[Constraint], instances: int) -> None
         cluster_value = next(iter(clusters), None)
         if cluster_value is not None:
             for c in group:
-                if c.operator == LIKE and not re.fullmatch(c.value or "", cluster_value):
+                if c.operator == LIKE and not fullmatches(c.value or "", cluster_value):
                     raise ConstraintError(f"{field}: CLUSTER {cluster_value} is not LIKE {c.value}")
-                if c.operator == UNLIKE and re.fullmatch(c.value or "", cluster_value):
+                if c.operator == UNLIKE and fullmatches(c.value or "", cluster_value):
                     raise ConstraintError(f"{field}: CLUSTER {cluster_value} is UNLIKE {c.value}")
         if not pinned:
             continue
@@ -140,7 +179,7 @@ def unmet(constraint: Constraint, value: str | None, counts: Mapping[str, int],
     """
     op, wanted = constraint.operator, constraint.value
     if op == UNLIKE:
-        return None if value is None or not re.fullmatch(wanted or "", value) \
+        return None if value is None or not fullmatches(wanted or "", value) \
             else f"{constraint}: {value} matches"
     if value is None:
         return f"{constraint}: agent has no {constraint.field}"
@@ -148,7 +187,7 @@ def unmet(constraint: Constraint, value: str | None, counts: Mapping[str, int],
     if op == UNIQUE:
         return f"{constraint}: {value} already has a task" if here else None
     if op == LIKE:
-        return None if re.fullmatch(wanted or "", value) else f"{constraint}: {value} does not match"
+        return None if fullmatches(wanted or "", value) else f"{constraint}: {value} does not match"
     if op == MAX_PER:
         return f"{constraint}: {value} has {here}" if here >= int(wanted or 0) else None
     if op == CLUSTER:

@@ -5,7 +5,7 @@ Two ways in, both ending in the same bookkeeping:
 - ``handle(event, now) -> effects`` for what happens to the framework: it
   registered, offers or a status update arrived, an agent was lost, the wake-up
   timer fired;
-- ``execute(command, now) -> Outcome`` for what users ask through the REST API:
+- ``execute(command, now) -> CommandResult`` for what users ask through the REST API:
   put, delete or restart an app, kill tasks, cancel a deployment, reset a backoff.
   A command that cannot be done raises `NotFound` or `Conflict` *before* changing
   anything, so a refused request leaves no trace.
@@ -17,10 +17,11 @@ app wants more than before and suppresses them when nobody wants any, so it neve
 sits on offers it cannot use. Unsuitable offers are declined with a filter.
 
 Effects are small frozen values the shell performs in order: talk to the driver
-(`LaunchTasks`, `DeclineOffers`, `KillTask`, `ReviveOffers`, `SuppressOffers`,
-`ReconcileTasks`), write the store (`Persist`, always before the launch it
-covers), and arm the single wake-up timer (`ArmTimer`/`CancelTimer` with key
-`WAKE`) for backoff expiry, deployment deadlines and retries.
+(the shared `frameworks.effects`: `LaunchTasks`, `DeclineOffers`, `RequestKill`,
+`ReviveOffers`, `SuppressOffers`, `ReconcileTasks`), write the store (`Persist`,
+always before the launch it covers), and arm the single wake-up timer
+(`ArmTimer`/`CancelTimer` with key `Wake()`) for backoff expiry, deployment
+deadlines and retries.
 
 Failure handling: a task that ends without being asked to (failed, finished,
 killed by its agent's health check...) is replaced after the app's backoff
@@ -44,18 +45,18 @@ from typing import Any
 
 import attrs
 
-from dyad.effects import ArmTimer, CancelTimer
+from dyad.effects import ArmTimer, CancelTimer, TimerFired, TimerKey, UnknownTimer
 from dyad.messages import Offer, TaskInfo, TaskState, TaskStatus
 from dyad.resources import Resources
+from frameworks.effects import (
+    DeclineOffers, DriverEffect, LaunchTasks, ReconcileTasks, RequestKill, ReviveOffers,
+    SuppressOffers)
 from frameworks.service.appdef import AppDefinition, app_from_stored, stored_app
 from frameworks.service.deployment import plan_deployment, plan_steady
 from frameworks.service.placement import Fit, Spread, Unfit, agent_ip, fit, task_info
 from frameworks.service.records import (
-    AUTO_ROLLBACK_KINDS, CREATE, DELETE, RESTART, ROLLBACK, SCALE, UPGRADE, Deployment,
-    TaskRecord, iso_time)
-
-WAKE = "wake"
-"""The one timer key the core arms."""
+    AUTO_ROLLBACK_KINDS, CREATE, DELETE, RESTART, ROLLBACK, SCALE, UPGRADE, AppTask,
+    Deployment, iso_time)
 
 BACKOFF_STATES = frozenset({TaskState.TASK_FAILED, TaskState.TASK_FINISHED,
                             TaskState.TASK_ERROR, TaskState.TASK_KILLED})
@@ -95,12 +96,14 @@ class AgentLost:
     agent_id: str
 
 
+Event = (Registered | Reregistered | Disconnected | OffersReceived | StatusReceived
+         | AgentLost | TimerFired)
+
+
 @attrs.frozen
-class Tick:
-    """The `WAKE` timer fired."""
-
-
-Event = Registered | Reregistered | Disconnected | OffersReceived | StatusReceived | AgentLost | Tick
+class Wake(TimerKey):
+    """The one timer the core arms: the earliest backoff expiry, deployment
+    deadline, kill retry or reconciliation retry."""
 
 
 # --------------------------------------------------------------------- commands
@@ -157,42 +160,6 @@ Command = PutApp | DeleteApp | RestartApp | KillTasks | CancelDeployment | Reset
 
 
 @attrs.frozen
-class LaunchTasks:
-    offer_id: str
-    tasks: tuple[TaskInfo, ...]
-    refuse_seconds: float
-
-
-@attrs.frozen
-class DeclineOffers:
-    offer_ids: tuple[str, ...]
-    refuse_seconds: float
-
-
-@attrs.frozen
-class KillTask:
-    task_id: str
-    grace_period: float | None = None
-
-
-@attrs.frozen
-class ReviveOffers:
-    pass
-
-
-@attrs.frozen
-class SuppressOffers:
-    pass
-
-
-@attrs.frozen
-class ReconcileTasks:
-    """``(task_id, agent_id)`` pairs; empty asks for every task (implicit)."""
-
-    tasks: tuple[tuple[str, str], ...] = ()
-
-
-@attrs.frozen
 class Persist:
     """Write (or with ``value`` None delete) ``kind/key`` in the store. Kinds:
     ``apps``, ``deployments``, ``tasks``, ``framework``."""
@@ -202,12 +169,11 @@ class Persist:
     value: Any
 
 
-Effect = (LaunchTasks | DeclineOffers | KillTask | ReviveOffers | SuppressOffers
-          | ReconcileTasks | Persist | ArmTimer | CancelTimer)
+Effect = DriverEffect | Persist | ArmTimer | CancelTimer
 
 
 @attrs.frozen
-class Outcome:
+class CommandResult:
     """What a command did: its effects, and the deployment and version it made."""
 
     effects: list[Effect]
@@ -291,8 +257,8 @@ class ServiceCore:
             self.apps[app.id] = app
         self.deployments: dict[str, Deployment] = {
             d.id: d for d in map(Deployment.from_json, snapshot.deployments.values())}
-        self.tasks: dict[str, TaskRecord] = {
-            t.task_id: t for t in map(TaskRecord.from_json, snapshot.tasks.values())}
+        self.tasks: dict[str, AppTask] = {
+            t.task_id: t for t in map(AppTask.from_json, snapshot.tasks.values())}
         self.connected = False
         self.counters: Counter[str] = Counter()
         self._runtime: dict[str, AppRuntime] = {}
@@ -308,7 +274,7 @@ class ServiceCore:
 
     # ------------------------------------------------------------ queries
 
-    def tasks_of(self, app_id: str) -> list[TaskRecord]:
+    def tasks_of(self, app_id: str) -> list[AppTask]:
         return sorted((t for t in self.tasks.values() if t.app_id == app_id),
                       key=lambda t: (t.staged_at, t.task_id))
 
@@ -359,16 +325,20 @@ class ServiceCore:
         elif isinstance(event, AgentLost):
             self._agents.pop(event.agent_id, None)
             effects = []
-        elif isinstance(event, Tick):
-            self._wake = None
-            effects = self._on_tick(now)
+        elif isinstance(event, TimerFired):
+            match event.key:
+                case Wake():
+                    self._wake = None
+                    effects = self._on_tick(now)
+                case key:
+                    raise UnknownTimer("ServiceCore", key)
         else:
             raise TypeError(f"not a service event: {event!r}")
         return self._settle(effects, now)
 
     # -------------------------------------------------------- way in: commands
 
-    def execute(self, command: Command, now: float) -> Outcome:
+    def execute(self, command: Command, now: float) -> CommandResult:
         effects: list[Effect] = []
         deployment: Deployment | None = None
         if isinstance(command, PutApp):
@@ -403,8 +373,8 @@ class ServiceCore:
             raise TypeError(f"not a service command: {command!r}")
         effects = self._settle(effects, now)
         if deployment is None:
-            return Outcome(effects)
-        return Outcome(effects, deployment.id, deployment.version)
+            return CommandResult(effects)
+        return CommandResult(effects, deployment.id, deployment.version)
 
     def _app(self, app_id: str) -> AppDefinition:
         app = self.apps.get(app_id)
@@ -539,7 +509,7 @@ class ServiceCore:
             if status.state.is_terminal or status.state is TaskState.TASK_UNKNOWN:
                 return []
             self.counters["orphans_killed"] += 1
-            return [KillTask(status.task_id)]
+            return [RequestKill(status.task_id)]
         if status.state.is_terminal:
             return self._ended(task, status, now)
         effects: list[Effect] = []
@@ -557,7 +527,7 @@ class ServiceCore:
                 deployment.progress_at = now
         return effects
 
-    def _ended(self, task: TaskRecord, status: TaskStatus, now: float) -> list[Effect]:
+    def _ended(self, task: AppTask, status: TaskStatus, now: float) -> list[Effect]:
         del self.tasks[task.task_id]
         self.counters[f"tasks_{status.state.value[5:].lower()}"] += 1
         effects: list[Effect] = [Persist("tasks", task.task_id, None)]
@@ -590,7 +560,7 @@ class ServiceCore:
             if task.kill_requested_at is not None and now >= self._kill_due(task):
                 task.kill_requested_at = now
                 self.counters["kills_retried"] += 1
-                effects.append(KillTask(task.task_id, task.kill_grace_period))
+                effects.append(RequestKill(task.task_id, task.kill_grace_period))
         if self._unconfirmed and now >= self._reconciled_at + self.config.reconcile_retry:
             self._reconciled_at = now
             self._unconfirmed &= set(self.tasks)
@@ -598,7 +568,7 @@ class ServiceCore:
                 effects.append(ReconcileTasks(self._reconcile_list(self._unconfirmed)))
         return effects
 
-    def _kill_due(self, task: TaskRecord) -> float:
+    def _kill_due(self, task: AppTask) -> float:
         assert task.kill_requested_at is not None
         return task.kill_requested_at + self.config.kill_retry + (task.kill_grace_period or 0.0)
 
@@ -674,7 +644,7 @@ class ServiceCore:
     def _launch(self, app: AppDefinition, offer: Offer, placement: Fit, now: float,
                 effects: list[Effect]) -> TaskInfo:
         task_id = f"{app.key}.{self._new_id()}"
-        record = TaskRecord(
+        record = AppTask(
             task_id=task_id, app_id=app.id, config_version=app.config_version,
             agent_id=offer.agent_id, hostname=offer.hostname, staged_at=now,
             ip=agent_ip(offer), ports=list(placement.ports),
@@ -711,7 +681,7 @@ class ServiceCore:
 
     def _drive(self, now: float) -> list[Effect]:
         effects: list[Effect] = []
-        by_app: dict[str, list[TaskRecord]] = {}
+        by_app: dict[str, list[AppTask]] = {}
         for task in self.tasks.values():
             by_app.setdefault(task.app_id, []).append(task)
         self._wanted = {}
@@ -736,13 +706,13 @@ class ServiceCore:
                 effects += self._kill([t for t in tasks if not t.killing], now)
         return effects
 
-    def _kill(self, tasks: Iterable[TaskRecord], now: float) -> list[Effect]:
+    def _kill(self, tasks: Iterable[AppTask], now: float) -> list[Effect]:
         effects: list[Effect] = []
         for task in tasks:
             task.kill_requested_at = now
             self.counters["kills_requested"] += 1
             effects.append(Persist("tasks", task.task_id, task.to_json()))
-            effects.append(KillTask(task.task_id, task.kill_grace_period))
+            effects.append(RequestKill(task.task_id, task.kill_grace_period))
         return effects
 
     def _offer_interest(self, now: float) -> list[Effect]:
@@ -771,7 +741,7 @@ class ServiceCore:
         if wake == self._wake:
             return []
         self._wake = wake
-        return [CancelTimer(WAKE)] if wake is None else [ArmTimer(WAKE, wake)]
+        return [CancelTimer(Wake())] if wake is None else [ArmTimer(Wake(), wake)]
 
     def _stamp(self, now: float) -> str:
         """A version: the time, in milliseconds, strictly later than the last one

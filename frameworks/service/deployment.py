@@ -32,25 +32,25 @@ from collections.abc import Sequence
 import attrs
 
 from frameworks.service.appdef import OLDEST_FIRST, AppDefinition
-from frameworks.service.records import TaskRecord
+from frameworks.service.records import AppTask
 
 
 @attrs.frozen
 class Plan:
     start: int
-    kill: tuple[TaskRecord, ...]
+    kill: tuple[AppTask, ...]
     done: bool
 
 
-def kill_order(tasks: Sequence[TaskRecord], current_version: str,
-               selection: str) -> list[TaskRecord]:
+def kill_order(tasks: Sequence[AppTask], current_version: str,
+               selection: str) -> list[AppTask]:
     """`tasks` with the first to kill first."""
     sign = 1 if selection == OLDEST_FIRST else -1
     return sorted(tasks, key=lambda t: (t.ready, t.config_version == current_version,
                                         sign * t.staged_at, t.task_id))
 
 
-def plan_deployment(target: AppDefinition | None, tasks: Sequence[TaskRecord]) -> Plan:
+def plan_deployment(target: AppDefinition | None, tasks: Sequence[AppTask]) -> Plan:
     """The next step of a deployment to `target` (None: delete the app)."""
     active = [t for t in tasks if not t.killing]
     if target is None:
@@ -80,7 +80,7 @@ def plan_deployment(target: AppDefinition | None, tasks: Sequence[TaskRecord]) -
     return Plan(start=start, kill=tuple(kill), done=done)
 
 
-def plan_steady(app: AppDefinition, tasks: Sequence[TaskRecord]) -> Plan:
+def plan_steady(app: AppDefinition, tasks: Sequence[AppTask]) -> Plan:
     """Keep `app.instances` live tasks: start the missing ones, kill the extra ones."""
     active = [t for t in tasks if not t.killing]
     extra = len(active) - app.instances

@@ -26,7 +26,7 @@ def iso_time(seconds: float) -> str:
 
 
 @attrs.define
-class TaskRecord:
+class AppTask:
     """One task the framework launched (or learned of and adopted)."""
 
     task_id: str
@@ -67,7 +67,7 @@ class TaskRecord:
             "killGracePeriod": self.kill_grace_period}
 
     @classmethod
-    def from_json(cls, body: dict[str, Any]) -> TaskRecord:
+    def from_json(cls, body: dict[str, Any]) -> AppTask:
         return cls(
             task_id=body["taskId"], app_id=body["appId"],
             config_version=body["configVersion"], agent_id=body["agentId"],

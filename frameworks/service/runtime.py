@@ -9,19 +9,19 @@ is sent, so a framework that dies in between finds it and asks the master about 
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from dyad.clock import Clock
-from dyad.effects import ArmTimer, CancelTimer
-from dyad.messages import Filters, MasterInfo, Offer, TaskStatus
+from dyad.effects import ArmTimer, CancelTimer, TimerFired
+from dyad.messages import MasterInfo, Offer, TaskStatus
+from dyad.timers import TimerTable
 from frameworks.scheduler import Scheduler
+from frameworks.effects import perform
 from frameworks.service.core import (
-    AgentLost, Command, DeclineOffers, Disconnected, Effect, Event, KillTask, LaunchTasks,
-    OffersReceived, Outcome, Persist, ReconcileTasks, Registered, Reregistered,
-    ReviveOffers, ServiceCore, StatusReceived, SuppressOffers, Tick)
+    AgentLost, Command, CommandResult, Disconnected, Effect, Event, OffersReceived, Persist,
+    Registered, Reregistered, ServiceCore, StatusReceived)
 from frameworks.service.store import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ class ServiceRuntime:
         self.driver: Any = None
         self.on_fatal = on_fatal
         self.failed: Exception | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._timers = TimerTable(clock.now, self._fire)
 
     def handle(self, event: Event) -> None:
         """Feed a driver or timer event. After a store failure every event raises
@@ -47,7 +47,7 @@ class ServiceRuntime:
         self._check()
         self._perform(self.core.handle(event, self.clock.now()))
 
-    def execute(self, command: Command) -> Outcome:
+    def execute(self, command: Command) -> CommandResult:
         """Run an API command; raises `ServiceError` (nothing done) or `StoreError`."""
         self._check()
         outcome = self.core.execute(command, self.clock.now())
@@ -83,44 +83,19 @@ class ServiceRuntime:
             raise
 
     def _act(self, effect: Effect) -> None:
-        driver = self.driver
-        if isinstance(effect, LaunchTasks):
-            driver.launch_tasks([effect.offer_id], list(effect.tasks),
-                                Filters(refuse_seconds=effect.refuse_seconds))
-        elif isinstance(effect, DeclineOffers):
-            driver.decline_offers(list(effect.offer_ids),
-                                  Filters(refuse_seconds=effect.refuse_seconds))
-        elif isinstance(effect, KillTask):
-            driver.kill_task(effect.task_id, effect.grace_period)
-        elif isinstance(effect, ReviveOffers):
-            driver.revive_offers()
-        elif isinstance(effect, SuppressOffers):
-            driver.suppress_offers()
-        elif isinstance(effect, ReconcileTasks):
-            driver.reconcile_tasks(list(effect.tasks))
-        elif isinstance(effect, ArmTimer):
-            self._cancel_timer()
-            delay = max(0.0, effect.at - self.clock.now())
-            self._timer = asyncio.get_running_loop().call_later(delay, self._fire)
-        elif isinstance(effect, CancelTimer):
-            self._cancel_timer()
+        if isinstance(effect, (ArmTimer, CancelTimer)):
+            self._timers.perform(effect)
         else:
-            raise TypeError(f"unknown effect {effect!r}")
+            perform(effect, self.driver)  # Persist never reaches here: see _perform
 
-    def _fire(self) -> None:
-        self._timer = None
+    def _fire(self, key: Hashable) -> None:
         try:
-            self.handle(Tick())
+            self.handle(TimerFired(key))
         except StoreError:
             pass  # already reported through on_fatal
 
-    def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
     def close(self) -> None:
-        self._cancel_timer()
+        self._timers.cancel_all()
 
 
 class ServiceScheduler(Scheduler):

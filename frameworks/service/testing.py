@@ -19,12 +19,14 @@ from collections.abc import Iterable
 from typing import Any
 
 from dyad.clock import FakeClock
+from dyad.effects import TimerFired
 from dyad.messages import Offer, TaskState, TaskStatus
 from dyad.resources import Resources
+from frameworks.effects import LaunchTasks, RequestKill
 from frameworks.service.core import (
-    Command, Effect, Event, KillTask, LaunchTasks, OffersReceived, Outcome, Persist,
-    Registered, ServiceConfig, ServiceCore, Snapshot, StatusReceived, Tick)
-from frameworks.service.records import TaskRecord
+    Command, CommandResult, Effect, Event, OffersReceived, Persist, Registered, ServiceConfig,
+    ServiceCore, Snapshot, StatusReceived, Wake)
+from frameworks.service.records import AppTask
 
 
 class ServiceSim:
@@ -59,7 +61,7 @@ class ServiceSim:
     def step(self, event: Event) -> list[Effect]:
         return self._record(self.core.handle(event, self.now))
 
-    def command(self, command: Command) -> Outcome:
+    def command(self, command: Command) -> CommandResult:
         outcome = self.core.execute(command, self.now)
         self._record(outcome.effects)
         return outcome
@@ -78,7 +80,7 @@ class ServiceSim:
     def advance(self, seconds: float) -> list[Effect]:
         """Move time on and fire the wake-up timer if it came due."""
         self.clock.advance(seconds)
-        return self.step(Tick())
+        return self.step(TimerFired(Wake()))
 
     def register(self, framework_id: str = "framework-1") -> list[Effect]:
         return self.step(Registered(framework_id))
@@ -103,7 +105,7 @@ class ServiceSim:
 
     def killed(self, effects: Iterable[Effect] | None = None) -> list[str]:
         return [e.task_id for e in (self.last if effects is None else effects)
-                if isinstance(e, KillTask)]
+                if isinstance(e, RequestKill)]
 
     # -------------------------------------------------------------- updates
 
@@ -114,7 +116,7 @@ class ServiceSim:
                             agent_id=task.agent_id if task else "", uuid="u", **fields)
         return self.step(StatusReceived(status))
 
-    def tasks(self, app_id: str) -> list[TaskRecord]:
+    def tasks(self, app_id: str) -> list[AppTask]:
         return self.core.tasks_of(app_id)
 
     def run_all(self, app_id: str, healthy: bool | None = True) -> None:

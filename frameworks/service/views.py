@@ -12,14 +12,14 @@ from frameworks.service.appdef import AppDefinition, app_to_json
 from frameworks.service.core import ServiceCore
 from frameworks.service.deployment import plan_deployment
 from frameworks.service.records import (
-    CREATE, DELETE, SCALE, Deployment, TaskRecord, iso_time)
+    CREATE, DELETE, SCALE, AppTask, Deployment, iso_time)
 
 _ACTIONS = {CREATE: "StartApplication", SCALE: "ScaleApplication",
             DELETE: "StopApplication"}
 _STAGED = (TaskState.TASK_STAGING, TaskState.TASK_STARTING)
 
 
-def task_json(task: TaskRecord) -> dict[str, Any]:
+def task_json(task: AppTask) -> dict[str, Any]:
     """One task, with where to reach it (service discovery)."""
     health = []
     if task.health_checked and task.healthy is not None:

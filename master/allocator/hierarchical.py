@@ -303,7 +303,7 @@ class HierarchicalAllocator:
                         framework.roles[0])
         self._charge(agent_id, agent, framework_id, role, delta)
 
-    def recover(self, agent_id: str, framework_id: str, resources: Resources) -> None:
+    def release(self, agent_id: str, framework_id: str, resources: Resources) -> None:
         """`resources` allocated to the framework on the agent are free again (a task
         ended, an executor exited, an offer came back)."""
         agent = self._agent(agent_id)
@@ -321,7 +321,7 @@ class HierarchicalAllocator:
         `returned` is the part it did not use."""
         agent = self._agent(agent_id)
         agent.offered_to.discard(framework_id)
-        self.recover(agent_id, framework_id, returned)
+        self.release(agent_id, framework_id, returned)
         self._dirty[agent_id] = None  # the framework may be offered here again
 
     # ----------------------------------------------------------------- queries
@@ -646,7 +646,7 @@ def _cut(resources: Resources, limit_room: Mapping[str, int],
     if not limit_room and not unreserved_room:
         return resources
     unreserved = resources.unreserved()
-    cuts: list[str] = []
+    cut = Resources()
     for kind in sorted(set(limit_room) | set(unreserved_room)):
         have_unreserved = unreserved.get_milli(kind)
         have_reserved = resources.get_milli(kind) - have_unreserved
@@ -656,17 +656,13 @@ def _cut(resources: Resources, limit_room: Mapping[str, int],
             keep_reserved = min(have_reserved, limit_room[kind])
             keep_unreserved = min(keep_unreserved, limit_room[kind] - keep_reserved)
         if keep_unreserved < have_unreserved:
-            cuts.append(f"{kind}:{_milli_text(have_unreserved - keep_unreserved)}")
+            cut = cut + Resources.scalar_milli(kind, have_unreserved - keep_unreserved)
         excess = have_reserved - keep_reserved
         for role in sorted(resources.roles() - {UNRESERVED}):
             if excess <= 0:
                 break
             take = min(excess, resources.reserved(role).get_milli(kind))
             if take:
-                cuts.append(f"{kind}({role}):{_milli_text(take)}")
+                cut = cut + Resources.scalar_milli(kind, take, role)
                 excess -= take
-    return resources - Resources.parse(";".join(cuts)) if cuts else resources
-
-
-def _milli_text(milli: int) -> str:
-    return f"{milli // 1000}.{milli % 1000:03d}"
+    return resources - cut

@@ -23,7 +23,7 @@ from typing import Any
 
 import attrs
 
-from dyad.resources import SHARE_KINDS, UNRESERVED, Resources, ResourcesError
+from dyad.resources import SHARE_KINDS, UNRESERVED, is_valid_role
 
 __all__ = ["PolicyError", "Quota", "check_quotas", "parse_quota", "parse_weights",
            "role_problem"]
@@ -55,12 +55,8 @@ def role_problem(role: object) -> str:
     """Why `role` is not a valid role name ('' if it is): a role is valid exactly
     when a resource can be reserved to it."""
     if not isinstance(role, str) or not role:
-        return f"a role must be a non-empty string, got {role!r}"
-    try:
-        Resources.parse(f"cpus({role}):1")
-    except ResourcesError:
-        return f"invalid role {role!r}"
-    return ""
+        return f"a role must be a non-empty string, got {_shown(role)}"
+    return "" if is_valid_role(role) else f"invalid role {_shown(role)}"
 
 
 def parse_weights(body: Any) -> dict[str, float]:
@@ -74,10 +70,9 @@ def parse_weights(body: Any) -> dict[str, float]:
         problem = role_problem(role)
         if problem:
             raise PolicyError(problem)
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) \
-                or not math.isfinite(weight) or not 0 < weight <= _MAX_WEIGHT:
+        if not _number_within(weight, 0, _MAX_WEIGHT) or weight == 0:
             raise PolicyError(f"weight of role {role} must be a number in (0, {_MAX_WEIGHT:g}], "
-                              f"got {weight!r}")
+                              f"got {_shown(weight)}")
         if role in weights:
             raise PolicyError(f"role {role} is given twice")
         weights[role] = float(weight)
@@ -155,14 +150,32 @@ def _amounts(role: str, what: str, value: Any) -> dict[str, int]:
     amounts: dict[str, int] = {}
     for kind, amount in value.items():
         if kind not in SHARE_KINDS:
-            raise PolicyError(f"role {role}: {what} of {kind!r}: quota covers only "
+            raise PolicyError(f"role {role}: {what} of {_shown(kind)}: quota covers only "
                               f"{', '.join(SHARE_KINDS)}")
-        if isinstance(amount, bool) or not isinstance(amount, (int, float)) \
-                or not math.isfinite(amount) or amount < 0 or amount > _MAX_AMOUNT:
+        if not _number_within(amount, 0, _MAX_AMOUNT):
             raise PolicyError(f"role {role}: {what} of {kind} must be a number in "
-                              f"[0, {_MAX_AMOUNT}], got {amount!r}")
+                              f"[0, {_MAX_AMOUNT}], got {_shown(amount)}")
         amounts[kind] = round(amount * 1000)
     return amounts
+
+
+def _shown(value: Any) -> str:
+    """`value` for an error message, short whatever its size (repr of a 5,000-digit
+    integer raises, and a megabyte of role name helps nobody)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**18:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _number_within(value: Any, low: float, high: float) -> bool:
+    """`value` is a real number (not a bool) in [low, high]. Compared before any
+    conversion: a 400-digit integer is out of range, not an OverflowError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
+    return low <= value <= high
 
 
 def _amounts_json(amounts: Mapping[str, int]) -> dict[str, float]:

@@ -368,9 +368,10 @@ async def test_frames_that_break_a_decoder_cost_only_themselves(agent: AgentServ
     finally:
         sock.close()
     status, metrics = await get(agent, "/metrics/snapshot")
-    # Each broken frame is counted once: as invalid once the decoder rejects it,
-    # as a receive error while it raises; the probe is invalid either way.
-    assert metrics["agent/messages_invalid"] + metrics["agent/receive_errors"] == 4
+    # Each of the five frames is refused and counted once as invalid: the three
+    # that broke the decoder, the lone surrogate (refused at decoding) and the
+    # probe. None of them is left to the receive loop's last-resort guard.
+    assert metrics["agent/messages_invalid"] == 5 and metrics["agent/receive_errors"] == 0
     assert (await get(agent, "/health")) == (200, {"healthy": True})
 
 

@@ -30,7 +30,7 @@ from dyad.zk import ZkSession, create_contender
 from frameworks import CommandInfo, Filters, FrameworkInfo, TaskInfo, TaskState
 from master.registry import RegistryData, RegistryError, RegistryFenced, ZooKeeperRegistry
 from master.server import MasterServer
-from master.state import MasterConfig
+from master.model import MasterConfig
 
 from .conftest import FAST_MASTER, Recorder, wait_for
 from .zookeeper import ZooKeeperServer, zookeeper  # noqa: F401 (the fixture)

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from dyad.codec import from_json
 from dyad.ids import IdGenerator
@@ -20,8 +22,10 @@ from dyad.messages import (
 from dyad.resources import Resources
 from dyad.transport import Dealer
 from master.main import config_from, parse_args
+from master.metrics import COUNTERS, GAUGES
 from master.server import MasterServer
-from master.state import MasterConfig
+from master.model import AllocationTimed, MasterConfig
+from tests.helpers import wait_for
 
 DEADLINE = 5.0
 
@@ -51,6 +55,22 @@ async def dealer(master: MasterServer) -> AsyncIterator[Dealer]:
     try:
         yield sock
     finally:
+        sock.close()
+
+
+@pytest.fixture
+def dealer_factory() -> Iterator[Callable[[str], Dealer]]:
+    """Connected DEALERs, closed at the end of the test."""
+    sockets: list[Dealer] = []
+
+    def connect(endpoint: str) -> Dealer:
+        sock = Dealer()
+        sock.connect(endpoint)
+        sockets.append(sock)
+        return sock
+
+    yield connect
+    for sock in sockets:
         sock.close()
 
 
@@ -106,6 +126,13 @@ async def test_state_health_metrics(master: MasterServer, http: aiohttp.ClientSe
     assert metrics["master/agents_active"] == 0
     assert metrics["master/messages_invalid"] == 0
     assert metrics["master/internal_errors"] == 0
+    assert set(metrics) <= set(COUNTERS) | set(GAUGES), "every figure needs a catalogue entry"
+    async with http.get(base + "/metrics") as resp:
+        families = {f.name: f for f in text_string_to_metric_families(await resp.text())}
+    assert families["dyad_master_internal_errors"].type == "counter"
+    assert families["dyad_master_elected"].type == "gauge"
+    assert families["dyad_master_registry_write_seconds"].type == "histogram"
+    assert families["dyad_allocator_allocation_run_seconds"].type == "histogram"
 
 
 async def test_http_errors_are_json(master: MasterServer, http: aiohttp.ClientSession) -> None:
@@ -190,3 +217,96 @@ def test_cli_parses_durations_and_checks_zk(capsys: pytest.CaptureFixture[str]) 
     with pytest.raises(SystemExit):
         parse_args(["--offer-timeout", "soon"])
     assert "invalid duration" in capsys.readouterr().err
+
+
+async def test_operator_calls_go_through_the_core_and_reach_the_registry(
+        tmp_path: Path, http: aiohttp.ClientSession, dealer_factory: Callable[[str], Dealer]
+        ) -> None:
+    """Weights, quota and teardown are events the core answers; a weight change is
+    written to the registry because the core said so (PersistRegistry)."""
+    server = MasterServer(ip="127.0.0.1", hostname="localhost", port=0, zmq_port=0,
+                          config=MasterConfig(allocation_interval=0.05),
+                          ids=IdGenerator("op-master"), work_dir=tmp_path)
+    await server.start()
+    try:
+        base = server.info.http_url
+        async with http.put(base + "/weights", json=[{"role": "eng", "weight": 2}]) as resp:
+            assert resp.status == 200 and await resp.json() == [{"role": "eng", "weight": 2.0}]
+        registry = tmp_path / "registry.json"
+        await wait_for(lambda: registry.exists()
+                       and json.loads(registry.read_text())["weights"] == {"eng": 2.0},
+                       DEADLINE, "the weights in the registry")
+        async with http.put(base + "/quota", json={"role": "eng", "limit": {"cpus": -1}}) as resp:
+            assert resp.status == 400 and "limit of cpus" in (await resp.json())["error"]
+        framework = dealer_factory(server.info.zmq_endpoint)
+        await framework.send(Subscribe(framework=FrameworkInfo(name="fw")))
+        subscribed = await recv_type(framework, Subscribed)
+        assert isinstance(subscribed, Subscribed)
+        body = {"framework_id": subscribed.framework_id}
+        async with http.post(base + "/teardown", json=body) as resp:
+            assert resp.status == 200
+            assert await resp.json() == {"torn_down": True, **body}
+        async with http.post(base + "/teardown", json=body) as resp:
+            assert resp.status == 404 and "no active framework" in (await resp.json())["error"]
+        metrics = server.metrics()
+        assert metrics["master/operator_teardowns"] == 1
+        assert metrics["master/operator_calls_invalid"] == 1
+        assert metrics["master/frameworks_completed"] == 1
+    finally:
+        await server.stop()
+
+
+# The frames from issue 12 that silenced the master's receive loop.
+DEEP_FRAME = b"[" * 1000 + b"]" * 1000
+LONG_NUMBER_FRAME = b'{"type":"acknowledge","v":' + b"1" * 4301 + b',"body":{}}'
+
+
+async def test_frames_that_broke_the_decoder_do_not_silence_the_master(
+        master: MasterServer, http: aiohttp.ClientSession, dealer: Dealer) -> None:
+    """Whatever the decoder does with them, each is counted, the receive loop goes
+    on, and the master still answers and reports healthy."""
+    for frame in (DEEP_FRAME, LONG_NUMBER_FRAME) * 3:
+        assert await dealer.send_raw(frame)
+    await dealer.send(Subscribe(framework=FrameworkInfo(name="fw")))
+    assert isinstance(await recv_type(dealer, Subscribed), Subscribed)
+    metrics = master.metrics()
+    assert metrics["master/messages_invalid"] + metrics["master/internal_errors"] == 6
+    assert metrics["master/loop_restarts"] == 0
+    async with http.get(master.info.http_url + "/health") as resp:
+        assert resp.status == 200 and (await resp.json())["healthy"] is True
+
+
+async def test_frames_that_broke_the_decoder_are_rejected_with_a_reason(
+        master: MasterServer, dealer: Dealer) -> None:
+    """The sender hears why (`Rejected`), like for any bad frame. Needs the bounded
+    decoder in dyad/messages.py (issue 12); with json.loads it raises instead."""
+    for frame in (DEEP_FRAME, LONG_NUMBER_FRAME):
+        assert await dealer.send_raw(frame)
+        reply = await recv(dealer)
+        assert isinstance(reply, Rejected) and reply.reason
+    assert master.metrics()["master/messages_invalid"] == 2
+    assert master.metrics()["master/internal_errors"] == 0
+
+
+async def test_a_loop_that_keeps_dying_takes_the_master_down(
+        master: MasterServer, http: aiohttp.ClientSession,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug that kills the event loop on every event: logged, counted, restarted,
+    and after a few deaths the master steps down (dyad-master then exits 75)
+    instead of running as a zombie; /health says why."""
+    async def broken() -> None:
+        raise RuntimeError("a bug in the shell")
+
+    monkeypatch.setattr(master, "_may_act", broken)
+    for _ in range(10):  # each kills the loop once
+        master.submit(AllocationTimed(0.001))
+    reason = await asyncio.wait_for(master.lost, DEADLINE)
+    assert reason.startswith("master-process failed")
+    metrics = master.metrics()
+    assert metrics["master/loop_restarts"] >= 5 and metrics["master/internal_errors"] >= 6
+    async with http.get(master.info.http_url + "/health") as resp:
+        assert resp.status == 503
+        body = await resp.json()
+    assert body["healthy"] is False
+    assert any(problem.startswith("stepped down: master-process failed")
+               for problem in body["problems"])

@@ -97,7 +97,7 @@ async def test_cli_metrics_events_and_json_logs(make_cluster: Any, drivers: Any)
     master_metrics = metric_values(cluster.master.url)
     snapshot = http_get_json(f"{cluster.master.url}/metrics/snapshot")
     assert master_metrics["dyad_master_agents_active"] == snapshot["master/agents_active"] == 1
-    assert master_metrics["dyad_master_operator_kills"] == 1
+    assert master_metrics["dyad_master_operator_kills_total"] == 1
     agent_metrics = metric_values(cluster.agent_children[0].url)
     assert agent_metrics["dyad_agent_registered"] == 1
     assert agent_metrics["dyad_agent_tasks_killed"] == 1

@@ -66,8 +66,9 @@ class Service:
         self.url = await wait_for(listening, 20, "the service's API")
         return self
 
-    def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        data = None if body is None else json.dumps(body).encode()
+    def call(self, method: str, path: str, body: Any = None,
+             raw: bytes | None = None) -> tuple[int, Any]:
+        data = raw if raw is not None else None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.url + path, data=data, method=method)
         try:
             with urllib.request.urlopen(request, timeout=5) as response:
@@ -247,6 +248,37 @@ async def test_a_standby_takes_over_through_zookeeper(
     assert {t["id"] for t in standby.app()["tasks"]} == tasks
     assert framework_tasks(cluster, framework_id) == sorted(tasks)
     assert standby.get("/metrics")["counters"].get("tasks_launched", 0) == 0
+
+
+async def test_bad_requests_get_4xx_and_leave_the_service_working(
+        make_cluster: Any, services: Any, tmp_path: Path) -> None:
+    """Issue 12's reproducers against a real process over a real socket: each one
+    answered at once with a 4xx and a reason, and the service still runs apps."""
+    cluster = make_cluster(agents=1, resources="cpus:2;mem:1024;disk:1000")
+    service = await services("only", "--master", cluster.master_address,
+                             "--work-dir", str(tmp_path / "state")).started()
+    redos = {**WEB, "constraints": [["hostname", "CLUSTER", "a" * 40 + "!"],
+                                    ["hostname", "LIKE", "(a+)+"]]}
+    bad: list[tuple[str, str, bytes]] = [
+        ("POST", "/v2/apps", b"[" * 1000 + b"]" * 1000),
+        ("PUT", "/v2/apps/web", b'{"cpus": 1' + b"0" * 309 + b"}"),
+        ("POST", "/v2/apps", b'{"id": "/web", "cmd": "x", "cpus": 1e309}'),
+        ("POST", "/v2/apps", b'{"id": "/web", "cmd": "\\ud800"}'),
+        ("POST", "/v2/apps", json.dumps({**WEB, "constraints": [
+            ["hostname", "MAX_PER", "\u00b2"]]}).encode()),
+        ("POST", "/v2/apps", json.dumps(redos).encode()),   # hours with Python's re
+        ("DELETE", "/v2/apps/web/tasks/a%0Ab", b""),
+    ]
+    for method, path, raw in bad:
+        started = time.monotonic()
+        status, body = service.call(method, path, raw=raw)   # urllib: 5 s timeout
+        assert 400 <= status < 500 and body["message"], (method, path, status, body)
+        assert time.monotonic() - started < 5
+    assert service.get("/metrics")["counters"].get("http_responses_5xx", 0) == 0
+    status, created = service.call("POST", "/v2/apps", {
+        **WEB, "instances": 2, "healthChecks": [], "constraints": []})
+    assert status == 201, created
+    await wait_for(lambda: service.app()["tasksRunning"] == 2, 60, "the honest app's tasks")
 
 
 def test_the_zookeeper_store_refuses_a_deposed_leaders_writes(

@@ -14,7 +14,8 @@ from dyad.messages import (
     Subscribe, Subscribed, TaskInfo, UsageReport,
 )
 from dyad.resources import Resources
-from master.state import ALLOCATE, MasterConfig, MasterState, Received
+from master.model import Allocate, MasterConfig, Received
+from master.state import MasterState
 
 INFO = MasterInfo(id="m", hostname="m", ip="127.0.0.1", port=5050, zmq_port=5055,
                   version="0.1.0", address=Address(hostname="m", ip="127.0.0.1", port=5050))
@@ -35,7 +36,7 @@ class Master:
 
     def allocate(self) -> list[Any]:
         self.now += 1.0
-        return [o for m in self.handle(TimerFired(ALLOCATE)) if isinstance(m, Offers)
+        return [o for m in self.handle(TimerFired(Allocate())) if isinstance(m, Offers)
                 for o in m.offers]
 
 

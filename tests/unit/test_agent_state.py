@@ -285,6 +285,7 @@ def test_command_task_runs_under_the_command_executor() -> None:
         "DYAD_AGENT_ENDPOINT": "tcp://127.0.0.1:5052", "DYAD_AGENT_ID": "A1",
         "DYAD_FRAMEWORK_ID": "F1", "DYAD_EXECUTOR_ID": "t1",
         "DYAD_SANDBOX_DIRECTORY": launch.sandbox_dir, "DYAD_RECOVERY_TIMEOUT": "900s",
+        "HOST": "agent-host", "LIBPROCESS_IP": "127.0.0.1",
         "MESOS_AGENT_ENDPOINT": "tcp://127.0.0.1:5052", "MESOS_FRAMEWORK_ID": "F1",
         "MESOS_EXECUTOR_ID": "t1", "MESOS_DIRECTORY": launch.sandbox_dir,
         "MESOS_SANDBOX": launch.sandbox_dir}

@@ -19,7 +19,10 @@ from master.allocator import (
     check_quotas, parse_quota, parse_weights,
 )
 from master.http import make_app
-from master.state import MasterConfig, MasterState
+from master.metrics import Histogram
+from master.operator import OperatorCall, Reply, Request
+from master.model import MasterConfig
+from master.state import MasterState
 
 AGENT = Resources.parse("cpus:4;mem:4096;ports:[31000-31099]")
 MIN = {"cpus": 0.01, "mem": 32}
@@ -83,9 +86,9 @@ def test_no_second_offer_while_one_is_outstanding() -> None:
     allocator = make("s1", frameworks=("a",))
     allocator.allocate(0.0)
     allocator.close_offer("a", "s1", Resources())  # all of it used
-    allocator.recover("s1", "a", Resources.parse("cpus:1;mem:100"))
+    allocator.release("s1", "a", Resources.parse("cpus:1;mem:100"))
     assert pairs(allocator.allocate(1.0)) == [("a", "s1")]
-    allocator.recover("s1", "a", Resources.parse("cpus:1"))
+    allocator.release("s1", "a", Resources.parse("cpus:1"))
     assert allocator.allocate(2.0) == []  # a still holds an offer there
 
 
@@ -170,7 +173,7 @@ def test_remove_agent_drops_its_share() -> None:
 def test_inconsistent_reports_raise() -> None:
     allocator = make("s1")
     with pytest.raises(AllocatorError):
-        allocator.recover("s1", "a", Resources.parse("cpus:1"))
+        allocator.release("s1", "a", Resources.parse("cpus:1"))
     with pytest.raises(AllocatorError):
         allocator.update_used("s1", "a", Resources.parse("cpus:5"))
     with pytest.raises(AllocatorError):
@@ -310,7 +313,7 @@ def test_quota_limit_caps_offers() -> None:
     got = allocator.allocate(0.0)
     assert [str(a.resources) for a in got] == [str(AGENT), "cpus:2;mem:4096;ports:[31000-31099]"]
     assert allocator.role_allocation("eng")["cpus"] == 6000
-    allocator.recover("s1", "a", Resources.parse("cpus:1"))
+    allocator.release("s1", "a", Resources.parse("cpus:1"))
     assert allocator.allocate(1.0) == []  # holds offers on both agents
     allocator.close_offer("a", "s2", got[1].resources)
     (again,) = allocator.allocate(2.0)
@@ -404,7 +407,7 @@ def test_steady_cluster_passes_look_at_no_agent() -> None:
     assert allocator.allocate(2.0) == [] and allocator.last_considered == 50
     assert allocator.allocate(3.0) == [] and allocator.last_considered == 0
     allocator.update_used("s7", "a", Resources.parse("cpus:1"))
-    allocator.recover("s7", "a", Resources.parse("cpus:1"))  # something freed on s7
+    allocator.release("s7", "a", Resources.parse("cpus:1"))  # something freed on s7
     allocator.allocate(4.0)
     assert allocator.last_considered == 1
     allocator.add_framework("c", ["*"])  # a new taker: every agent again
@@ -433,12 +436,28 @@ class _View:
         self.state = MasterState(MasterConfig(), self.info, IdGenerator("m"))
         self.is_leader = True
         self.leader = self.info
+        self.calls = 0
 
     def snapshot(self) -> dict[str, Any]:
         return self.state.snapshot()
 
     def metrics(self) -> dict[str, float]:
         return self.state.metrics()
+
+    def histograms(self) -> dict[str, Histogram]:
+        return self.state.histograms()
+
+    def problems(self) -> list[str]:
+        return []
+
+    def count_internal_error(self) -> None:
+        raise AssertionError("a handler raised")
+
+    async def call(self, request: Request) -> Reply:
+        self.calls += 1
+        (reply,) = [e for e in self.state.handle(OperatorCall(self.calls, request), 0.0)
+                    if isinstance(e, Reply)]
+        return reply
 
 
 async def test_weights_and_quota_over_http() -> None:
@@ -469,10 +488,18 @@ async def test_weights_and_quota_over_http() -> None:
         response = await client.put("/quota", data=b"{not json", headers={
             "Content-Type": "application/json"})
         assert response.status == 400
-        assert (await response.json())["error"] == "the body must be JSON"
+        assert (await response.json())["error"].startswith("the body must be JSON: not JSON")
         assert view.state.metrics()["master/operator_calls_invalid"] == 6
         assert view.state.weights == {"eng": 3.0}  # refused calls changed nothing
         assert (await client.post("/weights", json=[])).status == 405
 
         response = await client.put("/quota", json={"role": "eng"})  # removes it
         assert await response.json() == {"quota": []}
+
+
+@pytest.mark.parametrize("huge", [10**309, 10**5000, float("inf")], ids=["309 digits", "5001 digits", "inf"])
+def test_policy_refuses_numbers_too_large_to_convert(huge: float) -> None:
+    with pytest.raises(PolicyError, match="must be a number"):
+        parse_weights([{"role": "eng", "weight": huge}])
+    with pytest.raises(PolicyError, match="must be a number"):
+        parse_quota({"role": "eng", "guarantee": {"cpus": huge}})

@@ -13,14 +13,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dyad.effects import ArmTimer, TimerFired
+from dyad.effects import ArmTimer, TimerFired, UnknownTimer
 from dyad.messages import (
     CommandInfo, ExecutorInfo, Offer, Reason, Source, TaskInfo, TaskState, TaskStatus)
 from dyad.resources import Resources
+from frameworks.batch.config import CoreConfig, Split
 from frameworks.batch.core import (
-    FETCH_FAILED_KEY, MAX_REFUSAL_BACKOFF, MIN_REFUSE, REFUSAL_LIMIT, TICK, AgentLost,
-    BatchCore, CoreConfig, DeclineOffer, Effect, JobDone, KillAttempt, Launch, OffersMade,
-    Reconcile, Reregistered, ReviveOffers, Split, Started, SuppressOffers, TaskUpdate)
+    MAX_REFUSAL_BACKOFF, MIN_REFUSE, REFUSAL_LIMIT, AgentLost, BatchCore, Effect, JobDone,
+    OffersMade, Reregistered, Started, TaskUpdate, Tick)
+from frameworks.batch.wire import FETCH_FAILED_KEY
+from frameworks.effects import (
+    DeclineOffers, LaunchTasks, ReconcileTasks, RequestKill, ReviveOffers, SuppressOffers)
 from frameworks.testing import make_offer
 
 EXECUTOR = ExecutorInfo(executor_id="dyad-batch-executor", command=CommandInfo(argv=["x"]),
@@ -49,7 +52,7 @@ class Run:
         effects = self.core.handle(event, self.now)
         self.core.validate()
         for effect in effects:
-            if isinstance(effect, Launch):
+            if isinstance(effect, LaunchTasks):
                 self.tasks.update((t.task_id, t) for t in effect.tasks)
         return effects
 
@@ -84,7 +87,7 @@ def result_for(task: TaskInfo) -> bytes:
 
 
 def launched(effects: list[Effect]) -> list[TaskInfo]:
-    return [t for e in effects if isinstance(e, Launch) for t in e.tasks]
+    return [t for e in effects if isinstance(e, LaunchTasks) for t in e.tasks]
 
 
 def ids(effects: list[Effect]) -> list[str]:
@@ -116,13 +119,19 @@ def test_core_is_pure() -> None:
 
 def test_started_arms_the_tick() -> None:
     core = BatchCore(config([()]))
-    assert core.handle(Started(), 5.0) == [ArmTimer(TICK, 5.5)]
+    assert core.handle(Started(), 5.0) == [ArmTimer(Tick(), 5.5)]
+
+
+def test_a_timer_the_core_never_arms_is_a_bug() -> None:
+    run = Run(config([()]))
+    with pytest.raises(UnknownTimer):
+        run.do(TimerFired("tick"))
 
 
 def test_local_offer_gets_local_maps_and_the_job_payload() -> None:
     run = Run(config([("a",), ("b",), ("a",), ("a",), ("a",)]))
     effects = run.offer("a")
-    (launch,) = of(Launch, effects)
+    (launch,) = of(LaunchTasks, effects)
     assert [spec(t)["index"] for t in launch.tasks] == [0, 2, 3]
     task = launch.tasks[0]
     assert task.executor == EXECUTOR and task.resources == TASK
@@ -138,7 +147,7 @@ def test_local_offer_gets_local_maps_and_the_job_payload() -> None:
 def test_a_batch_of_offers_shares_the_work() -> None:
     run = Run(config([()] * 4, reducers=1))
     effects = run.do(OffersMade((run.make_offer("a"), run.make_offer("b"))))
-    assert [len(launch.tasks) for launch in of(Launch, effects)] == [2, 2]
+    assert [len(launch.tasks) for launch in of(LaunchTasks, effects)] == [2, 2]
 
 
 def test_first_task_on_an_agent_pays_for_the_executor() -> None:
@@ -150,13 +159,13 @@ def test_first_task_on_an_agent_pays_for_the_executor() -> None:
 def test_non_local_offer_waits_for_the_locality_wait_then_steals() -> None:
     run = Run(config([("a",)] * 6, locality_wait=1.0))
     assert len(ids(run.offer("a"))) == 3
-    (decline,) = of(DeclineOffer, run.offer("b"))
+    (decline,) = of(DeclineOffers, run.offer("b"))
     assert decline.refuse_seconds == 1.0
     run.now = 0.6
-    (decline,) = of(DeclineOffer, run.offer("b"))
+    (decline,) = of(DeclineOffers, run.offer("b"))
     assert decline.refuse_seconds == pytest.approx(0.4)
     run.now = 0.95
-    assert of(DeclineOffer, run.offer("b"))[0].refuse_seconds == MIN_REFUSE
+    assert of(DeclineOffers, run.offer("b"))[0].refuse_seconds == MIN_REFUSE
     run.now = 1.0
     stolen = launched(run.offer("b"))
     assert [spec(t)["index"] for t in stolen] == [3, 4, 5]
@@ -171,7 +180,7 @@ def test_a_local_launch_resets_the_wait() -> None:
     run.finish("map-00000-1")
     assert ids(run.offer("a", "cpus:0.5;mem:256")) == ["map-00003-1"]  # local: reset
     run.now = 1.2
-    (decline,) = of(DeclineOffer, run.offer("b"))  # waiting again since 1.2
+    (decline,) = of(DeclineOffers, run.offer("b"))  # waiting again since 1.2
     assert decline.refuse_seconds == pytest.approx(1.0)
 
 
@@ -286,7 +295,7 @@ def test_refused_launches_back_off_and_are_not_the_tasks_fault() -> None:
     assert (progress.refused_launches, progress.failed_attempts) == (2, 1)
     assert ids(run.offer("a")) == ["map-00002-2"]  # the others back off for 0.1 s
     run.now = 0.1
-    assert ReviveOffers() in run.do(TimerFired(TICK))
+    assert ReviveOffers() in run.do(TimerFired(Tick()))
     assert ids(run.offer("a")) == ["map-00000-2", "map-00001-2"]  # same agent: no blame
 
 
@@ -354,7 +363,7 @@ def test_a_lost_host_that_comes_back_is_preferred_again() -> None:
     run.offer("a", "cpus:0.6;mem:512")  # re-registered
     run.update("map-00000-1", TaskState.TASK_LOST)
     run.finish("map-00001-1")
-    assert of(DeclineOffer, run.offer("b"))  # map 0 waits for "a" again
+    assert of(DeclineOffers, run.offer("b"))  # map 0 waits for "a" again
 
 
 def test_fetch_failure_reruns_the_map_it_names() -> None:
@@ -402,7 +411,7 @@ def test_suppresses_with_nothing_to_launch_and_revives_when_a_slot_frees() -> No
     run = Run(config([(), ()]))
     effects = run.offer("a")
     assert SuppressOffers() in effects  # everything is placed
-    assert of(Launch, effects)[0].refuse_seconds == 5.0
+    assert of(LaunchTasks, effects)[0].refuse_seconds == 5.0
     effects = run.finish("map-00000-1")
     assert ReviveOffers() not in effects and SuppressOffers() not in effects
     effects = run.finish("map-00001-1")
@@ -419,11 +428,11 @@ def test_revives_on_each_freed_slot_while_work_waits() -> None:
 def test_starvation_fails_the_job_with_what_was_needed() -> None:
     run = Run(config([()], starvation_timeout=10.0))
     effects = run.offer("a", "cpus:0.2;mem:64", executor=False)
-    assert of(DeclineOffer, effects)[0].refuse_seconds == 5.0
+    assert of(DeclineOffers, effects)[0].refuse_seconds == 5.0
     run.now = 9.0
-    assert of(JobDone, run.do(TimerFired(TICK))) == []
+    assert of(JobDone, run.do(TimerFired(Tick()))) == []
     run.now = 10.0
-    (done,) = of(JobDone, run.do(TimerFired(TICK)))
+    (done,) = of(JobDone, run.do(TimerFired(Tick())))
     assert "no offer had room for a map task for 10s" in done.error
     assert "cpus:0.2;mem:64" in done.error and "cpus:0.6;mem:320" in done.error
 
@@ -431,14 +440,14 @@ def test_starvation_fails_the_job_with_what_was_needed() -> None:
 def test_no_offers_at_all_is_not_starvation() -> None:
     run = Run(config([()], starvation_timeout=1.0))
     run.now = 100.0
-    assert of(JobDone, run.do(TimerFired(TICK))) == []
+    assert of(JobDone, run.do(TimerFired(Tick()))) == []
 
 
 def test_reregistration_reconciles_live_attempts() -> None:
     run = Run(config([(), ()]))
     run.offer("a")
     run.finish("map-00000-1")
-    assert run.do(Reregistered()) == [Reconcile((("map-00001-1", "agent-a"),))]
+    assert run.do(Reregistered()) == [ReconcileTasks((("map-00001-1", "agent-a"),))]
 
 
 def test_uri_inputs_prefer_the_hosts_that_fetched_them() -> None:
@@ -449,7 +458,7 @@ def test_uri_inputs_prefer_the_hosts_that_fetched_them() -> None:
     assert ids(run.offer("a", "cpus:0.6;mem:512")) == ["map-00000-1"]  # no preference yet
     outputs = {"outputs": ["/s/p0"], "cached": True}
     run.update("map-00000-1", TaskState.TASK_FINISHED, json.dumps(outputs).encode())
-    assert of(DeclineOffer, run.offer("b"))  # "a" has the file now: wait for it
+    assert of(DeclineOffers, run.offer("b"))  # "a" has the file now: wait for it
     assert ids(run.offer("a", "cpus:0.5;mem:512")) == ["map-00001-1"]
     run.finish("map-00001-1")
     assert run.core.progress().local_maps == 1 and run.core.progress().preferred_maps == 1
@@ -465,14 +474,14 @@ def test_speculative_copy_of_a_straggler_and_the_loser_is_killed() -> None:
         run.now = 1.0
         run.finish(f"map-{index:05d}-1")
     run.now = 1.4
-    assert of(ReviveOffers, run.do(TimerFired(TICK))) == []  # 1.4 s is not slow yet
+    assert of(ReviveOffers, run.do(TimerFired(Tick()))) == []  # 1.4 s is not slow yet
     run.now = 1.6  # > 1.5 x the median (1.0)
-    assert ReviveOffers() in run.do(TimerFired(TICK))
+    assert ReviveOffers() in run.do(TimerFired(Tick()))
     assert ids(run.offer("a")) == []  # not beside the original
     assert ids(run.offer("b")) == ["map-00003-2"]
     assert run.core.progress().speculative_attempts == 1
     effects = run.finish("map-00003-2")
-    assert KillAttempt("map-00003-1") in effects
+    assert RequestKill("map-00003-1") in effects
     assert not of(JobDone, run.update("map-00003-1", TaskState.TASK_KILLED))
     progress = run.core.progress()
     assert progress.maps_done == 4 and progress.failed_attempts == 0
@@ -485,7 +494,7 @@ def test_no_speculation_unless_asked() -> None:
     run.now = 1.0
     run.finish("map-00000-1")
     run.now = 100.0
-    run.do(TimerFired(TICK))
+    run.do(TimerFired(Tick()))
     assert ids(run.offer("b")) == []
 
 
@@ -516,7 +525,7 @@ def test_random_faults_end_in_success_or_a_clear_failure(data: st.DataObject) ->
             alive.add(host)
             running.update((t.task_id, t) for t in launched(run.offer(host)))
         elif action == "tick":
-            running.update((t.task_id, t) for t in launched(run.do(TimerFired(TICK))))
+            running.update((t.task_id, t) for t in launched(run.do(TimerFired(Tick()))))
         elif action == "lose" and len(alive) > 1:
             host = data.draw(st.sampled_from(sorted(alive)))
             alive.discard(host)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from frameworks.batch.core import Split
+from frameworks.batch.config import Split
 from frameworks.batch.job import (
     EXECUTOR_ID, InputFile, Job, JobError, commit_output, create_output, expand_inputs,
     make_splits, parse_input, prepare, remove_output)

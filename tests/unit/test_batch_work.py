@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from frameworks.batch import work
-from frameworks.batch.core import FETCH_FAILED_KEY
+from frameworks.batch.wire import FETCH_FAILED_KEY
 from frameworks.batch.work import Cancelled, FetchFailed, TaskError, iter_split, run_task
 
 WORDCOUNT = Path(__file__).resolve().parents[2] / "examples" / "wordcount.py"

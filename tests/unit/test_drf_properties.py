@@ -355,7 +355,7 @@ class AllocatorMachine(RuleBasedStateMachine):
     def finish_task(self, data: st.DataObject) -> None:
         agent_id, framework_id, task = self.tasks.pop(data.draw(st.integers(0, len(self.tasks) - 1)))
         self.used[(agent_id, framework_id)] = self.used[(agent_id, framework_id)] - task
-        self.allocator.recover(agent_id, framework_id, task)
+        self.allocator.release(agent_id, framework_id, task)
 
     @rule(seconds=st.sampled_from([0.5, 2.0, 10.0]))
     def advance(self, seconds: float) -> None:

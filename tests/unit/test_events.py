@@ -11,7 +11,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from dyad.messages import KillTask, StatusUpdate, Teardown, TaskState
 from master.events import EventLog
 from master.http import make_app
-from master.state import Event, MasterConfig, OperatorKill
+from master.metrics import Histogram
+from master.operator import KillLiveTask, Reply, Request
+from master.model import MasterConfig
 from tests.unit.test_master_state import Harness, launch, messages, status, task
 
 
@@ -84,14 +86,33 @@ def test_operator_kill_goes_to_the_agent_and_is_logged() -> None:
     agent = h.register("a1")
     fid = h.subscribe("d1")
     h.recv("d1", launch(fid, h.offers_to(h.allocate(), "d1"), task("t1", agent)))
-    assert h.state.live_task_frameworks("t1") == [fid]
-    assert h.state.live_task_frameworks("nope") == []
-    (kill,) = messages(h.handle(OperatorKill(framework_id=fid, task_id="t1")), KillTask, "a1")
+    reply = h.call(KillLiveTask(task_id="t1"))
+    assert reply.result == {"killing": True, "task_id": "t1", "framework_id": fid}
+    (kill,) = messages(h.log[-1:], KillTask, "a1")
     assert kill.task_id == "t1" and kill.framework_id == fid
     assert kinds(h)[-1] == "task_kill_requested"
     assert h.metric("master/operator_kills") == 1
-    # Gone by the time the event is handled: nothing happens.
-    assert h.handle(OperatorKill(framework_id=fid, task_id="gone")) == []
+    # Gone (or never there) by the time the call is handled: refused, nothing sent.
+    sent = len(h.log)
+    for request in (KillLiveTask(task_id="gone"), KillLiveTask(task_id="t1", framework_id="F9")):
+        reply = h.call(request)
+        assert (reply.ok, reply.refusal) == (False, "not_found") and "no live task" in reply.error
+    assert len(h.log) == sent and h.metric("master/operator_kills") == 1
+
+
+def test_a_task_id_live_in_two_frameworks_needs_the_framework_id() -> None:
+    h = Harness()
+    agent = h.register("a1")
+    fids = [h.subscribe(peer, name=peer) for peer in ("d1", "d2")]
+    sends = h.allocate()
+    h.recv("d1", launch(fids[0], h.offers_to(sends, "d1"), task("t1", agent)))
+    h.allocate()
+    h.advance(1.0)
+    offers = [o for s in h.log if s.to == "d2" for o in getattr(s.message, "offers", [])]
+    h.recv("d2", launch(fids[1], offers[-1:], task("t1", agent)))
+    reply = h.call(KillLiveTask(task_id="t1"))
+    assert reply.refusal == "conflict" and "give framework_id" in reply.error
+    assert h.call(KillLiveTask(task_id="t1", framework_id=fids[1])).ok
 
 
 class _View:
@@ -110,8 +131,17 @@ class _View:
     def metrics(self) -> dict[str, float]:
         return self.state.metrics()
 
-    def submit(self, event: Event) -> None:
-        self.harness.handle(event)
+    def histograms(self) -> dict[str, Histogram]:
+        return self.state.histograms()
+
+    def problems(self) -> list[str]:
+        return []
+
+    def count_internal_error(self) -> None:
+        raise AssertionError("a handler raised")
+
+    async def call(self, request: Request) -> Reply:
+        return self.harness.call(request)
 
 
 async def test_events_and_kill_over_http() -> None:
@@ -137,3 +167,50 @@ async def test_events_and_kill_over_http() -> None:
             assert (await client.post("/tasks/kill", json=body)).status == 400
         assert (await client.post("/tasks/kill", data=b"{")).status == 400
         assert h.metric("master/operator_calls_invalid") == 4
+
+
+# Reproducers from the fuzz run (issue 12): each is a 4xx JSON answer naming what
+# was wrong, never a 500, and refused bodies are counted.
+NESTED = b"[" * 1000 + b"]" * 1000
+NESTED_OBJECT = b'{"a":' * 1000 + b"1" + b"}" * 1000
+HUGE = b"1" + b"0" * 309
+
+
+@pytest.mark.parametrize(("method", "path", "body", "status", "reason"), [
+    ("PUT", "/weights", NESTED, 400, "nested deeper"),
+    ("PUT", "/quota", NESTED_OBJECT, 400, "nested deeper"),
+    ("POST", "/tasks/kill", NESTED, 400, "nested deeper"),
+    ("POST", "/machine/drain", NESTED_OBJECT, 400, "nested deeper"),
+    ("POST", "/teardown", NESTED, 400, "nested deeper"),
+    ("PUT", "/weights", b'[{"role": "eng", "weight": ' + HUGE + b"}]", 400, "digits exceeds"),
+    ("PUT", "/quota", b'{"role": "eng", "limit": {"cpus": ' + HUGE + b"}}", 400, "digits exceeds"),
+    ("PUT", "/quota", b'{"role": "eng", "limit": {"cpus": 1e309}}', 400, "out of range"),
+    ("POST", "/tasks/kill", b'{"task_id": "\\ud800"}', 400, "lone surrogate"),
+    ("POST", "/machine/drain", b'{"agent_id": "\\udfff"}', 400, "lone surrogate"),
+    ("POST", "/tasks/kill", b'{"task_id": "t\\n1"}', 404, "no live task t\n1"),
+    ("POST", "/machine/drain", b'{"agent_id": "a\\r\\nX-Evil: 1"}', 404, "a\r\nX-Evil: 1"),
+    ("POST", "/teardown", b'{"framework_id": "f\\n"}', 404, "no active framework f\n"),
+])
+async def test_bad_operator_bodies_get_a_json_reason(method: str, path: str, body: bytes,
+                                                     status: int, reason: str) -> None:
+    h = Harness()
+    async with TestClient(TestServer(make_app(_View(h)))) as client:
+        response = await client.request(method, path, data=body,
+                                        headers={"Content-Type": "application/json"})
+        assert response.status == status
+        answer = await response.json()
+        assert reason in answer["error"] and answer["path"] == path
+        assert "\n" not in response.reason
+    assert h.metric("master/operator_calls_invalid") == (1 if status == 400 else 0)
+    assert h.state.weights == {} and h.state.quota == {}
+
+
+async def test_health_names_what_is_wrong() -> None:
+    view = _View(Harness())
+    async with TestClient(TestServer(make_app(view))) as client:
+        assert await (await client.get("/health")).json() == {"healthy": True, "leader": True}
+        view.problems = lambda: ["loop master-receive is not running"]  # type: ignore[method-assign]
+        response = await client.get("/health")
+        assert response.status == 503
+        assert await response.json() == {"healthy": False, "leader": True,
+                                          "problems": ["loop master-receive is not running"]}

@@ -13,7 +13,8 @@ from typing import Any
 import attrs
 import pytest
 
-from dyad.effects import ArmTimer, Send
+from dyad.clock import FakeClock
+from dyad.effects import ArmTimer, Send, TimerFired, TimerKey, UnknownTimer
 from dyad.messages import (
     AgentInfo, CommandInfo, ExecutorInfo, ExecutorRegistered, ExecutorToFramework,
     FrameworkInfo, FrameworkToExecutor, KillTask, LaunchTask, RegisterExecutor,
@@ -21,10 +22,11 @@ from dyad.messages import (
 from frameworks import (
     DriverStatus, Executor, ExecutorDriver, ExecutorEnvironmentError, Resources,
     TaskInfo, TaskState, TaskStatus)
-from frameworks import executor as executor_module
-from frameworks._callbacks import Callback, Finish
-from frameworks.executor import (
-    RESEND_INTERVAL, ExecutorCore, ExecutorEnvironment, WatchAgent, _process_alive, _Timer)
+from frameworks.driver_core import Callback, Finish, Received, Started
+from frameworks.executor import _process_alive
+from frameworks.executor_core import (
+    AgentLost, ExecutorCore, ExecutorEnvironment, ExecutorTimings, RecoveryTimeout,
+    RegisterRetry, ResendUpdates, SendStatusUpdateCall, WatchAgent)
 from frameworks.testing import FakeAgent
 from tests.helpers import running
 
@@ -56,72 +58,98 @@ def names(effects: list[Any]) -> list[str]:
 # ---------------------------------------------------------------- pure core
 
 
+def launch(task_id: str = "t1") -> Received:
+    return Received(LaunchTask(framework=FrameworkInfo(name="f", id="f1"), task=task(task_id)))
+
+
+def report(task_id: str, state: TaskState, uuid: str) -> SendStatusUpdateCall:
+    return SendStatusUpdateCall(TaskStatus(task_id=task_id, state=state), uuid)
+
+
+def ack(task_id: str, uuid: str) -> Received:
+    return Received(StatusUpdateAck(agent_id="a1", framework_id="f1", task_id=task_id,
+                                    uuid=uuid))
+
+
 def test_core_registers_with_retries_then_launches() -> None:
     core = ExecutorCore(ENV)
-    effects = core.start(0.0)
+    effects = core.handle(Started(), 0.0)
     assert sent(effects) == [RegisterExecutor(framework_id="f1", executor_id="e1")]
-    assert ArmTimer(_Timer.RECOVERY, 60.0) in effects
-    assert sent(core.on_timer(_Timer.REGISTER, 1.0)) == sent(effects)
-    effects = core.on_message(registered_message(), 1.5)
+    assert ArmTimer(RecoveryTimeout(), 60.0) in effects
+    assert sent(core.handle(TimerFired(RegisterRetry()), 1.0)) == sent(effects)
+    effects = core.handle(Received(registered_message()), 1.5)
     assert names(effects) == ["registered"]
-    assert core.on_message(registered_message(), 1.6) == []  # answer to a retry
-    assert core.on_timer(_Timer.REGISTER, 2.0) == []
-    assert names(core.on_message(LaunchTask(framework=FrameworkInfo(name="f", id="f1"),
-                                            task=task()), 2.0)) == ["launch_task"]
-    effects = core.on_message(KillTask(framework_id="f1", task_id="t1",
-                                       kill_grace_period=4.0), 2.0)
+    assert core.handle(Received(registered_message()), 1.6) == []  # answer to a retry
+    assert core.handle(TimerFired(RegisterRetry()), 2.0) == []
+    assert names(core.handle(launch(), 2.0)) == ["launch_task"]
+    effects = core.handle(Received(KillTask(framework_id="f1", task_id="t1",
+                                            kill_grace_period=4.0)), 2.0)
     assert effects == [Callback("kill_task", ("t1",))]
     assert core.kill_grace_periods == {"t1": 4.0}
 
 
 def test_core_stamps_updates_and_keeps_them_until_acknowledged() -> None:
     core = ExecutorCore(ENV)
-    core.start(0.0)
+    core.handle(Started(), 0.0)
     # sent before registration: held, then sent on registration
-    assert core.send_update(TaskStatus(task_id="t1", state=TaskState.TASK_RUNNING),
-                            "u1", 5.0) == []
-    (update,) = sent(core.on_message(registered_message(), 6.0))
+    assert core.handle(report("t1", TaskState.TASK_RUNNING, "u1"), 5.0) == []
+    (update,) = sent(core.handle(Received(registered_message()), 6.0))
     assert update.framework_id == "f1"
     status = update.status
     assert (status.uuid, status.timestamp, status.source, status.agent_id,
             status.executor_id) == ("u1", 5.0, "SOURCE_EXECUTOR", "a1", "e1")
-    assert sent(core.on_timer(_Timer.RESEND, 6.0 + RESEND_INTERVAL)) == [update]
-    core.on_message(StatusUpdateAck(agent_id="a1", framework_id="f1", task_id="t1",
-                                    uuid="u1"), 12.0)
+    resend = 6.0 + ExecutorTimings().resend_interval
+    assert sent(core.handle(TimerFired(ResendUpdates()), resend)) == [update]
+    core.handle(ack("t1", "u1"), 12.0)
     assert core.pending == {}
-    assert sent(core.on_timer(_Timer.RESEND, 20.0)) == []
+    assert sent(core.handle(TimerFired(ResendUpdates()), 20.0)) == []
 
 
 def test_core_reregisters_after_agent_loss_or_gives_up() -> None:
     core = ExecutorCore(ENV)
-    core.start(0.0)
-    core.on_message(registered_message(), 0.0)
-    core.on_message(LaunchTask(framework=FrameworkInfo(name="f", id="f1"), task=task()), 0.0)
-    core.send_update(TaskStatus(task_id="t1", state=TaskState.TASK_RUNNING), "u1", 1.0)
-    effects = core.agent_lost(2.0)
+    core.handle(Started(), 0.0)
+    core.handle(Received(registered_message()), 0.0)
+    core.handle(launch(), 0.0)
+    core.handle(report("t1", TaskState.TASK_RUNNING, "u1"), 1.0)
+    effects = core.handle(AgentLost(), 2.0)
     assert names(effects) == ["disconnected"]
     (rereg,) = sent(effects)
     assert isinstance(rereg, ReregisterExecutor)
     assert rereg.tasks == [task()] and [u.status.uuid for u in rereg.updates] == ["u1"]
-    assert ArmTimer(_Timer.RECOVERY, 62.0) in effects
+    assert ArmTimer(RecoveryTimeout(), 62.0) in effects
+    assert core.handle(AgentLost(), 2.5) == []  # reported once per loss
     # the agent came back
-    assert names(core.on_message(registered_message(), 3.0)) == ["reregistered"]
+    assert names(core.handle(Received(registered_message()), 3.0)) == ["reregistered"]
     # lost again, and this time it stays away
-    core.agent_lost(4.0)
-    assert core.on_timer(_Timer.RECOVERY, 64.0) == [Callback("shutdown"),
-                                                    Finish(DriverStatus.ABORTED)]
-    assert core.on_message(registered_message(), 65.0) == []
+    core.handle(AgentLost(), 4.0)
+    assert core.handle(TimerFired(RecoveryTimeout()), 64.0) == [
+        Callback("shutdown"), Finish(DriverStatus.ABORTED)]
+    assert core.handle(Received(registered_message()), 65.0) == []
 
 
 def test_core_watches_whichever_agent_registered_it() -> None:
     core = ExecutorCore(ENV)
-    core.start(0.0)
-    effects = core.on_message(attrs.evolve(registered_message(), agent_pid=4242), 0.0)
+    core.handle(Started(), 0.0)
+    effects = core.handle(Received(attrs.evolve(registered_message(), agent_pid=4242)), 0.0)
     assert WatchAgent(4242) in effects
-    core.agent_lost(1.0)
+    core.handle(AgentLost(), 1.0)
     # A restarted agent is not our parent: from now on we watch the pid it sent.
-    assert WatchAgent(5151) in core.on_message(
-        attrs.evolve(registered_message(), agent_pid=5151), 2.0)
+    assert WatchAgent(5151) in core.handle(
+        Received(attrs.evolve(registered_message(), agent_pid=5151)), 2.0)
+
+
+def test_core_timings_are_injected_and_unknown_timers_raise() -> None:
+    core = ExecutorCore(ENV, ExecutorTimings(register_retry=0.2, resend_interval=0.5))
+    assert ArmTimer(RegisterRetry(), 0.2) in core.handle(Started(), 0.0)
+    assert ArmTimer(ResendUpdates(), 1.5) in core.handle(Received(registered_message()), 1.0)
+    assert core.handle(TimerFired(RegisterRetry()), 1.2) == []  # stale: registered by now
+
+    @attrs.frozen
+    class Stranger(TimerKey):
+        pass
+
+    with pytest.raises(UnknownTimer):
+        core.handle(TimerFired(Stranger()), 2.0)
 
 
 def test_the_agent_probe_follows_one_process_not_its_pid() -> None:
@@ -139,21 +167,18 @@ def test_the_agent_probe_follows_one_process_not_its_pid() -> None:
 
 def test_core_terminal_update_ends_the_task_and_shutdown_stops() -> None:
     core = ExecutorCore(ENV)
-    core.start(0.0)
-    core.on_message(registered_message(), 0.0)
-    core.on_message(LaunchTask(framework=FrameworkInfo(name="f", id="f1"), task=task()), 0.0)
-    core.send_update(TaskStatus(task_id="t1", state=TaskState.TASK_FINISHED), "u1", 1.0)
+    core.handle(Started(), 0.0)
+    core.handle(Received(registered_message()), 0.0)
+    core.handle(launch(), 0.0)
+    core.handle(report("t1", TaskState.TASK_FINISHED, "u1"), 1.0)
     assert core.tasks == {}
-    effects = core.on_message(ShutdownExecutor(grace_period=6.0), 2.0)
+    effects = core.handle(Received(ShutdownExecutor(grace_period=6.0)), 2.0)
     assert effects == [Callback("shutdown"), Finish(DriverStatus.STOPPED)]
     assert core.shutdown_grace_period == 6.0
     # while shutting down: updates still go out and acks still count, launches don't
-    assert core.on_message(LaunchTask(framework=FrameworkInfo(name="f", id="f1"),
-                                      task=task("t2")), 2.0) == []
-    assert sent(core.send_update(TaskStatus(task_id="t9", state=TaskState.TASK_KILLED),
-                                 "u2", 2.0))
-    core.on_message(StatusUpdateAck(agent_id="a1", framework_id="f1", task_id="t9",
-                                    uuid="u2"), 2.5)
+    assert core.handle(launch("t2"), 2.0) == []
+    assert sent(core.handle(report("t9", TaskState.TASK_KILLED, "u2"), 2.0))
+    core.handle(ack("t9", "u2"), 2.5)
     assert "u2" not in core.pending
 
 
@@ -246,17 +271,19 @@ async def test_registers_launches_and_updates_are_acknowledged(agent: FakeAgent)
     assert agent.of(RegisterExecutor)[0].executor_id == "exec-1"
 
 
-async def test_unacknowledged_updates_are_resent(
-        agent: FakeAgent, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(executor_module, "RESEND_INTERVAL", 0.1)
+async def test_unacknowledged_updates_are_resent(agent: FakeAgent) -> None:
     agent.auto_ack = False
     executor = Recording()
-    driver = ExecutorDriver(executor, environ=agent.environ())
+    clock = FakeClock(start=5000.0)
+    driver = ExecutorDriver(executor, environ=agent.environ(), clock=clock,
+                            timings=ExecutorTimings(resend_interval=0.1))
     async with running(driver):
         await executor.wait_for("registered")
         uuid = driver.send_status_update(TaskStatus(task_id="t1", state=TaskState.TASK_RUNNING))
         await agent.wait_until(lambda: len(agent.of(StatusUpdate)) >= 3, timeout=3)
         assert {u.status.uuid for u in agent.of(StatusUpdate)} == {uuid}
+        # stamped by the injected clock, not the wall clock
+        assert {u.status.timestamp for u in agent.of(StatusUpdate)} == {5000.0}
         assert not await driver.wait_acknowledged(timeout=0.05)
         await agent.acknowledge(agent.updates[0])
         assert await driver.wait_acknowledged(timeout=5)

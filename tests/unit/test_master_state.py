@@ -8,13 +8,14 @@ import pathlib
 import re
 from collections.abc import Hashable, Iterable
 
+import attrs
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
 from dyad.clock import FakeClock
-from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired
+from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired, TimerKey, UnknownTimer
 from dyad.ids import IdGenerator
 from dyad.messages import (
     Accept, Acknowledge, Address, AgentInfo, AgentRegistered, CommandInfo, Decline, Error,
@@ -26,10 +27,15 @@ from dyad.messages import (
     Teardown, Unsubscribe, Update,
 )
 from dyad.resources import Resources
-from master.allocator import PolicyError, Quota
-from master.state import (
-    ALLOCATE, AllocationTimed, Invalid, MasterConfig, MasterState, Received, resources_json,
+from master.allocator import Quota
+from master.operator import OperatorCall, Reply, Request, SetQuota, SetWeights
+from master.model import (
+    Allocate, AllocationTimed, FailoverTimeout, HeartbeatDue, InvalidFrame, MasterConfig,
+    OfferTimeout, PersistRegistry, PingDue, Received,
 )
+from master.removals import Decision, RemovalLimiter
+from master.state import MasterState
+from master.views import resources_json
 
 INFO = MasterInfo(id="m", hostname="master", ip="127.0.0.1", port=5050, zmq_port=5055,
                   version="0.1.0", address=Address(hostname="master", ip="127.0.0.1", port=5050))
@@ -49,6 +55,9 @@ class Harness:
         self.log: list[Send] = []
         self.silent_agents: set[str] = set()  # agents that stopped answering pings
         self.drivers: dict[str, str] = {}  # live driver peer -> framework id
+        self.persisted = 0  # PersistRegistry effects seen
+        self.replies: list[Reply] = []
+        self._calls = 0
 
     def handle(self, event: object) -> list[Send]:
         effects = self.state.handle(event, self.clock.now())  # type: ignore[arg-type]
@@ -59,11 +68,22 @@ class Harness:
                 self.timers[effect.key] = effect.at
             elif isinstance(effect, CancelTimer):
                 self.timers.pop(effect.key, None)
+            elif isinstance(effect, PersistRegistry):
+                self.persisted += 1
+            elif isinstance(effect, Reply):
+                self.replies.append(effect)
             else:
                 assert isinstance(effect, Send)
                 sends.append(effect)
         self.log.extend(sends)
         return sends
+
+    def call(self, request: Request) -> Reply:
+        """An operator call, answered at once (the shell would queue it)."""
+        self._calls += 1
+        self.handle(OperatorCall(self._calls, request))
+        (reply,) = [r for r in self.replies if r.call_id == self._calls]
+        return reply
 
     def recv(self, peer: str, message: Message) -> list[Send]:
         return self.handle(Received(peer, message))
@@ -94,7 +114,7 @@ class Harness:
         return sends
 
     def allocate(self) -> list[Send]:
-        return self.fire(ALLOCATE) if ALLOCATE in self.timers else self.handle(TimerFired(ALLOCATE))
+        return self.fire(Allocate()) if Allocate() in self.timers else self.handle(TimerFired(Allocate()))
 
     # ----- conveniences
 
@@ -491,9 +511,9 @@ def test_suppress_and_revive(cluster) -> None:
 
 def test_allocation_is_batched_and_periodic(h: Harness) -> None:
     h.subscribe("f1")
-    assert h.timers[ALLOCATE] == h.clock.now()  # early run requested
+    assert h.timers[Allocate()] == h.clock.now()  # early run requested
     h.allocate()
-    assert h.timers[ALLOCATE] == h.clock.now() + 1.0
+    assert h.timers[Allocate()] == h.clock.now() + 1.0
     h.handle(AllocationTimed(0.002))
     assert h.metric("allocator/allocation_run_ms") == pytest.approx(2.0)
     assert h.metric("allocator/allocation_runs") == 1
@@ -741,7 +761,7 @@ def test_bad_reregistration_is_rejected(h: Harness) -> None:
 
 
 def test_invalid_frames_are_rejected_and_counted(h: Harness) -> None:
-    sends = h.handle(Invalid("p", MessageError("not JSON: boom")))
+    sends = h.handle(InvalidFrame("p", MessageError("not JSON: boom")))
     assert sends == [Send("p", Rejected(reason="not JSON: boom", message_type=""))]
     sends = h.recv("p", Offers(offers=[]))  # a master -> framework message
     assert "does not accept offers" in messages(sends, Rejected)[0].reason
@@ -899,12 +919,12 @@ def test_weights_and_quota_are_plain_data_set_in_one_place(h: Harness) -> None:
     h.register("a1")
     h.register("a2")
     h.register("a3")
-    before = h.state.registry_changes
-    h.state.set_weights({"eng": 2.0})
-    h.state.set_quota({"ops": Quota(limit={"cpus": 2000})})
+    before = h.persisted
+    assert h.call(SetWeights({"eng": 2.0})).ok
+    assert h.call(SetQuota({"ops": Quota(limit={"cpus": 2000})})).ok
     assert h.state.weights == {"eng": 2.0}
     assert h.state.quota == {"ops": Quota(limit={"cpus": 2000})}
-    assert h.state.registry_changes == before + 2
+    assert h.persisted == before + 2
     sends = h.allocate()
     offered = {peer: sum(o.resources.get("cpus") for o in h.offers_to(sends, peer))
                for peer in ("f1", "f2")}
@@ -914,16 +934,30 @@ def test_weights_and_quota_are_plain_data_set_in_one_place(h: Harness) -> None:
     assert roles["ops"]["allocated"]["cpus"] == 2.0
     assert h.metric("allocator/roles/ops/shares/dominant") == pytest.approx(1 / 3)  # mem
     assert h.metric("allocator/agents_considered") == 3
-    with pytest.raises(PolicyError):
-        h.state.set_weights({"eng": -1.0})
-    with pytest.raises(PolicyError):  # incoherent: guarantee above the limit
-        h.state.set_quota({"ops": Quota(guarantee={"cpus": 3000}, limit={"cpus": 2000})})
-    with pytest.raises(PolicyError):
-        h.state.set_quota({"*": Quota(limit={"cpus": 1000})})
-    assert h.state.weights == {"eng": 2.0} and h.state.registry_changes == before + 2
-    h.state.set_weights({"eng": 1.0})
-    h.state.set_quota({"ops": Quota()})
+    for refused in (SetWeights({"eng": -1.0}),
+                    # incoherent: guarantee above the limit
+                    SetQuota({"ops": Quota(guarantee={"cpus": 3000}, limit={"cpus": 2000})}),
+                    SetQuota({"*": Quota(limit={"cpus": 1000})})):
+        reply = h.call(refused)
+        assert (reply.ok, reply.refusal) == (False, "invalid") and reply.error, refused
+    assert h.state.weights == {"eng": 2.0} and h.persisted == before + 2
+    assert h.metric("master/operator_calls_invalid") == 3
+    h.call(SetWeights({"eng": 1.0}))
+    h.call(SetQuota({"ops": Quota()}))
     assert h.state.weights == {} and h.state.quota == {}
+
+
+def test_stale_timers_are_ignored_and_unknown_kinds_raise(h: Harness) -> None:
+    for stale in (OfferTimeout("O9"), PingDue("S9"), HeartbeatDue("F9"), FailoverTimeout("F9")):
+        assert h.handle(TimerFired(stale)) == []
+
+    @attrs.frozen
+    class Bogus(TimerKey):
+        name: str
+
+    for unknown in (Bogus("x"), ("offer", "O1"), "allocate"):
+        with pytest.raises(UnknownTimer):
+            h.state.handle(TimerFired(unknown), h.clock.now())
 
 
 # ------------------------------------------------------------------- state machine
@@ -963,7 +997,7 @@ class MasterMachine(RuleBasedStateMachine):
 
     @rule(peer=consumes(agents))
     def lose_agent(self, peer: str) -> None:
-        agent_id = self.h.state._agent_by_peer.get(peer)
+        agent_id = self.h.state.agent_by_peer.get(peer)
         if agent_id is not None:
             self.h.silent_agents.add(agent_id)
 
@@ -1023,7 +1057,7 @@ class MasterMachine(RuleBasedStateMachine):
         if not tasks:
             return
         t = data.draw(st.sampled_from(tasks))
-        agent_peer = next((p for p, a in self.h.state._agent_by_peer.items() if a == t["agent_id"]), None)
+        agent_peer = next((p for p, a in self.h.state.agent_by_peer.items() if a == t["agent_id"]), None)
         if agent_peer is not None:
             self.feed(self.h.recv(agent_peer, StatusUpdate(framework_id=fid, status=status(
                 t["id"], data.draw(st.sampled_from([TaskState.TASK_RUNNING, TaskState.TASK_FINISHED]))))))
@@ -1050,3 +1084,19 @@ MasterMachine.TestCase.settings = settings(
     max_examples=60, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 test_master_state_machine = MasterMachine.TestCase
+
+
+def test_removal_limiter_spends_permits_in_order() -> None:
+    limiter = RemovalLimiter((1, 10.0))
+    assert limiter.ask("a", 0.0) == Decision(remove=True)
+    assert limiter.ask("b", 1.0) == Decision(remove=False, queued=True, wake_at=10.0)
+    assert limiter.ask("c", 2.0) == Decision(remove=False, queued=True)
+    assert limiter.ask("b", 3.0) == Decision(remove=False)  # already waiting
+    assert limiter.forget("b") and not limiter.forget("b")
+    assert limiter.due(10.0, lambda agent: agent != "c") == (None, None)  # c recovered
+    assert limiter.ask("d", 11.0) == Decision(remove=True)  # no permit was spent at 10
+    assert limiter.ask("e", 12.0) == Decision(remove=False, queued=True, wake_at=21.0)
+    assert limiter.ask("f", 13.0) == Decision(remove=False, queued=True)
+    assert limiter.due(21.0, lambda agent: True) == ("e", 31.0)
+    assert limiter.due(31.0, lambda agent: True) == ("f", None)
+    assert RemovalLimiter(None).ask("x", 0.0).remove

@@ -15,6 +15,7 @@ import pytest
 from dyad import logs, operator_cli
 from dyad.cli import build_parser
 from dyad.messages import StatusUpdate, TaskState
+from master.operator import SetWeights
 from tests.unit.test_master_state import Harness, launch, status, task
 
 
@@ -24,7 +25,7 @@ def cluster_state() -> tuple[Harness, dict[str, Any]]:
     h = Harness()
     agent = h.register("a1", attributes={"rack": "r1"})
     fid = h.subscribe("d1", name="web", roles=["eng"])
-    h.state.set_weights({"eng": 2.0})
+    assert h.call(SetWeights({"eng": 2.0})).ok
     offers = h.offers_to(h.allocate(), "d1")
     h.recv("d1", launch(fid, offers, task("t0", agent), task("t1", agent), refuse=0))
     for task_id, state, uuid in (("t0", TaskState.TASK_FINISHED, "u0"),

@@ -14,6 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.http import make_app as agent_app
 from dyad import prometheus
 from master.http import make_app as master_app
+from master.metrics import COUNTERS, GAUGES, HISTOGRAMS, Histogram
+from master.model import AllocationTimed
 from tests.unit.test_events import _View
 from tests.unit.test_master_state import Harness
 
@@ -60,11 +62,67 @@ async def test_master_metrics_route_matches_the_snapshot() -> None:
         assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         parsed = parse(await response.text())
     plain = {k: v for k, v in snapshot.items() if not k.startswith("allocator/roles/")}
-    assert {(prometheus.metric_name(k), ()): float(v) for k, v in plain.items()}.items() \
-        <= parsed.items()
+    assert {(prometheus.metric_name(k) + ("_total" if k in COUNTERS else ""), ()): float(v)
+            for k, v in plain.items()}.items() <= parsed.items()
     assert parsed[("dyad_allocator_role_dominant_share", (("role", "*"),))] == \
         snapshot["allocator/roles/*/shares/dominant"]
     assert parsed[("dyad_master_agents_active", ())] == 1
+
+
+def test_master_metrics_are_typed_and_described() -> None:
+    """Counters are counters (`_total`), gauges gauges, latencies histograms; every
+    HELP says what the figure measures, not its name."""
+    harness = Harness()
+    harness.register("a1")
+    harness.subscribe("d1")
+    harness.allocate()
+    for seconds in (0.0002, 0.003, 0.003, 7.0):
+        harness.handle(AllocationTimed(seconds))
+    figures = harness.state.metrics()
+    assert set(figures) - {k for k in figures if k.startswith("allocator/roles/")} \
+        <= set(COUNTERS) | set(GAUGES), "every master figure needs a catalogue entry"
+    text = prometheus.render(figures, {
+        **{k: prometheus.MetricInfo(prometheus.COUNTER, h) for k, h in COUNTERS.items()},
+        **{k: prometheus.MetricInfo(prometheus.GAUGE, h) for k, h in GAUGES.items()}},
+        {"allocator/allocation_run_seconds": figures_of(harness.state.allocation_seconds)}
+    ).decode()
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    for key, help_text in COUNTERS.items():
+        family = families[prometheus.metric_name(key)]
+        assert (family.type, family.documentation) == ("counter", help_text), key
+        assert [s.name for s in family.samples] == [prometheus.metric_name(key) + "_total"]
+    for key in set(GAUGES) & set(figures):
+        assert families[prometheus.metric_name(key)].type == "gauge", key
+        assert families[prometheus.metric_name(key)].documentation == GAUGES[key]
+    assert families["dyad_allocator_role_dominant_share"].type == "gauge"
+    latency = families["dyad_allocator_allocation_run_seconds"]
+    assert latency.type == "histogram"
+    samples = {(s.name, s.labels.get("le")): s.value for s in latency.samples}
+    assert samples[("dyad_allocator_allocation_run_seconds_bucket", "0.0005")] == 1
+    assert samples[("dyad_allocator_allocation_run_seconds_bucket", "0.005")] == 3
+    assert samples[("dyad_allocator_allocation_run_seconds_bucket", "+Inf")] == 4
+    assert samples[("dyad_allocator_allocation_run_seconds_count", None)] == 4
+    assert samples[("dyad_allocator_allocation_run_seconds_sum", None)] == pytest.approx(7.0062)
+    for family in families.values():
+        assert family.documentation and family.documentation != family.name
+
+
+def figures_of(histogram: Histogram) -> prometheus.HistogramFigures:
+    return prometheus.HistogramFigures(help=HISTOGRAMS["allocator/allocation_run_seconds"],
+                                       buckets=histogram.cumulative(), total=histogram.total,
+                                       count=histogram.count)
+
+
+def test_histogram_buckets_are_cumulative_and_bounds_checked() -> None:
+    histogram = Histogram((1.0, 2.0))
+    for value in (0.5, 1.0, 1.5, 3.0):
+        histogram.add(value)
+    assert histogram.cumulative() == [(1.0, 2), (2.0, 3)]
+    assert (histogram.count, histogram.total) == (4, 6.0)
+    with pytest.raises(ValueError):
+        Histogram((2.0, 1.0))
+    with pytest.raises(ValueError):
+        prometheus.MetricInfo("summary", "x")
 
 
 class _AgentSource:

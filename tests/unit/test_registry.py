@@ -21,14 +21,16 @@ from dyad.messages import (
 )
 from dyad.resources import Resources
 from dyad.zk import leader_child, parse_zk_url
-from frameworks._callbacks import Callback
-from frameworks.scheduler import SchedulerCore
+from frameworks.driver_core import Callback, Received, Started
+from frameworks.scheduler_core import MasterDetected, SchedulerCore
 from frameworks.testing import make_master_info
 from master.allocator import Quota
 from master.registry import (
-    FileRegistry, RegistryData, RegistryError, decode, encode, restore, snapshot_of,
+    FileRegistry, RegistryData, RegistryError, decode, encode, snapshot_of,
 )
-from master.state import MasterConfig, UnreachableAgent
+from master.restore import restore
+from master.operator import SetQuota, SetWeights
+from master.model import MasterConfig, UnreachableAgent
 
 from .test_master_state import Harness, messages
 
@@ -111,7 +113,8 @@ def harness(config: MasterConfig | None = None, agents: list[AgentInfo] = [],
             unreachable: list[UnreachableAgent] = []) -> Harness:
     """A master core (the shared test harness) that recovered from a registry."""
     h = Harness(config or MasterConfig(agent_reregister_timeout=60.0, offer_timeout=1e6))
-    for effect in h.state.recover(agents, unreachable, h.clock.now()):
+    for effect in restore(h.state, RegistryData(agents=agents, unreachable=unreachable),
+                          h.clock.now()):
         assert isinstance(effect, ArmTimer)
         h.timers[effect.key] = effect.at
     return h
@@ -140,17 +143,17 @@ def test_registry_agents_are_recovering_until_they_reregister() -> None:
     assert not messages(h.recv("fw", Reconcile(framework_id=fid, tasks=[
         ReconcileTask(task_id="t1", agent_id="S1"), ReconcileTask(task_id="t9")])), Update)
 
-    changes = h.state.registry_changes
+    changes = h.persisted
     sends = reregister(h, "a1", "S1", tasks=[running("t1", fid, "S1")])
     assert messages(sends, AgentRegistered)[0].agent_id == "S1"
-    assert h.state.registry_changes == changes  # the registry already says so
+    assert h.persisted == changes  # the registry already says so
     (offer,) = offered(h.advance(1.0), "fw")
     assert (offer.agent_id, offer.resources) == ("S1", Resources.parse("cpus:3;mem:3968"))
     assert {t["id"] for t in h.state.snapshot()["frameworks"][0]["tasks"]} == {"t1"}
     assert [a.id for a in h.state.admitted_agents()] == ["S1", "S2"]
     assert h.state.snapshot()["recovering_agents"] == [{"id": "S2", "hostname": "h"}]
     h.recv("a9", RegisterAgent(agent=attrs.evolve(agent_info("S9"), id=None)))
-    assert h.state.registry_changes > changes  # a new admission must be written
+    assert h.persisted > changes  # a new admission must be written
 
 
 def test_agents_not_back_by_the_timeout_become_unreachable() -> None:
@@ -225,9 +228,10 @@ def test_the_reregister_timeout_spends_removal_permits_too() -> None:
 
 
 def test_weights_and_quota_survive_through_the_registry() -> None:
-    old = harness().state
-    old.set_weights({"eng": 2.0})
-    old.set_quota({"eng": Quota(guarantee={"cpus": 1000}, limit={"cpus": 4000})})
+    h = harness()
+    h.call(SetWeights({"eng": 2.0}))
+    h.call(SetQuota({"eng": Quota(guarantee={"cpus": 1000}, limit={"cpus": 4000})}))
+    old = h.state
     data = decode(encode(snapshot_of(old)))
     new = Harness().state
     restore(new, data, 0.0)
@@ -255,14 +259,15 @@ def test_a_subscribed_driver_moves_to_a_new_leader_at_once() -> None:
     old = attrs.evolve(make_master_info(port=5050), id="old-leader")
     new = attrs.evolve(make_master_info(port=6060), id="new-leader")
     core = SchedulerCore(FrameworkInfo(name="f"))
-    core.start(0.0)
-    core.master_detected(old, 0.0)
-    core.on_message(Subscribed(framework_id="F1", heartbeat_interval=1.0, master_info=old), 0.1)
-    assert core.master_detected(old, 0.2) == []  # the same leader again: nothing to do
-    effects = core.master_detected(new, 0.3)
+    core.handle(Started(), 0.0)
+    core.handle(MasterDetected(old), 0.0)
+    core.handle(Received(Subscribed(framework_id="F1", heartbeat_interval=1.0,
+                                    master_info=old)), 0.1)
+    assert core.handle(MasterDetected(old), 0.2) == []  # the same leader again: nothing to do
+    effects = core.handle(MasterDetected(new), 0.3)
     assert [e.name for e in effects if isinstance(e, Callback)] == ["disconnected"]
     (subscribe,) = [e.message for e in effects if isinstance(e, Send)]
     assert isinstance(subscribe, Subscribe) and subscribe.framework.id == "F1"
-    effects = core.on_message(Subscribed(framework_id="F1", heartbeat_interval=1.0,
-                                         master_info=new, reregistered=True), 0.4)
+    effects = core.handle(Received(Subscribed(framework_id="F1", heartbeat_interval=1.0,
+                                              master_info=new, reregistered=True)), 0.4)
     assert [e.name for e in effects if isinstance(e, Callback)] == ["reregistered"]

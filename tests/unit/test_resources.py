@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dyad.resources import SHARE_KINDS, Resources, ResourcesError
+from dyad.resources import SHARE_KINDS, Resources, ResourcesError, is_valid_role
 
 ROLES = ("*", "eng", "eng/ml", "eng/ml/x", "ops")
 SCALAR_NAMES = ("cpus", "mem", "disk", "gpus", "zeta")
@@ -446,3 +446,61 @@ def test_dominant_share_is_max_ratio(rs: list[Resources]) -> None:
     assert share == max(ratios, default=0.0)
     assert 0.0 <= share <= 1.0
     assert used.flatten().dominant_share(total) == share
+
+
+# ------------------------------------------- constructors from numbers and roles
+
+role_names = st.sampled_from(ROLES) | st.from_regex(
+    r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,6}(/[A-Za-z0-9_][A-Za-z0-9_.\-]{0,6}){0,2}", fullmatch=True)
+
+
+@settings(max_examples=100)
+@given(st.sampled_from(["cpus", "mem", "disk", "gpus", "custom.x"]),
+       st.integers(0, 10**12) | st.floats(0, 10**9, allow_nan=False), role_names)
+def test_scalar_constructors_match_parse(name: str, amount: float, role: str) -> None:
+    text = f"{name}({role}):{amount!r}"
+    assert Resources.scalar(name, amount, role) == Resources.parse(text)
+    milli = Resources.parse(text).get_milli(name)
+    assert Resources.scalar_milli(name, milli, role) == Resources.parse(text)
+    assert Resources.scalar(name, amount) == Resources.parse(f"{name}:{amount!r}")
+
+
+@settings(max_examples=100)
+@given(range_lists, role_names)
+def test_from_ranges_matches_parse(pieces: list[tuple[int, int]], role: str) -> None:
+    text = f"ports({role}):[" + ",".join(f"{b}-{e}" for b, e in pieces) + "]"
+    try:
+        expected = Resources.parse(text)
+    except ResourcesError:
+        with pytest.raises(ResourcesError, match="overlapping"):
+            Resources.from_ranges("ports", pieces, role)
+        return
+    assert Resources.from_ranges("ports", pieces, role) == expected
+
+
+@settings(max_examples=100)
+@given(st.text(max_size=12) | role_names)
+def test_is_valid_role_matches_parse(role: str) -> None:
+    try:
+        Resources.parse(f"cpus({role}):1")
+        parses = "(" not in role and ")" not in role and role == role.strip()
+    except ResourcesError:
+        parses = False
+    assert is_valid_role(role) == parses
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: Resources.scalar("ports", 2), "must be written as ranges"),
+    (lambda: Resources.scalar("cpus", -1), "must not be negative"),
+    (lambda: Resources.scalar("cpus", float("inf")), "finite"),
+    (lambda: Resources.scalar("cpus", 1, "no good"), "invalid role"),
+    (lambda: Resources.scalar("9x", 1), "invalid resource name"),
+    (lambda: Resources.scalar_milli("cpus", 1.5), "whole number"),  # type: ignore[arg-type]
+    (lambda: Resources.scalar_milli("cpus", 10**16), "out of range"),
+    (lambda: Resources.from_ranges("cpus", [(1, 2)]), "is a scalar"),
+    (lambda: Resources.from_ranges("ports", [(5, 2)]), "invalid range"),
+    (lambda: Resources.from_ranges("ports", [(1, 2**64)]), "invalid range"),
+])
+def test_constructor_errors(call: object, message: str) -> None:
+    with pytest.raises(ResourcesError, match=message):
+        call()  # type: ignore[operator]

@@ -8,9 +8,10 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import attrs
 import pytest
 
-from dyad.effects import ArmTimer, CancelTimer, Send
+from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired, TimerKey, UnknownTimer
 from dyad.messages import (
     Accept, Acknowledge, Decline, Error, ExecutorToFramework, Failure, Heartbeat, Kill,
     Reconcile, ReconcileTask, Rejected, Rescind, Revive, SchedulerHeartbeat, Subscribe,
@@ -18,10 +19,11 @@ from dyad.messages import (
 from frameworks import (
     CommandInfo, DriverStatus, Filters, FrameworkInfo, Resources, Scheduler,
     SchedulerDriver, TaskInfo, TaskState, TaskStatus)
-from frameworks import scheduler as scheduler_module
-from frameworks._callbacks import Callback, Finish
-from frameworks.scheduler import (
-    MISSED_HEARTBEATS, REASON_MASTER_DISCONNECTED, Detect, SchedulerCore, _Timer)
+from frameworks.driver_core import Callback, Finish, Received, Started
+from frameworks.scheduler_core import (
+    REASON_MASTER_DISCONNECTED, AcceptCall, AcknowledgeCall, DeclineCall, Detect,
+    HeartbeatDue, KillCall, LivenessCheck, MasterDetected, ReconcileCall, ReviveCall,
+    SchedulerCore, SchedulerTimings, StopCall, SubscribeRetry, SuppressCall)
 from frameworks.testing import FakeMaster, make_master_info, make_offer, make_status
 from tests.helpers import running
 
@@ -44,10 +46,10 @@ def callbacks(effects: list[Any]) -> list[Callback]:
 
 def subscribed_core(**framework: Any) -> SchedulerCore:
     core = SchedulerCore(FrameworkInfo(name="test", **framework))
-    core.start(0.0)
-    core.master_detected(make_master_info(), 0.0)
-    core.on_message(Subscribed(framework_id="fw-1", heartbeat_interval=1.0,
-                               master_info=make_master_info()), 0.0)
+    core.handle(Started(), 0.0)
+    core.handle(MasterDetected(make_master_info()), 0.0)
+    core.handle(Received(Subscribed(framework_id="fw-1", heartbeat_interval=1.0,
+                                    master_info=make_master_info())), 0.0)
     return core
 
 
@@ -56,31 +58,31 @@ def subscribed_core(**framework: Any) -> SchedulerCore:
 
 def test_core_subscribes_until_answered_and_then_registers() -> None:
     core = SchedulerCore(FrameworkInfo(name="test"))
-    assert core.start(0.0) == [Detect()]
-    effects = core.master_detected(make_master_info(), 0.0)
+    assert core.handle(Started(), 0.0) == [Detect()]
+    effects = core.handle(MasterDetected(make_master_info()), 0.0)
     (subscribe,) = sent(effects)
     assert isinstance(subscribe, Subscribe) and subscribe.framework.id is None
-    assert ArmTimer(_Timer.SUBSCRIBE, 1.0) in effects
-    assert isinstance(sent(core.on_timer(_Timer.SUBSCRIBE, 1.0))[0], Subscribe)
+    assert ArmTimer(SubscribeRetry(), 1.0) in effects
+    assert isinstance(sent(core.handle(TimerFired(SubscribeRetry()), 1.0))[0], Subscribe)
 
-    effects = core.on_message(Subscribed(framework_id="fw-1", heartbeat_interval=2.0,
-                                         master_info=make_master_info()), 1.5)
+    effects = core.handle(Received(Subscribed(framework_id="fw-1", heartbeat_interval=2.0,
+                                              master_info=make_master_info())), 1.5)
     assert core.framework_id == "fw-1" and core.subscribed
-    assert CancelTimer(_Timer.SUBSCRIBE) in effects
-    assert ArmTimer(_Timer.HEARTBEAT, 3.5) in effects
-    assert ArmTimer(_Timer.LIVENESS, 1.5 + MISSED_HEARTBEATS * 2.0) in effects
+    assert CancelTimer(SubscribeRetry()) in effects
+    assert ArmTimer(HeartbeatDue(), 3.5) in effects
+    assert ArmTimer(LivenessCheck(), 1.5 + SchedulerTimings().missed_heartbeats * 2.0) in effects
     assert [c.name for c in callbacks(effects)] == ["registered"]
     # a second Subscribed (answer to a retry) changes nothing
-    assert core.on_message(Subscribed(framework_id="fw-1", heartbeat_interval=2.0,
-                                      master_info=make_master_info()), 1.6) == []
+    assert core.handle(Received(Subscribed(framework_id="fw-1", heartbeat_interval=2.0,
+                                           master_info=make_master_info())), 1.6) == []
 
 
 def test_core_redetects_after_unanswered_subscribes() -> None:
     core = SchedulerCore(FrameworkInfo(name="test"))
-    core.master_detected(make_master_info(), 0.0)
+    core.handle(MasterDetected(make_master_info()), 0.0)
     effects: list[Any] = []
     for second in range(1, 10):
-        effects = core.on_timer(_Timer.SUBSCRIBE, float(second))
+        effects = core.handle(TimerFired(SubscribeRetry()), float(second))
         if Detect() in effects:
             break
     assert effects == [Detect()]
@@ -88,49 +90,50 @@ def test_core_redetects_after_unanswered_subscribes() -> None:
 
 def test_core_heartbeats_and_declares_the_master_lost() -> None:
     core = subscribed_core()
-    assert sent(core.on_timer(_Timer.HEARTBEAT, 1.0)) == [SchedulerHeartbeat(framework_id="fw-1")]
-    core.on_message(Heartbeat(), 2.0)
+    assert sent(core.handle(TimerFired(HeartbeatDue()), 1.0)) == [
+        SchedulerHeartbeat(framework_id="fw-1")]
+    core.handle(Received(Heartbeat()), 2.0)
     # 2.0 + 3 intervals = 5.0: not yet
-    assert core.on_timer(_Timer.LIVENESS, 3.0) == [ArmTimer(_Timer.LIVENESS, 5.0)]
-    effects = core.on_timer(_Timer.LIVENESS, 5.0)
+    assert core.handle(TimerFired(LivenessCheck()), 3.0) == [ArmTimer(LivenessCheck(), 5.0)]
+    effects = core.handle(TimerFired(LivenessCheck()), 5.0)
     assert [c.name for c in callbacks(effects)] == ["disconnected"]
     assert Detect() in effects and not core.subscribed
     # re-subscribes with the id it was given; the master's answer is a re-registration
-    (subscribe,) = sent(core.master_detected(make_master_info(), 6.0))
+    (subscribe,) = sent(core.handle(MasterDetected(make_master_info()), 6.0))
     assert subscribe.framework.id == "fw-1"
-    effects = core.on_message(Subscribed(framework_id="fw-1", heartbeat_interval=1.0,
-                                         master_info=make_master_info(),
-                                         reregistered=True), 6.5)
+    effects = core.handle(Received(Subscribed(framework_id="fw-1", heartbeat_interval=1.0,
+                                              master_info=make_master_info(),
+                                              reregistered=True)), 6.5)
     assert [c.name for c in callbacks(effects)] == ["reregistered"]
 
 
 def test_core_acknowledges_only_updates_with_a_uuid_when_implicit() -> None:
     core = subscribed_core()
     with_uuid = make_status("t1", TaskState.TASK_RUNNING, agent_id="a1")
-    (cb,) = callbacks(core.on_message(Update(status=with_uuid), 1.0))
+    (cb,) = callbacks(core.handle(Received(Update(status=with_uuid)), 1.0))
     assert cb == Callback("status_update", (with_uuid,), ack=with_uuid)
     master_made = make_status("t1", TaskState.TASK_LOST, uuid="")
-    (cb,) = callbacks(core.on_message(Update(status=master_made), 1.0))
+    (cb,) = callbacks(core.handle(Received(Update(status=master_made)), 1.0))
     assert cb.ack is None
 
     explicit = subscribed_core(implicit_acknowledgements=False)
-    (cb,) = callbacks(explicit.on_message(Update(status=with_uuid), 1.0))
+    (cb,) = callbacks(explicit.handle(Received(Update(status=with_uuid)), 1.0))
     assert cb.ack is None
-    assert sent(explicit.acknowledge(with_uuid)) == [Acknowledge(
+    assert sent(explicit.handle(AcknowledgeCall(with_uuid), 1.1)) == [Acknowledge(
         framework_id="fw-1", agent_id="a1", task_id="t1", uuid=with_uuid.uuid)]
-    assert explicit.acknowledge(master_made) == []
+    assert explicit.handle(AcknowledgeCall(master_made), 1.1) == []
 
 
 def test_core_queues_kills_while_disconnected_and_remembers_agents() -> None:
     core = subscribed_core()
-    core.accept(["o1"], [_launch(task_for("agent-9"))], Filters())
-    core.on_message(Heartbeat(), 1.0)
-    core.on_timer(_Timer.LIVENESS, 10.0)  # master lost
-    assert core.kill("t1", 2.0) == []
-    assert core.reconcile([]) == []
-    core.master_detected(make_master_info(), 11.0)
-    effects = core.on_message(Subscribed(framework_id="fw-1", heartbeat_interval=1.0,
-                                         master_info=make_master_info()), 11.0)
+    core.handle(AcceptCall(["o1"], [_launch(task_for("agent-9"))], Filters()), 0.5)
+    core.handle(Received(Heartbeat()), 1.0)
+    core.handle(TimerFired(LivenessCheck()), 10.0)  # master lost
+    assert core.handle(KillCall("t1", 2.0), 10.1) == []
+    assert core.handle(ReconcileCall([]), 10.2) == []
+    core.handle(MasterDetected(make_master_info()), 11.0)
+    effects = core.handle(Received(Subscribed(framework_id="fw-1", heartbeat_interval=1.0,
+                                              master_info=make_master_info())), 11.0)
     assert sent(effects) == [
         Kill(framework_id="fw-1", task_id="t1", agent_id="agent-9", kill_grace_period=2.0),
         Reconcile(framework_id="fw-1", tasks=[])]
@@ -138,48 +141,78 @@ def test_core_queues_kills_while_disconnected_and_remembers_agents() -> None:
 
 def test_core_turns_launches_without_master_into_lost_updates() -> None:
     core = SchedulerCore(FrameworkInfo(name="test"))
-    effects = core.accept(["o1"], [_launch(task_for("a1"))], Filters())
+    effects = core.handle(AcceptCall(["o1"], [_launch(task_for("a1"))], Filters()), 0.0)
     (cb,) = callbacks(effects)
     status = cb.args[0]
     assert status.state is TaskState.TASK_LOST and status.uuid == ""
     assert status.reason == REASON_MASTER_DISCONNECTED
     aware = SchedulerCore(FrameworkInfo(name="test", capabilities=["PARTITION_AWARE"]))
-    (cb,) = callbacks(aware.accept(["o1"], [_launch(task_for("a1"))], Filters()))
+    (cb,) = callbacks(aware.handle(
+        AcceptCall(["o1"], [_launch(task_for("a1"))], Filters()), 0.0))
     assert cb.args[0].state is TaskState.TASK_DROPPED
-    assert core.decline(["o1"], Filters()) == []
+    assert core.handle(DeclineCall(["o1"], Filters()), 0.0) == []
 
 
 def test_core_restates_suppression_after_resubscribing() -> None:
     core = subscribed_core()
-    assert sent(core.suppress()) == [Suppress(framework_id="fw-1")]
-    core.on_timer(_Timer.LIVENESS, 100.0)
-    core.master_detected(make_master_info(), 100.0)
-    effects = core.on_message(Subscribed(framework_id="fw-1", heartbeat_interval=1.0,
-                                         master_info=make_master_info()), 100.0)
+    assert sent(core.handle(SuppressCall(), 1.0)) == [Suppress(framework_id="fw-1")]
+    core.handle(TimerFired(LivenessCheck()), 100.0)
+    core.handle(MasterDetected(make_master_info()), 100.0)
+    effects = core.handle(Received(Subscribed(framework_id="fw-1", heartbeat_interval=1.0,
+                                              master_info=make_master_info())), 100.0)
     assert Suppress(framework_id="fw-1") in sent(effects)
-    core.on_timer(_Timer.LIVENESS, 200.0)
-    assert core.revive() == []
-    core.master_detected(make_master_info(), 200.0)
-    effects = core.on_message(Subscribed(framework_id="fw-1", heartbeat_interval=1.0,
-                                         master_info=make_master_info()), 200.0)
+    core.handle(TimerFired(LivenessCheck()), 200.0)
+    assert core.handle(ReviveCall(), 200.0) == []
+    core.handle(MasterDetected(make_master_info()), 200.0)
+    effects = core.handle(Received(Subscribed(framework_id="fw-1", heartbeat_interval=1.0,
+                                              master_info=make_master_info())), 200.0)
     assert Revive(framework_id="fw-1") in sent(effects)
     assert Suppress(framework_id="fw-1") not in sent(effects)
 
 
 def test_core_error_aborts_and_rejected_only_reports() -> None:
     core = subscribed_core()
-    (cb,) = callbacks(core.on_message(Rejected(reason="bad", message_type="accept"), 1.0))
+    (cb,) = callbacks(core.handle(Received(Rejected(reason="bad", message_type="accept")), 1.0))
     assert cb.name == "error" and "accept" in cb.args[0] and "bad" in cb.args[0]
     assert core.subscribed
-    assert core.on_message(Error(message="torn down"), 1.0) == [
+    assert core.handle(Received(Error(message="torn down")), 1.0) == [
         Callback("error", ("torn down",)), Finish(DriverStatus.ABORTED)]
-    assert core.on_message(Heartbeat(), 2.0) == []
+    assert core.handle(Received(Heartbeat()), 2.0) == []
 
 
 def test_core_farewell() -> None:
-    assert SchedulerCore(FrameworkInfo(name="t")).stop(failover=False) == []
-    assert subscribed_core().stop(failover=False) == [Teardown(framework_id="fw-1")]
-    assert subscribed_core().stop(failover=True) == [Unsubscribe(framework_id="fw-1")]
+    assert SchedulerCore(FrameworkInfo(name="t")).handle(StopCall(failover=False), 1.0) == []
+    assert sent(subscribed_core().handle(StopCall(failover=False), 1.0)) == [
+        Teardown(framework_id="fw-1")]
+    assert sent(subscribed_core().handle(StopCall(failover=True), 1.0)) == [
+        Unsubscribe(framework_id="fw-1")]
+
+
+def test_core_timings_are_injected() -> None:
+    core = SchedulerCore(FrameworkInfo(name="test"),
+                         SchedulerTimings(subscribe_retry=0.25,
+                                          subscribe_attempts_before_redetect=2))
+    core.handle(Started(), 0.0)
+    assert ArmTimer(SubscribeRetry(), 0.25) in core.handle(MasterDetected(make_master_info()), 0.0)
+    assert ArmTimer(SubscribeRetry(), 0.5) in core.handle(TimerFired(SubscribeRetry()), 0.25)
+    assert core.handle(TimerFired(SubscribeRetry()), 0.5) == [Detect()]
+
+
+def test_core_ignores_stale_timers_and_raises_on_unknown_ones() -> None:
+    core = SchedulerCore(FrameworkInfo(name="test"))
+    core.handle(Started(), 0.0)
+    # known kinds armed in another state: stale, ignored
+    for key in (SubscribeRetry(), HeartbeatDue(), LivenessCheck()):
+        assert core.handle(TimerFired(key), 1.0) == []
+
+    @attrs.frozen
+    class Stranger(TimerKey):
+        pass
+
+    with pytest.raises(UnknownTimer):
+        core.handle(TimerFired(Stranger()), 1.0)
+    with pytest.raises(UnknownTimer):
+        core.handle(TimerFired("subscribe"), 1.0)
 
 
 def _launch(task: TaskInfo) -> Any:
@@ -276,12 +309,12 @@ async def test_subscribes_and_registers(master: FakeMaster) -> None:
     assert driver.status is DriverStatus.ABORTED
 
 
-async def test_subscribe_is_retried_until_answered(
-        master: FakeMaster, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(scheduler_module, "SUBSCRIBE_RETRY", 0.1)
+async def test_subscribe_is_retried_until_answered(master: FakeMaster) -> None:
     master.answer_subscribe = False
     sched = Recording()
-    async with running(make_driver(sched, master)):
+    driver = SchedulerDriver(sched, FrameworkInfo(name="test-fw"), master=master.address,
+                             timings=SchedulerTimings(subscribe_retry=0.1))
+    async with running(driver):
         await master.wait_until(lambda: len(master.of(Subscribe)) >= 2, timeout=3)
         master.answer_subscribe = True
         await sched.wait_for("registered", timeout=3)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import AsyncIterator
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -230,3 +231,77 @@ async def test_unknown_routes_methods_and_standby(client: Client) -> None:
     status, body = await client.call("GET", "/v2/apps")
     assert status == 503 and body["leader"] == "127.0.0.1:8080"
     assert (await client.call("GET", "/v2/leader"))[1] == {"leader": "127.0.0.1:8080"}
+
+
+# ------------------------------------------------- bad input (issue 12's fuzz run)
+
+NESTED = b"[" * 10_000 + b"]" * 10_000
+
+
+async def answered_4xx(client: Client, method: str, path: str, raw: bytes) -> dict[str, Any]:
+    """Send `raw` and insist on a quick 4xx whose JSON says why and whose status
+    line carries only the standard reason phrase."""
+    async with client.session.request(method, client.base + path, data=io.BytesIO(raw),
+                                      timeout=aiohttp.ClientTimeout(total=10)) as resp:
+        body = await resp.json(content_type=None)
+        assert 400 <= resp.status < 500, (method, path, raw[:80], resp.status, body)
+        assert resp.reason == HTTPStatus(resp.status).phrase
+        assert isinstance(body, dict) and body["message"], body
+        return body
+
+
+@pytest.mark.parametrize("raw, reason", [
+    (NESTED, "nested deeper"),
+    (b'{"id": "/web", "cmd": "x", "cpus": 1' + b"0" * 309 + b"}", "exceeds the limit"),
+    (b'{"id": "/web", "cmd": "x", "cpus": 1e309}', "out of range"),
+    (b'{"id": "/web", "cmd": "x", "cpus": -Infinity}', "not a JSON number"),
+    (b'{"id": "/web", "cmd": "\\ud800"}', "lone surrogate"),
+    (b'{"id": "/web", "cmd": "x", "labels": {"\\udfff": "a"}}', "lone surrogate"),
+], ids=["nested", "309-digit-cpus", "1e309-cpus", "infinity", "surrogate", "surrogate-key"])
+async def test_unparsable_bodies_are_400_with_the_reason(client: Client, raw: bytes,
+                                                         reason: str) -> None:
+    for method, path in (("POST", "/v2/apps"), ("PUT", "/v2/apps/web")):
+        body = await answered_4xx(client, method, path, raw)
+        assert reason in body["message"], body
+    assert (await client.call("GET", "/v2/apps"))[1] == {"apps": []}
+
+
+@pytest.mark.parametrize("constraints, reason", [
+    ([["rack", "MAX_PER", "\u00b2"]], "positive whole number"),
+    ([["rack", "GROUP_BY", "9" * 400]], "longer than 256"),
+    ([["rack", "LIKE", "(?!x)"]], "RE2"),
+    ([["rack", "LIKE", "a" * 300]], "longer than 256"),
+    ([["hostname", "CLUSTER", "a" * 40 + "!"], ["hostname", "LIKE", "(a+)+"]], "is not LIKE"),
+], ids=["superscript-two", "long-count", "lookahead", "long-pattern", "redos"])
+async def test_bad_constraints_are_422_at_once(client: Client, constraints: list[Any],
+                                               reason: str) -> None:
+    raw = json.dumps({**WEB, "constraints": constraints}).encode()
+    body = await answered_4xx(client, "POST", "/v2/apps", raw)
+    assert body["message"] == "Object is not valid"
+    (detail,) = [d for d in body["details"] if d["path"] == "/constraints"]
+    assert reason in detail["errors"][0], detail
+
+
+async def test_newlines_and_odd_characters_in_ids_never_reach_a_header(client: Client) -> None:
+    await client.call("POST", "/v2/apps", WEB)
+    for method, path in [("GET", "/v2/apps/we%0Ab"), ("GET", "/v2/apps/we%0D%0AX-A:%20b"),
+                         ("DELETE", "/v2/apps/web/tasks/web.x%0Ay"),
+                         ("DELETE", "/v2/deployments/d%0Ax"),
+                         ("DELETE", "/v2/queue/w%0Ab/delay"),
+                         ("GET", "/v2/apps/%ED%A0%80"), ("GET", "/v2/apps/%FF"),
+                         ("DELETE", "/v2/apps/web?force=%0A")]:
+        await answered_4xx(client, method, path, b"")
+    body = await answered_4xx(client, "POST", "/v2/apps",
+                              json.dumps({**WEB, "id": "/we\nb"}).encode())
+    assert body["details"][0]["path"] == "/id"
+    metrics = (await client.call("GET", "/metrics"))[1]["counters"]
+    assert metrics.get("http_responses_5xx", 0) == 0
+
+
+async def test_the_api_still_works_after_bad_input(client: Client) -> None:
+    for raw in (NESTED, b'{"cpus": 1e309}', b'{"id": "\\ud800"}'):
+        await answered_4xx(client, "POST", "/v2/apps", raw)
+    status, body = await client.call("POST", "/v2/apps", WEB)
+    assert status == 201, body
+    metrics = (await client.call("GET", "/metrics"))[1]["counters"]
+    assert metrics["http_responses_4xx"] == 3 and metrics.get("http_responses_5xx", 0) == 0

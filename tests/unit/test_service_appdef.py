@@ -4,6 +4,8 @@ that the service's pure modules stay pure."""
 from __future__ import annotations
 
 import ast
+import re
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -157,6 +159,49 @@ def test_bad_constraints_are_refused(raw: Any) -> None:
 def test_impossible_combinations_are_refused(constraints: list[Any], instances: int) -> None:
     with pytest.raises(ConstraintError):
         check_satisfiable([parse_constraint(c) for c in constraints], instances)
+
+
+@pytest.mark.parametrize("raw, reason", [
+    (["rack", "MAX_PER", "\u00b2"], "positive whole number"),     # "²".isdigit() is true
+    (["rack", "GROUP_BY", "\u0663"], "positive whole number"),    # an Arabic-Indic 3
+    (["rack", "MAX_PER", "9" * 5000], "longer than"),             # int() would refuse it
+    (["rack", "MAX_PER", "1234567"], "positive whole number"),
+    (["rack", "LIKE", "(?=r)r1"], "RE2"),                          # lookahead
+    (["rack", "LIKE", "(r)\\1"], "RE2"),                         # backreference
+    (["rack", "LIKE", "a" * 257], "longer than 256"),
+    (["rack", "CLUSTER", "a" * 257], "longer than 256"),
+    (["r" * 129, "UNIQUE"], "at most 128"),
+    (["rack", "NEAR" * 1000], "..."),                              # the echo is cut short
+])
+def test_constraint_input_is_bounded_and_ascii(raw: list[Any], reason: str) -> None:
+    with pytest.raises(ConstraintError, match=re.escape(reason)) as caught:
+        parse_constraint(raw)
+    assert len(str(caught.value)) < 300
+
+
+def test_constraint_patterns_cannot_take_exponential_time() -> None:
+    # Python's re takes hours on this (22 a's: 0.09 s, 30: 24 s); RE2 is linear.
+    evil = [parse_constraint(["hostname", "CLUSTER", "a" * 40 + "!"]),
+            parse_constraint(["hostname", "LIKE", "(a+)+"])]
+    started = time.monotonic()
+    with pytest.raises(ConstraintError, match="is not LIKE"):
+        check_satisfiable(evil, 1)
+    like, unlike = c("h", "LIKE", "(a+)+"), c("h", "UNLIKE", "(a|aa)*b")
+    assert unmet(like, "a" * 10_000 + "!", n(), []) is not None
+    assert unmet(unlike, "a" * 10_000, n(), []) is None
+    assert time.monotonic() - started < 1.0
+
+
+def test_a_value_that_is_not_unicode_matches_no_pattern() -> None:
+    assert unmet(c("h", "LIKE", ".*"), "\ud800", n(), []) is not None
+    assert unmet(c("h", "UNLIKE", ".*"), "\ud800", n(), []) is None
+
+
+def test_huge_numbers_are_refused_not_overflowed() -> None:
+    for cpus in (10**309, -10**309, float("inf")):
+        with pytest.raises(AppInvalid) as caught:
+            parse_app({"id": "/a", "cmd": "x", "cpus": cpus})
+        assert [path for path, _ in caught.value.details] == ["/cpus"]
 
 
 def test_possible_combinations_pass() -> None:

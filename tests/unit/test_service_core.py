@@ -8,14 +8,15 @@ from typing import Any
 
 import pytest
 
-from dyad.effects import ArmTimer
+from dyad.effects import ArmTimer, TimerFired, UnknownTimer
 from dyad.messages import Reason, TaskState
 from frameworks.service import views
 from frameworks.service.appdef import parse_app
+from frameworks.effects import (
+    DeclineOffers, LaunchTasks, ReconcileTasks, RequestKill, ReviveOffers, SuppressOffers)
 from frameworks.service.core import (
-    WAKE, AgentLost, CancelDeployment, Conflict, DeclineOffers, DeleteApp, KillTask,
-    KillTasks, LaunchTasks, NotFound, Persist, PutApp, ReconcileTasks, ResetDelay,
-    RestartApp, ReviveOffers, ServiceConfig, SuppressOffers)
+    AgentLost, CancelDeployment, Conflict, DeleteApp, KillTasks, NotFound, Persist, PutApp,
+    ResetDelay, RestartApp, ServiceConfig, Wake)
 from frameworks.service.testing import ServiceSim
 
 WEB = {"id": "/web", "cmd": "python3 -m http.server $PORT0", "instances": 3, "cpus": 0.1,
@@ -40,6 +41,13 @@ def live(sim: ServiceSim, app_id: str = "/web") -> list[Any]:
 
 
 # ------------------------------------------------------------------ launching
+
+
+def test_a_timer_the_core_never_arms_is_a_bug() -> None:
+    sim = ServiceSim(agents=1)
+    sim.register()
+    with pytest.raises(UnknownTimer):
+        sim.step(TimerFired("wake"))
 
 
 def test_app_launches_its_instances_one_per_host_with_ports_in_the_environment() -> None:
@@ -141,7 +149,7 @@ def test_failed_task_is_replaced_after_a_growing_backoff() -> None:
     for _ in range(4):
         victim = sim.tasks("/web")[0]
         effects = sim.update(victim.task_id, TaskState.TASK_FAILED, message="exit 1")
-        (timer,) = [e for e in effects if isinstance(e, ArmTimer) and e.key == WAKE]
+        (timer,) = [e for e in effects if isinstance(e, ArmTimer) and e.key == Wake()]
         delays.append(round(timer.at - sim.now, 4))
         assert sim.launched(sim.offer_all()) == []  # still backing off
         assert "backing off" in (views.waiting_reason(sim.core, "/web", sim.now) or "")
@@ -234,8 +242,8 @@ def test_scale_down_kills_the_youngest_first_and_passes_the_grace_period() -> No
     youngest = [t.task_id for t in sim.tasks("/web")][-1]
     sim.run_all("/web")
     outcome = sim.command(PutApp(app(instances=2, taskKillGracePeriodSeconds=7)))
-    kills = [e for e in outcome.effects if isinstance(e, KillTask)]
-    assert kills == [KillTask(youngest, 7.0)]
+    kills = [e for e in outcome.effects if isinstance(e, RequestKill)]
+    assert kills == [RequestKill(youngest, 7.0)]
     sim.finish_kills()
     assert not sim.core.deployments
 
@@ -297,7 +305,7 @@ def test_rolling_upgrade_starts_new_before_killing_old_within_bounds() -> None:
     outcome = sim.command(PutApp(app(cmd="python3 -m http.server $PORT0 --bind 127.0.0.1",
                                      upgradeStrategy=strategy)))
     assert sim.core.deployment_of("/web").kind == "upgrade"
-    assert not [e for e in outcome.effects if isinstance(e, KillTask)]
+    assert not [e for e in outcome.effects if isinstance(e, RequestKill)]
     for _ in range(3):
         assert len(sim.launched(sim.offer_all())) == 1   # 3 x 1.5 = 4 tasks at most
         assert len(sim.tasks("/web")) == 4

@@ -16,7 +16,7 @@ from dyad.messages import TaskState
 from frameworks.service.appdef import AppInvalid, parse_app
 from frameworks.service.core import CancelDeployment, PutApp, ServiceConfig
 from frameworks.service.deployment import plan_deployment, plan_steady
-from frameworks.service.records import TaskRecord
+from frameworks.service.records import AppTask
 from frameworks.service.testing import ServiceSim
 
 FRACTIONS = st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0])
@@ -28,8 +28,8 @@ def definition(instances: int, min_health: float, max_over: float, cmd: str = "s
                                                      "maximumOverCapacity": max_over}})
 
 
-def task(i: int, version: str, ready: bool, killing: bool, staged: float) -> TaskRecord:
-    return TaskRecord(task_id=f"t{i}", app_id="/svc", config_version=version,
+def task(i: int, version: str, ready: bool, killing: bool, staged: float) -> AppTask:
+    return AppTask(task_id=f"t{i}", app_id="/svc", config_version=version,
                       agent_id="a", hostname="h", staged_at=staged,
                       state=TaskState.TASK_RUNNING if ready else TaskState.TASK_STAGING,
                       kill_requested_at=0.0 if killing else None)

@@ -1,0 +1,135 @@
+"""Usage store: ingestion rate and group-by latency, against plain Python.
+
+    python -m benchmarks.usage_store [--rows 1000000] [--batch 10000] [--threads 2]
+
+Synthetic samples from a day of a cell: 2,000 tasks of 100 apps in 5 roles on 200
+agents (with rack attributes), one sample per task every ~90 s. Printed:
+
+- **ingest**: rows/s into `DuckDBEngine.insert` in batches of `--batch` (the size
+  the store's writer thread hands over), against appending the same rows' tuples
+  to a Python list (the floor any store pays: the rows must at least be read);
+- **group-by**: the typical question, average cores and peak memory per role per
+  minute (7,200 groups), timed as the median of 3 runs, against the same
+  aggregation in a Python dict over the list; the answers are checked to agree;
+- **percentile and filter**: p95 cores per app and OOM-event counts per app over
+  the last hour, DuckDB only (informative: plain Python has no cheap percentile).
+
+The master's launches/s with the store on vs off is measured once the store is
+wired into the master (issue 14); this benchmark measures the store alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from master.usage import Dimensions, DuckDBEngine, UsageSample
+from master.usage.schema import usage_values
+
+T0 = 1_700_000_000.0
+ROLES = ("prod", "batch", "web", "ml", "infra")
+
+
+def synthetic(rows: int, seed: int = 1) -> list[UsageSample]:
+    rng = random.Random(seed)
+    agents = [(f"agent-{a}", f"host-{a}", {"rack": f"r{a % 20}", "zone": f"z{a % 3}"})
+              for a in range(200)]
+    tasks = []
+    for t in range(2000):
+        app = t % 100
+        agent_id, host, attributes = agents[t % len(agents)]
+        tasks.append(Dimensions(
+            task_id=f"app{app}.{t}", framework_id="svc" if app < 60 else "batch",
+            role=ROLES[app % len(ROLES)], app=f"/app{app}", agent_id=agent_id,
+            hostname=host, agent_attributes=attributes, labels={"app": f"/app{app}"},
+            priority=200 if app < 60 else 100, revocable=app >= 90))
+    span = 24 * 3600.0
+    out = []
+    for i in range(rows):
+        who = tasks[i % len(tasks)]
+        out.append(UsageSample(
+            at=T0 + span * i / rows, who=who, executor_id=who.task_id,
+            cpus_used=rng.random() * 2, cpus_limit=2.0,
+            mem_rss_bytes=rng.randrange(10 << 20, 900 << 20), mem_limit_bytes=1 << 30,
+            oom_events=1 if rng.random() < 1e-4 else 0))
+    return out
+
+
+def timed(run: Callable[[], Any], repeat: int = 3) -> tuple[float, Any]:
+    times, result = [], None
+    for _ in range(repeat):
+        started = time.perf_counter()
+        result = run()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times), result
+
+
+def python_group_by(rows: list[tuple]) -> dict[tuple[str, int], tuple[float, int]]:
+    """avg(cpus_used), max(mem_rss_bytes) per (role, minute) over `usage_values` tuples."""
+    sums: dict[tuple[str, int], list[float]] = {}
+    for row in rows:
+        key = (row[3], round(row[0] * 1e6) // 60_000_000)  # as the store rounds to µs
+        acc = sums.get(key)
+        if acc is None:
+            sums[key] = [row[12], 1, row[15]]
+        else:
+            acc[0] += row[12]
+            acc[1] += 1
+            acc[2] = max(acc[2], row[15])
+    return {k: (s / n, m) for k, (s, n, m) in sums.items()}
+
+
+GROUP_BY = ("SELECT role, epoch_us(ts) // 60000000 AS minute, avg(cpus_used), "
+            "max(mem_rss_bytes) FROM task_usage GROUP BY ALL")
+PERCENTILE = ("SELECT app, quantile_cont(cpus_used, 0.95) FROM task_usage "
+              "GROUP BY app ORDER BY app")
+OOMS = ("SELECT app, sum(oom_events) FROM task_usage WHERE ts >= epoch_ts(?) "
+        "GROUP BY app HAVING sum(oom_events) > 0")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--batch", type=int, default=10_000)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+
+    print(f"building {args.rows:,} synthetic samples ...", flush=True)
+    samples = synthetic(args.rows)
+
+    started = time.perf_counter()
+    reference: list[tuple] = []
+    for s in samples:
+        reference.append(usage_values(s))
+    list_rate = args.rows / (time.perf_counter() - started)
+
+    engine = DuckDBEngine(memory_limit="4GB", threads=args.threads)
+    started = time.perf_counter()
+    for i in range(0, args.rows, args.batch):
+        engine.insert(samples[i:i + args.batch], [])
+    ingest_rate = args.rows / (time.perf_counter() - started)
+    print(f"ingest      duckdb {ingest_rate:12,.0f} rows/s   python list {list_rate:12,.0f} "
+          f"rows/s   list/duckdb {list_rate / ingest_rate:6.1f}x")
+
+    ours, answer = timed(lambda: engine.query(GROUP_BY, 100_000, 60))
+    theirs, expected = timed(lambda: python_group_by(reference))
+    got = {(r[0], r[1]): (r[2], r[3]) for r in answer.rows}
+    assert got.keys() == expected.keys(), "group-by answers differ"
+    assert all(abs(got[k][0] - expected[k][0]) < 1e-9 and got[k][1] == expected[k][1]
+               for k in expected), "group-by answers differ"
+    print(f"group-by    duckdb {ours * 1000:10.1f} ms     python dict {theirs * 1000:10.1f} ms"
+          f"     python/duckdb {theirs / ours:6.1f}x   ({len(got):,} groups)")
+
+    p95, _ = timed(lambda: engine.query(PERCENTILE, 1000, 60))
+    last_hour, _ = timed(lambda: engine.query(OOMS.replace("?", str(T0 + 23 * 3600)), 1000, 60))
+    print(f"p95 per app {p95 * 1000:10.1f} ms     OOMs per app, last hour {last_hour * 1000:8.1f} ms")
+    engine.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

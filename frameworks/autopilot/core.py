@@ -1,0 +1,347 @@
+"""The autopilot: per app, recommend task limits from measured usage and, in `auto`
+mode, decide when to apply them. A pure core: `handle(event, now) -> effects`.
+
+Per app it runs two meta-recommenders (CPU and memory, see `meta`) and on a timer
+every `Config.step` seconds turns their choice into a `Recommendation`. The rules
+that make it safe to act on live here, and apply to every variant alike:
+
+- evidence: no recommendation until `min_samples` samples over at least `warmup`
+  seconds;
+- bounds: each resource is clamped to the app's min/max, else the configured
+  floor/cap; memory rounds up to whole MiB, CPU up to a thousandth of a core;
+- hysteresis: in `auto`, CPU moves only by at least `min_change` of its current
+  limit, memory is cut only by at least that much (a raise is never held back: a
+  memory limit under the window's peak plus margin is a kill waiting to happen),
+  and limits change at most once per `min_interval`...
+- ...except after an OOM kill (`TaskOomKilled`): memory is raised at once to at
+  least `oom_growth` times the limit the task died at, and the kill counts as a
+  memory sample at that limit, so no variant recommends below it while the kill is
+  inside its window.
+
+`Recommended` is emitted whenever the recommendation changes; `ApplyLimits` asks the
+service framework to roll the app to new limits. The app's next `AppConfigured`
+(its definition after the upgrade, or an operator's edit) sets what is current.
+"""
+
+from __future__ import annotations
+
+import math
+import attrs
+
+from dyad.effects import ArmTimer, CancelTimer, TimerFired, TimerKey, UnknownTimer
+from frameworks.autopilot.meta import Costs, MetaRecommender, moved
+from frameworks.autopilot.recommenders import (
+    DEFAULT_CPU_VARIANTS, DEFAULT_MEMORY_VARIANTS, CpuVariant, MemoryVariant)
+from frameworks.autopilot.spec import AUTO, MIB, OFF, AutopilotSpec, Limits
+
+_MILLICORE = 0.001
+
+
+@attrs.frozen
+class Config:
+    cpu_variants: tuple[CpuVariant, ...] = DEFAULT_CPU_VARIANTS
+    memory_variants: tuple[MemoryVariant, ...] = DEFAULT_MEMORY_VARIANTS
+    costs: Costs = Costs()
+    step: float = attrs.field(default=300.0, validator=attrs.validators.gt(0.0))
+    min_samples: int = attrs.field(default=30, validator=attrs.validators.ge(1))
+    warmup: float = attrs.field(default=3600.0, validator=attrs.validators.ge(0.0))
+    min_change: float = attrs.field(default=0.1, validator=attrs.validators.ge(0.0))
+    min_interval: float = attrs.field(default=3600.0, validator=attrs.validators.ge(0.0))
+    oom_growth: float = attrs.field(default=1.5, validator=attrs.validators.gt(1.0))
+    floor: Limits = Limits(cpus=0.01, mem_bytes=32 * MIB)
+    cap: Limits = Limits(cpus=64.0, mem_bytes=256 * 1024 * MIB)
+
+    def __attrs_post_init__(self) -> None:
+        if not self.cpu_variants or not self.memory_variants:
+            raise ValueError("the autopilot needs at least one CPU and one memory variant")
+        if self.floor.cpus > self.cap.cpus or self.floor.mem_bytes > self.cap.mem_bytes:
+            raise ValueError(f"floor {self.floor} exceeds cap {self.cap}")
+
+
+# events ------------------------------------------------------------------------------
+
+@attrs.frozen
+class AppConfigured:
+    """An app's autopilot spec and its current task limits (on create and update)."""
+
+    app_id: str
+    spec: AutopilotSpec
+    limits: Limits
+
+
+@attrs.frozen
+class AppRemoved:
+    app_id: str
+
+
+@attrs.frozen
+class UsageSampled:
+    """One task's measured usage at `at`: cores used over the sample, RSS bytes."""
+
+    app_id: str
+    at: float
+    cpus: float
+    mem_bytes: float
+
+
+@attrs.frozen
+class TaskOomKilled:
+    """A task of the app was killed for memory (REASON_CONTAINER_LIMITATION_MEMORY)."""
+
+    app_id: str
+    task_id: str
+    at: float
+    mem_limit_bytes: int
+
+
+@attrs.frozen
+class Evaluate(TimerKey):
+    app_id: str
+
+
+# effects -----------------------------------------------------------------------------
+
+@attrs.frozen
+class Recommendation:
+    """What the autopilot would set, why, and on how much evidence."""
+
+    app_id: str
+    at: float
+    ready: bool  # False: not enough evidence yet; the values are then the current ones
+    cpus: float
+    mem_bytes: int
+    current: Limits
+    cpu_variant: str
+    mem_variant: str
+    samples: int
+    ooms: int
+    reasons: tuple[str, ...]
+
+    @property
+    def slack_removed(self) -> Limits:
+        """What the recommendation takes away from the current limits (negative: adds)."""
+        return Limits(self.current.cpus - self.cpus, self.current.mem_bytes - self.mem_bytes)
+
+
+@attrs.frozen
+class Recommended:
+    recommendation: Recommendation
+
+
+@attrs.frozen
+class ApplyLimits:
+    """Auto mode: roll the app's tasks to these limits (a rolling upgrade)."""
+
+    app_id: str
+    limits: Limits
+    reason: str
+
+
+Event = AppConfigured | AppRemoved | UsageSampled | TaskOomKilled | TimerFired
+Effect = Recommended | ApplyLimits | ArmTimer | CancelTimer
+
+
+class _App:
+    def __init__(self, app_id: str, spec: AutopilotSpec, limits: Limits,
+                 pilot: Autopilot) -> None:
+        config = pilot.config
+        self.app_id = app_id
+        self.spec = spec
+        self.current = limits
+        # Bounds are read at each use, so an edit of the app's min/max applies to
+        # the evidence already gathered.
+        self.cpu = MetaRecommender([v.build() for v in config.cpu_variants], config.costs,
+                                   config.min_change, fatal_overrun=False,
+                                   bound=lambda v: pilot._bound_cpus(self.spec, v))
+        self.mem = MetaRecommender([v.build() for v in config.memory_variants], config.costs,
+                                   config.min_change, fatal_overrun=True,
+                                   bound=lambda v: pilot._bound_mem(self.spec, v))
+        self.first_sample: float | None = None
+        self.last_applied: float | None = None
+        self.ooms = 0
+        self.published: Recommendation | None = None
+
+
+class Autopilot:
+    def __init__(self, config: Config = Config()) -> None:
+        self.config = config
+        self._apps: dict[str, _App] = {}
+        self.rejected = 0  # samples that were not numbers we could use
+        self.ignored = 0  # events for apps the autopilot does not follow
+
+    # -- the one way in ---------------------------------------------------------------
+
+    def handle(self, event: Event, now: float) -> list[Effect]:
+        match event:
+            case AppConfigured():
+                return self._configured(event, now)
+            case AppRemoved(app_id):
+                if self._apps.pop(app_id, None) is None:
+                    return []
+                return [CancelTimer(Evaluate(app_id))]
+            case UsageSampled():
+                self._sampled(event)
+                return []
+            case TaskOomKilled():
+                return self._oom(event, now)
+            case TimerFired(key=Evaluate(app_id)):
+                app = self._apps.get(app_id)
+                return [] if app is None else self._evaluate(app, now)  # stale: removed
+            case TimerFired(key=key):
+                raise UnknownTimer("Autopilot", key)
+        raise TypeError(f"Autopilot cannot handle {event!r}")
+
+    def recommendation(self, app_id: str) -> Recommendation | None:
+        """The latest recommendation for a followed app (None: not followed)."""
+        app = self._apps.get(app_id)
+        return None if app is None else app.published
+
+    def followed(self) -> list[str]:
+        return sorted(self._apps)
+
+    # -- events -----------------------------------------------------------------------
+
+    def _configured(self, event: AppConfigured, now: float) -> list[Effect]:
+        app = self._apps.get(event.app_id)
+        if event.spec.mode == OFF:
+            if app is None:
+                return []
+            del self._apps[event.app_id]
+            return [CancelTimer(Evaluate(event.app_id))]
+        if app is None:
+            app = self._apps[event.app_id] = _App(event.app_id, event.spec, event.limits, self)
+            app.published = self._recommend(app, now)
+            return [Recommended(app.published),
+                    ArmTimer(Evaluate(event.app_id), now + self.config.step)]
+        app.spec, app.current = event.spec, event.limits
+        return self._publish(app, self._recommend(app, now))
+
+    def _sampled(self, event: UsageSampled) -> None:
+        app = self._apps.get(event.app_id)
+        if app is None:
+            self.ignored += 1
+            return
+        values = (event.at, event.cpus, event.mem_bytes)
+        if not all(math.isfinite(v) for v in values) or event.cpus < 0 or event.mem_bytes < 0:
+            self.rejected += 1
+            return
+        app.cpu.observe(event.at, event.cpus)
+        app.mem.observe(event.at, event.mem_bytes)
+        if app.first_sample is None or event.at < app.first_sample:
+            app.first_sample = event.at
+
+    def _oom(self, event: TaskOomKilled, now: float) -> list[Effect]:
+        app = self._apps.get(event.app_id)
+        if app is None:
+            self.ignored += 1
+            return []
+        if not (math.isfinite(event.at) and event.mem_limit_bytes > 0):
+            self.rejected += 1
+            return []
+        app.ooms += 1
+        # The kill is evidence that usage reached the limit the task had.
+        app.mem.observe(event.at, float(event.mem_limit_bytes))
+        effects: list[Effect] = []
+        recommendation = self._recommend(app, now)
+        raised = self._bound_mem(app.spec, max(event.mem_limit_bytes * self.config.oom_growth,
+                                               float(recommendation.mem_bytes)))
+        if app.spec.mode == AUTO and raised > app.current.mem_bytes:
+            app.current = Limits(app.current.cpus, raised)
+            app.last_applied = now
+            effects.append(ApplyLimits(app.app_id, app.current, (
+                f"task {event.task_id} was OOM-killed at "
+                f"{event.mem_limit_bytes / MIB:.0f} MiB: memory raised to {raised / MIB:.0f} MiB")))
+            recommendation = self._recommend(app, now)
+        effects.extend(self._publish(app, recommendation))
+        return effects
+
+    def _evaluate(self, app: _App, now: float) -> list[Effect]:
+        app.cpu.decide(now)
+        app.mem.decide(now)
+        recommendation = self._recommend(app, now)
+        effects: list[Effect] = []
+        target = self._target(app, recommendation, now)
+        if target is not None:
+            reason = "; ".join(recommendation.reasons)
+            app.current, app.last_applied = target, now
+            effects.append(ApplyLimits(app.app_id, target, reason))
+            recommendation = attrs.evolve(recommendation, current=target)
+        effects.extend(self._publish(app, recommendation))
+        effects.append(ArmTimer(Evaluate(app.app_id), now + self.config.step))
+        return effects
+
+    # -- rules ------------------------------------------------------------------------
+
+    def _target(self, app: _App, rec: Recommendation, now: float) -> Limits | None:
+        """The limits to apply now in auto mode, or None to leave them."""
+        if app.spec.mode != AUTO or not rec.ready:
+            return None
+        if app.last_applied is not None and now - app.last_applied < self.config.min_interval:
+            return None
+        step = self.config.min_change
+        # What is kept is the current limit brought within the app's bounds, so an
+        # applied limit is always within them, even after the bounds were edited.
+        keep_cpus = self._bound_cpus(app.spec, app.current.cpus)
+        keep_mem = self._bound_mem(app.spec, app.current.mem_bytes)
+        cpus = rec.cpus if moved(keep_cpus, rec.cpus, step) else keep_cpus
+        # Memory below the recommendation is below the window's peak plus margin: a
+        # kill waiting to happen, so any raise goes ahead; cuts need min_change.
+        mem = (rec.mem_bytes if rec.mem_bytes > keep_mem or moved(keep_mem, rec.mem_bytes, step)
+               else keep_mem)
+        target = Limits(cpus, mem)
+        return None if target == app.current else target
+
+    def _recommend(self, app: _App, now: float) -> Recommendation:
+        config = self.config
+        samples = app.mem.samples
+        span = 0.0 if app.first_sample is None else now - app.first_sample
+        cpu, mem = app.cpu.choose(now), app.mem.choose(now)
+        if samples < config.min_samples or span < config.warmup or cpu is None or mem is None:
+            reason = (f"waiting for evidence: {samples} of {config.min_samples} samples, "
+                      f"{span:.0f}s of {config.warmup:.0f}s")
+            return Recommendation(app.app_id, now, False, app.current.cpus,
+                                  app.current.mem_bytes, app.current, "", "", samples,
+                                  app.ooms, (reason,))
+        reasons = [f"cpus {cpu.value:.3f}: {cpu.explanation}",
+                   f"mem {mem.value / MIB:.0f} MiB: {mem.explanation}"]
+        if app.ooms:
+            reasons.append(f"{app.ooms} OOM kill(s) seen; each counts as a sample at the "
+                           "limit the task died at")
+        return Recommendation(app.app_id, now, True, cpu.value, int(mem.value),
+                              app.current, cpu.variant, mem.variant, samples, app.ooms,
+                              tuple(reasons))
+
+    def _publish(self, app: _App, rec: Recommendation) -> list[Effect]:
+        last = app.published
+        app.published = rec
+        if last is not None and _gist(last) == _gist(rec):
+            return []
+        return [Recommended(rec)]
+
+    def _bound_cpus(self, spec: AutopilotSpec, value: float) -> float:
+        b, c = spec.bounds, self.config
+        rounded = math.ceil(value / _MILLICORE - 1e-9) * _MILLICORE
+        return round(_clamp(rounded, b.min_cpus, b.max_cpus, c.floor.cpus, c.cap.cpus), 6)
+
+    def _bound_mem(self, spec: AutopilotSpec, value: float) -> int:
+        b, c = spec.bounds, self.config
+        rounded = math.ceil(value / MIB - 1e-9) * MIB  # 100 MiB × 1.1 is 110 MiB, not 111
+        return int(_clamp(rounded, b.min_mem_bytes, b.max_mem_bytes, c.floor.mem_bytes,
+                          c.cap.mem_bytes))
+
+
+def _gist(rec: Recommendation) -> tuple:
+    """What makes a recommendation news (not its time, sample count or wording)."""
+    return (rec.ready, rec.cpus, rec.mem_bytes, rec.current, rec.cpu_variant,
+            rec.mem_variant, rec.ooms)
+
+
+def _clamp(value: float, low: float | None, high: float | None, default_low: float,
+           default_high: float) -> float:
+    """Clamp to the app's bounds, else the defaults. An app's own bound wins over a
+    default it contradicts (an app min above the default cap raises the cap)."""
+    lo = default_low if low is None else low
+    hi = default_high if high is None else high
+    if lo > hi:
+        lo, hi = (lo, lo) if low is not None else (hi, hi)
+    return min(max(value, lo), hi)

@@ -1,0 +1,120 @@
+"""Usage histograms whose samples fade: the recent past counts more than the old.
+
+A sample added at time `t` carries weight ``w * 2 ** (t / half_life)``: relative to
+any later sample its weight halves every `half_life` seconds. Because the decay is
+exponential, the ratio between two samples' weights never changes as time passes,
+so a percentile does not depend on "now" and nothing has to be rescanned to age the
+histogram. Weights are kept relative to a reference time that moves forward (and
+rescales every bucket) before the exponent could overflow a float.
+
+Buckets are geometric (each bound `ratio` times the one below), so a percentile is
+answered within a relative error of `ratio - 1` over a range of many decades with a
+few hundred buckets. A percentile is the *upper* bound of the bucket it falls in,
+never less than the exact weighted percentile of the samples: a limit taken from it
+errs towards room, not towards throttling.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+_MAX_EXPONENT = 64.0
+"""Rescale once the newest weight would exceed 2**64 times the reference weight."""
+
+
+@attrs.frozen
+class Scale:
+    """Bucket layout: values up to `low` share bucket 0; above `high`, the last."""
+
+    low: float = attrs.field(validator=attrs.validators.gt(0.0))
+    high: float = attrs.field()
+    ratio: float = attrs.field(default=1.05, validator=attrs.validators.gt(1.0))
+
+    @high.validator
+    def _above_low(self, _attribute: attrs.Attribute, value: float) -> None:
+        if not value > self.low:
+            raise ValueError(f"high ({value}) must exceed low ({self.low})")
+
+    @property
+    def buckets(self) -> int:
+        return math.ceil(math.log(self.high / self.low) / math.log(self.ratio)) + 2
+
+    def index(self, value: float) -> int:
+        if value <= self.low:
+            return 0
+        i = math.ceil(math.log(value / self.low) / math.log(self.ratio))
+        # Float rounding can put a value just past its bucket's bound: nudge it up.
+        while self.bound(i) < value:
+            i += 1
+        return min(i, self.buckets - 1)
+
+    def bound(self, index: int) -> float:
+        """Upper bound of bucket `index` (the last bucket is unbounded)."""
+        return self.low * self.ratio ** index
+
+
+class DecayingHistogram:
+    """A weighted histogram of non-negative values with exponentially decaying weights."""
+
+    def __init__(self, scale: Scale, half_life: float) -> None:
+        if not half_life > 0:
+            raise ValueError(f"half_life must be positive, not {half_life}")
+        self.scale = scale
+        self.half_life = half_life
+        self._weights = [0.0] * scale.buckets
+        self._reference: float | None = None
+        self._maximum = 0.0  # what the unbounded last bucket answers
+        self.samples = 0
+
+    def add(self, at: float, value: float, weight: float = 1.0) -> None:
+        if not (math.isfinite(value) and value >= 0 and math.isfinite(at)
+                and weight > 0 and math.isfinite(weight)):
+            raise ValueError(f"bad sample: value={value!r} at={at!r} weight={weight!r}")
+        if self._reference is None:
+            self._reference = at
+        exponent = (at - self._reference) / self.half_life
+        if exponent > _MAX_EXPONENT:
+            self._rebase(at)
+            exponent = 0.0
+        index = self.scale.index(value)
+        self._weights[index] += weight * 2.0 ** exponent
+        if index == len(self._weights) - 1:
+            self._maximum = max(self._maximum, value)
+        self.samples += 1
+
+    def _rebase(self, at: float) -> None:
+        assert self._reference is not None
+        factor = 2.0 ** (-(at - self._reference) / self.half_life)
+        # Weights that underflow to 0 are samples older than ~1000 half-lives: gone.
+        self._weights = [w * factor for w in self._weights]
+        self._reference = at
+
+    def weight(self, now: float) -> float:
+        """Total decayed weight seen from `now` (a sample of weight 1 at `now` adds 1)."""
+        if self._reference is None:
+            return 0.0
+        return sum(self._weights) * 2.0 ** ((self._reference - now) / self.half_life)
+
+    def percentile(self, p: float) -> float | None:
+        """The smallest bucket bound at or below which lies `p` percent of the weight
+        (None while empty). `p` is in (0, 100]."""
+        if not 0 < p <= 100:
+            raise ValueError(f"percentile must be in (0, 100], not {p}")
+        total = sum(self._weights)
+        if total <= 0:
+            return None
+        target = total * p / 100.0
+        running = 0.0
+        last = len(self._weights) - 1
+        for index, w in enumerate(self._weights):
+            running += w
+            # A relative tolerance, so float sums never skip the bucket that holds it.
+            if w > 0 and running >= target * (1 - 1e-12):
+                return self._maximum if index == last else self.scale.bound(index)
+        return self._maximum if self._weights[last] > 0 else self._top_bound()
+
+    def _top_bound(self) -> float:
+        top = max(i for i, w in enumerate(self._weights) if w > 0)
+        return self.scale.bound(top)

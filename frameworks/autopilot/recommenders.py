@@ -1,0 +1,120 @@
+"""Moving-window recommenders: one resource, one set of parameters, samples in, a
+limit out.
+
+- CPU (`CpuRecommender`): a high percentile of a decaying histogram of the cores
+  used per sample, times ``1 + margin``. A short peak is cheap for CPU (the task is
+  throttled a moment, not killed), so a percentile rather than the peak.
+- Memory (`MemoryRecommender`): the peak seen within the window, times
+  ``1 + margin``. Going over a memory limit kills the task, so only a peak is safe;
+  the window lets an old peak stop counting once it is `window` seconds old.
+
+Both answer None until they have seen a sample. Bounds, evidence thresholds and
+hysteresis are not theirs: they belong to the policy (`core.Autopilot`), which
+treats every variant the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import attrs
+
+from frameworks.autopilot.histogram import DecayingHistogram, Scale
+from frameworks.autopilot.window import SlidingPeak
+
+CPU_SCALE = Scale(low=0.001, high=1024.0, ratio=1.05)
+"""Cores: a thousandth of a core up to a large machine, within 5%."""
+
+_positive = attrs.validators.gt(0.0)
+_nonnegative = attrs.validators.ge(0.0)
+
+
+@attrs.frozen
+class CpuVariant:
+    """CPU limit = `percentile` of usage (weights halving every `half_life` s), ×(1+margin)."""
+
+    name: str
+    half_life: float = attrs.field(validator=_positive)
+    percentile: float = attrs.field(validator=[_positive, attrs.validators.le(100.0)])
+    margin: float = attrs.field(default=0.0, validator=_nonnegative)
+
+    def build(self) -> CpuRecommender:
+        return CpuRecommender(self)
+
+
+@attrs.frozen
+class MemoryVariant:
+    """Memory limit = peak over the last `window` s, ×(1+margin)."""
+
+    name: str
+    window: float = attrs.field(validator=_positive)
+    margin: float = attrs.field(default=0.1, validator=_nonnegative)
+
+    def build(self) -> MemoryRecommender:
+        return MemoryRecommender(self)
+
+
+class Recommender(Protocol):
+    name: str
+
+    def add(self, at: float, value: float) -> None: ...
+
+    def value(self, now: float) -> float | None: ...
+
+    def explain(self, now: float) -> str: ...
+
+
+class CpuRecommender:
+    def __init__(self, variant: CpuVariant) -> None:
+        self.variant = variant
+        self.name = variant.name
+        self._histogram = DecayingHistogram(CPU_SCALE, variant.half_life)
+
+    def add(self, at: float, value: float) -> None:
+        self._histogram.add(at, value)
+
+    def value(self, now: float) -> float | None:
+        usage = self._histogram.percentile(self.variant.percentile)
+        return None if usage is None else usage * (1 + self.variant.margin)
+
+    def explain(self, now: float) -> str:
+        v = self.variant
+        usage = self._histogram.percentile(v.percentile)
+        return (f"p{v.percentile:g} of cores used (half-life {v.half_life:g}s) = "
+                f"{usage if usage is None else round(usage, 4)}, margin {v.margin:.0%}")
+
+
+class MemoryRecommender:
+    def __init__(self, variant: MemoryVariant) -> None:
+        self.variant = variant
+        self.name = variant.name
+        self._peak = SlidingPeak(variant.window)
+
+    def add(self, at: float, value: float) -> None:
+        self._peak.add(at, value)
+
+    def value(self, now: float) -> float | None:
+        peak = self._peak.peak(now)
+        return None if peak is None else peak * (1 + self.variant.margin)
+
+    def explain(self, now: float) -> str:
+        v = self.variant
+        peak = self._peak.peak(now)
+        shown = "none" if peak is None else f"{peak / 2**20:.1f} MiB"
+        return f"peak memory over {v.window:g}s = {shown}, margin {v.margin:.0%}"
+
+
+DEFAULT_CPU_VARIANTS = (
+    CpuVariant("cpu-p95-6h", half_life=6 * 3600.0, percentile=95.0, margin=0.1),
+    CpuVariant("cpu-p98-12h", half_life=12 * 3600.0, percentile=98.0, margin=0.1),
+    CpuVariant("cpu-p90-1h", half_life=3600.0, percentile=90.0, margin=0.15),
+    CpuVariant("cpu-p99-24h", half_life=24 * 3600.0, percentile=99.0, margin=0.05),
+)
+DEFAULT_MEMORY_VARIANTS = (
+    MemoryVariant("mem-peak-24h", window=24 * 3600.0, margin=0.1),
+    MemoryVariant("mem-peak-6h", window=6 * 3600.0, margin=0.2),
+    MemoryVariant("mem-peak-72h", window=72 * 3600.0, margin=0.05),
+    MemoryVariant("mem-peak-1h", window=3600.0, margin=0.3),
+)
+"""Variants the meta-recommender chooses among by default: short memory and fast
+decay follow change quickly (and pay more margin for it); long ones are steadier."""

@@ -1,0 +1,328 @@
+"""The master's books: every record `MasterState` keeps, and the bookkeeping
+every handler shares -- effects out, refusals, who is asking, adding and
+removing frameworks, offers held and returned, tasks ended and completed.
+
+`MasterBooks` is the base of the master core (master/state.py); it handles no
+event itself. Keeping these primitives in one place is what keeps the books
+consistent: every change of an agent's `offered`/`used` goes through them, and
+`validate()` (master/invariants.py) checks the result after every step in tests.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Mapping
+from typing import Any
+
+from dyad.effects import ArmTimer, CancelTimer, Send, TimerKey
+from dyad.ids import IdGenerator
+from dyad.messages import (
+    AgentInfo, FrameworkInfo, KillTask, MasterInfo, Message, Offer, Rejected, Rescind,
+    ShutdownFramework, Source, TaskState, TaskStatus, Update,
+)
+from dyad.resources import UNRESERVED
+from master import invariants, views
+from master.allocator import (
+    Allocator, HierarchicalAllocator, PolicyError, Quota, check_quotas, parse_weights,
+    role_problem,
+)
+from master.events import EventLog
+from master.metrics import LATENCY_BOUNDS, Counters, Histogram, Window
+from master.model import (
+    Allocate, CompletedFramework, Effect, FailoverTimeout, HeartbeatDue, MasterAgent,
+    MasterConfig, MasterFramework, MasterTask, OfferTimeout, PersistRegistry,
+    UnreachableAgent, task_counter,
+)
+from master.removals import RemovalLimiter
+
+
+class MasterBooks:
+    """The records and shared bookkeeping of the master core (see the module
+    docstring). Collections are public for reading (views, invariants, restore
+    planning); only the core's handlers change them."""
+
+    def __init__(self, config: MasterConfig, info: MasterInfo, ids: IdGenerator,
+                 start_time: float = 0.0, allocator: Allocator | None = None) -> None:
+        self.config = config
+        self.info = info
+        self.start_time = start_time
+        self._ids = ids
+        self.allocator: Allocator = allocator or HierarchicalAllocator(
+            {"cpus": config.min_allocatable_cpus, "mem": config.min_allocatable_mem})
+        self.frameworks: dict[str, MasterFramework] = {}
+        self.completed_frameworks: collections.OrderedDict[str, CompletedFramework] = \
+            collections.OrderedDict()
+        self.agents: dict[str, MasterAgent] = {}
+        self.agent_by_peer: dict[str, str] = {}
+        self.unreachable: collections.OrderedDict[str, UnreachableAgent] = collections.OrderedDict()
+        self.recovering: dict[str, AgentInfo] = {}  # registry agents not yet back
+        self._removals = RemovalLimiter(config.agent_removal_rate)
+        self._persist_pending = False  # a PersistRegistry is in this step's effects
+        self.offers: dict[str, Offer] = {}
+        # From agents' reports: the URIs each one's fetcher cache holds (put in its
+        # offers), and the agents that are draining (offered nothing more).
+        self.cached_uris: dict[str, list[str]] = {}
+        self.drained: set[str] = set()
+        # Operator policy, plain data for the registry: changed only by operator
+        # calls (`SetWeights`/`SetQuota`) and `restore`.
+        self.weights: dict[str, float] = {}
+        self.quota: dict[str, Quota] = {}
+        self._allocate_at: float | None = None
+        self.counters = Counters()
+        self.events = EventLog(config.max_events)
+        self.allocation_ms = Window(1000)
+        self.allocation_seconds = Histogram(LATENCY_BOUNDS)
+        self._now = start_time
+        self._out: list[Effect] = []
+
+    # ============================================== effects and refusals
+
+    def _send(self, peer: str, message: Message) -> None:
+        self._out.append(Send(peer, message))
+
+    def _arm(self, key: TimerKey, at: float) -> None:
+        self._out.append(ArmTimer(key, at))
+
+    def _cancel(self, key: TimerKey) -> None:
+        self._out.append(CancelTimer(key))
+
+    def _persist(self) -> None:
+        """What the registry holds changed: ask for one write per step."""
+        if not self._persist_pending:
+            self._persist_pending = True
+            self._out.append(PersistRegistry())
+
+    def _reply_rejected(self, peer: str, reason: str, message_type: str) -> None:
+        self.counters.inc("master/messages_rejected")
+        self._send(peer, Rejected(reason=reason, message_type=message_type))
+
+    def _refuse(self, peer: str, message: Message, reason: str) -> None:
+        """Refuse one message: reply `Rejected`, count it, change nothing else."""
+        self.counters.inc("master/messages_invalid")
+        self._reply_rejected(peer, reason, message.TYPE)
+
+    def _to_framework(self, framework: MasterFramework, message: Message) -> None:
+        if framework.peer is not None:
+            self._send(framework.peer, message)
+
+    # ------------------------------------------------------------ who is asking
+
+    def _owned_framework(self, peer: str, message: Any) -> MasterFramework | None:
+        """The framework `message` names, if `peer` owns it; otherwise refuse."""
+        framework_id: str = message.framework_id
+        framework = self.frameworks.get(framework_id)
+        if framework is None:
+            if framework_id in self.completed_frameworks:
+                self._refuse(peer, message, f"framework {framework_id} has been torn down")
+            else:
+                self._refuse(peer, message, f"unknown framework {framework_id}; subscribe first")
+            return None
+        if framework.peer != peer:
+            self._refuse(peer, message,
+                         f"framework {framework_id} is not subscribed on this connection")
+            return None
+        framework.last_seen = self._now
+        return framework
+
+    def _sending_agent(self, peer: str, message: Message, agent_id: str | None) -> MasterAgent | None:
+        """The agent registered on `peer` (and called `agent_id`, if given)."""
+        known = self.agent_by_peer.get(peer)
+        if known is None:
+            self._refuse(peer, message, "this connection has no registered agent; register first")
+            return None
+        if agent_id is not None and agent_id != known:
+            self._refuse(peer, message,
+                         f"agent id {agent_id} does not match this connection's agent {known}")
+            return None
+        return self.agents[known]
+
+    # ======================================================== frameworks
+
+    def _add_framework(self, info: FrameworkInfo, active: bool) -> MasterFramework:
+        framework = MasterFramework(info=info, registered_time=self._now)
+        self.frameworks[framework.id] = framework
+        self.allocator.add_framework(framework.id, info.roles, active=active)
+        return framework
+
+    def _remove_framework(self, framework: MasterFramework, reason: str) -> None:
+        """Teardown: rescind offers, kill tasks, shut down executors, forget it."""
+        for offer_id in sorted(framework.offers):
+            self._rescind(self.offers[offer_id], notify=True)
+        fid = framework.id
+        touched: set[str] = set()
+        for task in list(framework.tasks.values()):
+            agent = self.agents[task.agent_id]
+            touched.add(agent.id)
+            self._send(agent.peer, KillTask(framework_id=fid, task_id=task.task_id,
+                                            kill_grace_period=task.kill_grace_period))
+            self._note(task, f"killed: framework {reason}")
+            self._end_task(framework, task, TaskState.TASK_KILLED)
+            self._task_event(task, "master")
+        for agent in self.agents.values():
+            for key in [k for k in agent.executors if k[0] == fid]:
+                agent.used = agent.used - agent.executors.pop(key).resources
+                touched.add(agent.id)
+        for agent_id in sorted(touched):
+            self._send(self.agents[agent_id].peer, ShutdownFramework(framework_id=fid))
+        self.allocator.remove_framework(fid)
+        self._cancel(HeartbeatDue(fid))
+        self._cancel(FailoverTimeout(fid))
+        del self.frameworks[fid]
+        self.completed_frameworks[fid] = CompletedFramework(
+            info=framework.info, registered_time=framework.registered_time,
+            removed_time=self._now, reason=reason,
+            tasks=tuple(framework.completed.values()))
+        while len(self.completed_frameworks) > self.config.max_completed_frameworks:
+            self.completed_frameworks.popitem(last=False)
+        self.events.record(self._now, "framework_removed", framework_id=fid, reason=reason)
+        self._request_allocation()
+
+    # ============================================================ offers
+
+    def _request_allocation(self) -> None:
+        """Allocate soon: resources were added or freed. Batched: at most one early
+        run is pending, and an already-due run is not postponed."""
+        if self._allocate_at is None or self._allocate_at > self._now:
+            self._arm_allocation(self._now)
+
+    def _arm_allocation(self, at: float) -> None:
+        self._allocate_at = at
+        self._arm(Allocate(), at)
+
+    def _forget_offer(self, offer: Offer) -> None:
+        """Drop the master's record of an offer; the caller settles the resources
+        with the allocator."""
+        del self.offers[offer.id]
+        self.frameworks[offer.framework_id].offers.discard(offer.id)
+        agent = self.agents[offer.agent_id]
+        agent.offers.discard(offer.id)
+        agent.offered = agent.offered - offer.resources
+        self._cancel(OfferTimeout(offer.id))
+
+    def _return_offer(self, offer: Offer, refuse_seconds: float) -> None:
+        """The offer's resources go back whole; filter them for the framework."""
+        self._forget_offer(offer)
+        self.allocator.close_offer(offer.framework_id, offer.agent_id, offer.resources)
+        if refuse_seconds > 0:
+            self.allocator.add_filter(offer.framework_id, offer.agent_id,
+                                       self._now + refuse_seconds)
+        self._request_allocation()
+
+    def _rescind(self, offer: Offer, notify: bool, refuse_seconds: float = 0.0) -> None:
+        self._return_offer(offer, refuse_seconds)
+        self.counters.inc("master/offers_rescinded")
+        self.events.record(self._now, "offer_rescinded", offer_id=offer.id,
+                           framework_id=offer.framework_id, agent_id=offer.agent_id)
+        if notify:
+            self._to_framework(self.frameworks[offer.framework_id], Rescind(offer_id=offer.id))
+
+    # ============================================================= tasks
+
+    def _master_update(self, framework: MasterFramework, task_id: str, state: TaskState,
+                       reason: str, message: str, agent_id: str, executor_id: str = "") -> None:
+        """A status the master makes up itself: no uuid, so no acknowledgement."""
+        if state.is_terminal:
+            self.counters.inc(task_counter(state))
+        self.events.record(self._now, "task_state", framework_id=framework.id,
+                           task_id=task_id, state=state.name, agent_id=agent_id,
+                           source="master", reason=reason, message=message)
+        self._to_framework(framework, Update(status=TaskStatus(
+            task_id=task_id, state=state, reason=reason, message=message,
+            source=Source.MASTER, agent_id=agent_id, executor_id=executor_id,
+            timestamp=self._now)))
+
+    def _note(self, task: MasterTask, text: str) -> None:
+        task.story.append(f"{self._now:.3f} {text}")
+
+    def _task_event(self, task: MasterTask, source: str, reason: str = "") -> None:
+        """Log `task`'s current state in the events log."""
+        self.events.record(self._now, "task_state", framework_id=task.framework_id,
+                           task_id=task.task_id, state=task.state.name,
+                           agent_id=task.agent_id, source=source, reason=reason)
+
+    def _end_task(self, framework: MasterFramework, task: MasterTask, state: TaskState,
+                  timestamp: float = 0.0) -> None:
+        """A live task reached a terminal state: free its resources, keep it in the
+        bounded completed list."""
+        task.state = state
+        task.statuses.append((state, timestamp or self._now))
+        self.counters.inc(task_counter(state))
+        del framework.tasks[task.task_id]
+        agent = self.agents[task.agent_id]
+        agent.tasks.discard((framework.id, task.task_id))
+        agent.used = agent.used - task.resources
+        self.allocator.release(agent.id, framework.id, task.resources)
+        self._complete(framework, task)
+        self._request_allocation()
+
+    def _complete(self, framework: MasterFramework, task: MasterTask) -> None:
+        framework.completed.pop(task.task_id, None)
+        framework.completed[task.task_id] = task
+        while len(framework.completed) > self.config.max_completed_tasks:
+            framework.completed.popitem(last=False)
+
+    # =================================================== operator policy
+
+    def _apply_weights(self, weights: Mapping[str, float]) -> None:
+        """Set the weights of some roles (1.0 is the default and clears an entry):
+        from `PUT /weights`, or the registry after a failover. Raises `PolicyError`
+        and changes nothing if any is bad. Takes effect at the next allocation."""
+        if not weights:
+            return
+        parse_weights([{"role": role, "weight": weight} for role, weight in weights.items()])
+        for role, weight in weights.items():
+            self.allocator.set_weight(role, weight)
+            if weight == 1.0:
+                self.weights.pop(role, None)
+            else:
+                self.weights[role] = float(weight)
+
+    def _apply_quota(self, quotas: Mapping[str, Quota]) -> None:
+        """Set the quota of some roles (an empty `Quota` removes a role's): from
+        `PUT /quota`, or the registry after a failover. The resulting set must be
+        coherent (`check_quotas`); otherwise `PolicyError` is raised and nothing
+        changes. Takes effect at the next allocation."""
+        if not quotas:
+            return
+        merged = dict(self.quota)
+        for role, quota in quotas.items():
+            problem = role_problem(role)
+            if problem or role == UNRESERVED:
+                raise PolicyError(problem or f"role {UNRESERVED} cannot have quota")
+            if quota.is_empty():
+                merged.pop(role, None)
+            else:
+                merged[role] = quota
+        check_quotas(merged)
+        for role, quota in quotas.items():
+            self.allocator.set_quota(role, quota)
+        self.quota = merged
+
+    # =========================================================== reading
+
+    def admitted_agents(self) -> list[AgentInfo]:
+        """The registry's admitted agents: registered ones and recovering ones."""
+        return [agent.info for agent in self.agents.values()] + list(self.recovering.values())
+
+    def unreachable_agents(self) -> list[UnreachableAgent]:
+        return list(self.unreachable.values())
+
+    def validate(self) -> None:
+        """Check every invariant (master/invariants.py); raise `InvariantError`
+        listing all violations. Expensive; tests call it after every step."""
+        invariants.check(self)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The `/state` document (master/views.py)."""
+        return views.snapshot(self)
+
+    def roles_json(self) -> list[dict[str, Any]]:
+        return views.roles_json(self)
+
+    def histograms(self) -> dict[str, Histogram]:
+        """Latency histograms for `/metrics`, by key (see `master.metrics.HISTOGRAMS`)."""
+        return {"allocator/allocation_run_seconds": self.allocation_seconds}
+
+    def metrics(self) -> dict[str, float]:
+        """Flat counters and gauges for `/metrics/snapshot` (master/views.py)."""
+        return views.metrics(self)

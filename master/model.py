@@ -1,0 +1,240 @@
+"""The master core's vocabulary: its configuration, the events it handles, the
+effects it returns, its timer keys and the records it keeps.
+
+Everything here is plain data. `MasterState` (master/state.py) is the only thing
+that changes the records; `views`, `invariants` and `restore` read them.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+
+from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired, TimerKey
+from dyad.messages import (
+    AgentInfo, ExecutorInfo, FrameworkInfo, Message, MessageError, TaskState,
+)
+from dyad.resources import Resources, is_valid_role
+from master.events import DEFAULT_CAPACITY as DEFAULT_EVENTS
+from master.operator import OperatorCall, Reply
+
+EMPTY = Resources()
+VERSION = "0.1.0"
+MAX_STATUSES = 32  # per task; an agent cannot grow a record without bound
+
+
+# --------------------------------------------------------------------------- effects
+
+
+@attrs.frozen
+class PersistRegistry:
+    """What the registry holds changed (admitted or unreachable agents, weights,
+    quota): the shell writes `snapshot_of(state)` soon, coalescing a burst of
+    these into one write (every write is the whole registry)."""
+
+
+Effect = Send | ArmTimer | CancelTimer | PersistRegistry | Reply
+
+
+# --------------------------------------------------------------------- config/events
+
+
+@attrs.frozen(kw_only=True)
+class MasterConfig:
+    """Tunables; durations in seconds."""
+
+    offer_timeout: float = 30.0
+    allocation_interval: float = 1.0
+    agent_ping_timeout: float = 15.0  # also the ping interval, as in Mesos
+    max_agent_ping_timeouts: int = 5
+    heartbeat_interval: float = 5.0  # framework heartbeats, both directions
+    min_allocatable_cpus: float = 0.01  # an agent is worth offering if it has
+    min_allocatable_mem: float = 32.0   # at least this much cpus OR this much mem
+    # Filter applied when an offer times out unanswered, so a silent framework
+    # (always lowest share) does not get the same resources straight back.
+    default_refuse_seconds: float = 5.0
+    max_completed_tasks: int = 1000  # per framework, for /state and reconciliation
+    max_completed_frameworks: int = 100
+    max_unreachable_agents: int = 1000
+    max_task_story: int = 32
+    # After a failover: how long agents from the registry have to re-register.
+    agent_reregister_timeout: float = 600.0
+    # At most `permits` agents marked unreachable per `seconds` (a mass outage and
+    # a partition look alike); None: no limit. dyad-master defaults to 1/10s.
+    agent_removal_rate: tuple[int, float] | None = None
+    max_events: int = DEFAULT_EVENTS  # entries kept in the events log (GET /events)
+
+
+# ------------------------------------------------------------------------ timer keys
+
+
+@attrs.frozen
+class Allocate(TimerKey):
+    """The next allocation pass (periodic, or early after something was freed)."""
+
+
+@attrs.frozen
+class OfferTimeout(TimerKey):
+    offer_id: str
+
+
+@attrs.frozen
+class PingDue(TimerKey):
+    agent_id: str
+
+
+@attrs.frozen
+class HeartbeatDue(TimerKey):
+    framework_id: str
+
+
+@attrs.frozen
+class FailoverTimeout(TimerKey):
+    """A disconnected framework's `failover_timeout` is over: tear it down."""
+
+    framework_id: str
+
+
+@attrs.frozen
+class ReregisterTimeout(TimerKey):
+    """After a failover: agents from the registry not back yet are unreachable."""
+
+
+@attrs.frozen
+class RemovalDue(TimerKey):
+    """The agent-removal rate limit permits the next queued removal."""
+
+
+@attrs.frozen
+class Received:
+    peer: str
+    message: Message
+
+
+@attrs.frozen
+class InvalidFrame:
+    peer: str
+    error: MessageError
+
+
+@attrs.frozen
+class AllocationTimed:
+    """How long the last allocation run took, measured by the shell: the core
+    stays deterministic by never reading a perf counter itself."""
+
+    seconds: float
+
+
+Event = Received | InvalidFrame | TimerFired | AllocationTimed | OperatorCall
+
+
+class InvariantError(AssertionError):
+    """`validate()` found the master's books inconsistent (a bug, never input)."""
+
+
+# --------------------------------------------------------------------------- records
+
+
+@attrs.define(eq=False)
+class MasterTask:
+    task_id: str
+    framework_id: str
+    agent_id: str
+    executor_id: str
+    name: str
+    resources: Resources
+    state: TaskState
+    labels: dict[str, str]
+    kill_grace_period: float | None
+    statuses: collections.deque[tuple[TaskState, float]]
+    story: collections.deque[str]
+    healthy: bool | None = None
+    usage: dict[str, Any] | None = None  # latest UsageReport of its executor
+
+
+@attrs.define(eq=False)
+class MasterFramework:
+    info: FrameworkInfo  # always with its id set
+    registered_time: float
+    peer: str | None = None  # the owning connection; None = disconnected
+    last_seen: float = 0.0
+    suppressed: bool = False
+    disconnected_time: float | None = None
+    tasks: dict[str, MasterTask] = attrs.field(factory=dict)
+    # Tasks of partition-aware frameworks on agents that became unreachable.
+    unreachable_tasks: dict[str, MasterTask] = attrs.field(factory=dict)
+    completed: collections.OrderedDict[str, MasterTask] = attrs.field(factory=collections.OrderedDict)
+    offers: set[str] = attrs.field(factory=set)
+
+    @property
+    def id(self) -> str:
+        assert self.info.id is not None
+        return self.info.id
+
+
+@attrs.define(eq=False)
+class MasterAgent:
+    info: AgentInfo  # always with its id set
+    peer: str
+    registered_time: float
+    reregistered_time: float | None = None
+    offered: Resources = EMPTY
+    used: Resources = EMPTY
+    offers: set[str] = attrs.field(factory=set)
+    tasks: set[tuple[str, str]] = attrs.field(factory=set)  # (framework id, task id)
+    executors: dict[tuple[str, str], ExecutorInfo] = attrs.field(factory=dict)
+    awaiting_pong: bool = False
+    missed_pongs: int = 0
+    # Dynamic reservations (RESERVE operations), kept by the master only: the
+    # agent knows its static resources (`info.resources`), and tasks on these are
+    # sent to it as unreserved (see `_for_agent`).
+    reservations: Resources = EMPTY
+
+    @property
+    def id(self) -> str:
+        assert self.info.id is not None
+        return self.info.id
+
+    @property
+    def total(self) -> Resources:
+        """What the master offers from: static resources with dynamic reservations."""
+        if not self.reservations:
+            return self.info.resources
+        return self.info.resources - self.reservations.flatten() + self.reservations
+
+
+@attrs.frozen
+class UnreachableAgent:
+    info: AgentInfo
+    since: float
+
+
+@attrs.frozen
+class CompletedFramework:
+    info: FrameworkInfo
+    registered_time: float
+    removed_time: float
+    reason: str
+    tasks: tuple[MasterTask, ...]
+
+
+# ------------------------------------------------------------------------- helpers
+
+
+def task_counter(state: TaskState) -> str:
+    return "master/tasks_" + state.name.removeprefix("TASK_").lower()
+
+
+def roles_problem(roles: Iterable[str]) -> str:
+    """Why a framework's roles are unusable ('' if fine). A role is valid exactly
+    when a resource can be reserved to it."""
+    roles = list(roles)
+    if not roles:
+        return "a framework needs at least one role"
+    for role in roles:
+        if not is_valid_role(role):
+            return f"invalid role {role!r}"
+    return ""

@@ -1,0 +1,18 @@
+"""The usage store: every task's usage samples and state changes, kept in memory
+for a retention period and answerable with SQL (docs/usage-store.md).
+
+`UsageStore` is what the master shell holds (async, off the event loop); `Engine`
+is the blocking store behind it, `DuckDBEngine` the one we ship."""
+
+from master.usage.duckdb_engine import DuckDBEngine, read_only_statement
+from master.usage.schema import (
+    EVENT_COLUMNS, TABLES, USAGE_COLUMNS, Dimensions, TaskEvent, UsageSample)
+from master.usage.store import (
+    Engine, Expired, QueryBusy, QueryError, QueryRefused, QueryResult, QueryTimeout,
+    StoreConfig, UsageStore)
+
+__all__ = [
+    "EVENT_COLUMNS", "TABLES", "USAGE_COLUMNS", "Dimensions", "DuckDBEngine", "Engine",
+    "Expired", "QueryBusy", "QueryError", "QueryRefused", "QueryResult", "QueryTimeout",
+    "StoreConfig", "TaskEvent", "UsageSample", "UsageStore", "read_only_statement",
+]

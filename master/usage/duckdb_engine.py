@@ -1,0 +1,214 @@
+"""The usage store on DuckDB: an in-memory analytical database in this process.
+
+Safety of user queries rests on DuckDB's own guards first, and on ours second:
+
+- the database is opened with `enable_external_access = false` (no files, no
+  network, no extensions: COPY, ATTACH, read_csv and friends fail) and a memory
+  limit, then `lock_configuration = true`, so no statement can undo either;
+- DuckDB's parser must find exactly one statement, of type SELECT (this covers
+  WITH, FROM-first, DESCRIBE, SHOW and SUMMARIZE; it refuses INSERT, COPY, ATTACH,
+  PRAGMA, CALL, SET, EXPLAIN ...);
+- it runs on its own cursor inside a transaction that is always rolled back, so
+  even a SELECT with a side effect could not change the store;
+- `fetchmany(limit + 1)` bounds the rows (DuckDB streams, so an enormous result
+  is never built), and a timer interrupts the cursor at the deadline.
+
+Ingestion hands DuckDB whole columns as typed lists (one `INSERT ... SELECT
+unnest(...)` per batch) rather than a statement per row: per-row inserts are two
+orders of magnitude slower.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import duckdb
+
+from master.usage.schema import (
+    EVENT_COLUMNS, TABLES, USAGE_COLUMNS, TaskEvent, UsageSample, event_values, usage_values)
+from master.usage.store import (
+    Expired, QueryError, QueryRefused, QueryResult, QueryTimeout)
+
+MAX_SQL_CHARS = 20_000
+_MAP = "MAP(VARCHAR, VARCHAR)"
+
+MACROS = (
+    # Time-bucket helpers: bucket(ts, 60) is the start of ts's minute; ago(INTERVAL
+    # 1 HOUR) is an hour before now, in the same UTC as the `ts` columns.
+    "CREATE MACRO bucket(ts, seconds) AS time_bucket(to_seconds(seconds::BIGINT), ts)",
+    "CREATE MACRO ago(span) AS (now()::TIMESTAMP - span)",
+    "CREATE MACRO epoch_ts(seconds) AS make_timestamp((seconds * 1000000)::BIGINT)",
+)
+
+
+def _insert_sql(table: str, columns: tuple[tuple[str, str], ...]) -> str:
+    """``INSERT INTO table SELECT ... FROM (SELECT unnest(?::T[]) AS c, ...)``.
+
+    Maps are sent once per distinct value (agents share attributes, tasks share
+    labels) as two lists of keys and values, and each row carries an index."""
+    inner, outer = [], []
+    for name, kind in columns:
+        if kind == _MAP:
+            inner.append(f"unnest(?::INTEGER[]) AS {name}")
+            outer.append(f"map((?::VARCHAR[][])[{name}], (?::VARCHAR[][])[{name}])")
+        elif name == "ts":
+            inner.append("unnest(?::DOUBLE[]) AS ts")
+            outer.append("make_timestamp((ts * 1000000)::BIGINT)")
+        else:
+            inner.append(f"unnest(?::{kind}[]) AS {name}")
+            outer.append(name)
+    return (f"INSERT INTO {table} SELECT {', '.join(outer)} "
+            f"FROM (SELECT {', '.join(inner)})")
+
+
+def _parameters(columns: tuple[tuple[str, str], ...], rows: list[tuple]) -> list[Any]:
+    """Column lists in the order `_insert_sql` binds them. The outer SELECT's map
+    parameters bind before the inner SELECT's unnests (DuckDB numbers `?` by
+    position in the text), so they come first."""
+    maps: list[Any] = []
+    inner: list[Any] = []
+    for i, (_, kind) in enumerate(columns):
+        values = [row[i] for row in rows]
+        if kind == _MAP:
+            distinct: dict[tuple, int] = {}
+            index = [distinct.setdefault(tuple(sorted(m.items())), len(distinct) + 1)
+                     for m in values]
+            keys = [[k for k, _ in m] for m in distinct]
+            vals = [[v for _, v in m] for m in distinct]
+            maps += [keys, vals]
+            inner.append(index)
+        else:
+            inner.append(values)
+    return maps + inner
+
+
+class DuckDBEngine:
+    """An in-memory DuckDB usage store (one database, a writer and a query cursor)."""
+
+    def __init__(self, memory_limit: str = "1GB", threads: int = 2) -> None:
+        self._db = duckdb.connect(":memory:", config={
+            "enable_external_access": False, "memory_limit": memory_limit,
+            "threads": threads, "autoinstall_known_extensions": False,
+            "autoload_known_extensions": False})
+        for table, columns in TABLES.items():
+            body = ", ".join(f"{name} {kind}" for name, kind in columns)
+            self._db.execute(f"CREATE TABLE {table} ({body})")
+        for macro in MACROS:
+            self._db.execute(macro)
+        self._db.execute("SET lock_configuration = true")
+        self._usage_sql = _insert_sql("task_usage", USAGE_COLUMNS)
+        self._event_sql = _insert_sql("task_events", EVENT_COLUMNS)
+        self._reader = self._db.cursor()
+        self._querying = threading.Lock()
+        self._closed = False
+
+    # -- writer thread ----------------------------------------------------------------
+
+    def insert(self, samples: Sequence[UsageSample], events: Sequence[TaskEvent]) -> None:
+        if samples:
+            rows = [usage_values(s) for s in samples]
+            self._db.execute(self._usage_sql, _parameters(USAGE_COLUMNS, rows))
+        if events:
+            rows = [event_values(e) for e in events]
+            self._db.execute(self._event_sql, _parameters(EVENT_COLUMNS, rows))
+
+    def expire(self, older_than: float, max_rows: int | None) -> Expired:
+        gone = []
+        for table in ("task_usage", "task_events"):
+            n = self._delete(f"DELETE FROM {table} WHERE ts < epoch_ts(?)", [older_than])
+            if max_rows is not None:
+                excess = self._count(table) - max_rows
+                if excess > 0:
+                    # The oldest `excess` rows by time; rows tied with the last of
+                    # them go too (a few more than needed, never fewer).
+                    n += self._delete(
+                        f"DELETE FROM {table} WHERE ts <= (SELECT ts FROM {table} "
+                        "ORDER BY ts LIMIT 1 OFFSET ?)", [excess - 1])
+            gone.append(n)
+        return Expired(samples=gone[0], events=gone[1])
+
+    def _delete(self, sql: str, parameters: list[Any]) -> int:
+        row = self._db.execute(sql, parameters).fetchone()
+        return int(row[0]) if row else 0
+
+    def _count(self, table: str) -> int:
+        row = self._db.execute(f"SELECT count(*) FROM {table}").fetchone()
+        return int(row[0]) if row else 0
+
+    def counts(self) -> dict[str, int]:
+        cursor = self._db.cursor()
+        try:
+            return {table: int(cursor.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+                    for table in TABLES}
+        finally:
+            cursor.close()
+
+    # -- query thread -----------------------------------------------------------------
+
+    def query(self, sql: str, max_rows: int, timeout: float) -> QueryResult:
+        statement = read_only_statement(sql)
+        with self._querying:
+            if self._closed:
+                raise QueryError("the usage store is shut down")
+            return self._run(statement, max_rows, timeout)
+
+    def _run(self, sql: str, max_rows: int, timeout: float) -> QueryResult:
+        cursor = self._reader
+        deadline = threading.Timer(timeout, cursor.interrupt)
+        deadline.daemon = True
+        started = time.monotonic()
+        cursor.execute("BEGIN TRANSACTION")
+        try:
+            deadline.start()
+            try:
+                result = cursor.execute(sql)
+                rows = result.fetchmany(max_rows + 1)
+                description = result.description or []
+            finally:
+                deadline.cancel()
+        except duckdb.InterruptException:
+            raise QueryTimeout(f"query ran past its time limit of {timeout:g}s") from None
+        except duckdb.PermissionException as error:
+            raise QueryRefused(_message(error)) from None
+        except duckdb.Error as error:
+            raise QueryError(_message(error)) from None
+        finally:
+            cursor.execute("ROLLBACK")
+        return QueryResult(
+            columns=tuple(d[0] for d in description),
+            types=tuple(str(d[1]) for d in description),
+            rows=tuple(tuple(r) for r in rows[:max_rows]),
+            truncated=len(rows) > max_rows, elapsed=time.monotonic() - started)
+
+    def close(self) -> None:
+        self._reader.interrupt()
+        with self._querying:
+            self._closed = True
+            self._reader.close()
+            self._db.close()
+
+
+def read_only_statement(sql: str) -> str:
+    """The one SELECT in `sql`, or a `QueryError` saying why not."""
+    if not isinstance(sql, str) or not sql.strip():
+        raise QueryError("the query is empty")
+    if len(sql) > MAX_SQL_CHARS:
+        raise QueryError(f"the query is longer than {MAX_SQL_CHARS} characters")
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as error:
+        raise QueryError(_message(error)) from None
+    if len(statements) != 1:
+        raise QueryRefused(f"send exactly one statement, not {len(statements)}")
+    [statement] = statements
+    if statement.type != duckdb.StatementType.SELECT:
+        kind = statement.type.name
+        raise QueryRefused(f"only SELECT (or WITH ... SELECT) queries are allowed, not {kind}")
+    return statement.query
+
+
+def _message(error: Exception) -> str:
+    return str(error).strip() or type(error).__name__

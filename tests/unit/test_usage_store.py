@@ -1,0 +1,205 @@
+"""The usage store: ingestion, retention with injected time, queries and their
+guards (read-only, no file access, bounded rows, a time limit)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from master.usage import (
+    Dimensions, DuckDBEngine, QueryBusy, QueryError, QueryRefused, QueryTimeout,
+    StoreConfig, TaskEvent, UsageSample, UsageStore, read_only_statement)
+
+T0 = 1_700_000_000.0
+WEB = Dimensions(task_id="web.1", framework_id="svc", role="prod", app="/web",
+                 agent_id="a1", hostname="h1", agent_attributes={"rack": "r1"},
+                 labels={"team": "shop"}, priority=200)
+JOB = Dimensions(task_id="job.1", framework_id="batch", role="batch", app="wordcount",
+                 agent_id="a2", hostname="h2", agent_attributes={"rack": "r2", "zone": "b"},
+                 priority=100, revocable=True)
+
+
+def sample(at: float, who: Dimensions = WEB, cpus: float = 0.5, mem: int = 30 << 20,
+           weight: float = 1.0) -> UsageSample:
+    return UsageSample(at=at, who=who, executor_id=who.task_id, cpus_used=cpus, cpus_limit=1.0,
+                       mem_rss_bytes=mem, mem_limit_bytes=512 << 20, sample_weight=weight)
+
+
+def event(at: float, who: Dimensions, state: str, reason: str = "") -> TaskEvent:
+    return TaskEvent(at=at, who=who, state=state, reason=reason, cpus=1.0, mem_bytes=512 << 20)
+
+
+@pytest.fixture
+def engine():
+    e = DuckDBEngine(memory_limit="256MB", threads=1)
+    yield e
+    e.close()
+
+
+def test_samples_and_events_answer_group_bys(engine) -> None:
+    engine.insert([sample(T0 + i, WEB, cpus=0.1 * (i % 10)) for i in range(100)]
+                  + [sample(T0 + i, JOB, cpus=2.0) for i in range(50)],
+                  [event(T0, WEB, "TASK_RUNNING"),
+                   event(T0 + 5, WEB, "TASK_FAILED", "REASON_CONTAINER_LIMITATION_MEMORY"),
+                   event(T0 + 9, JOB, "TASK_FINISHED")])
+    result = engine.query(
+        "SELECT role, count(*) n, round(quantile_cont(cpus_used, 0.95), 3) p95, "
+        "agent_attributes['rack'] rack FROM task_usage GROUP BY ALL ORDER BY role", 100, 5)
+    assert result.columns == ("role", "n", "p95", "rack")
+    assert result.rows == (("batch", 50, 2.0, "r2"), ("prod", 100, 0.9, "r1"))
+    ooms = engine.query("SELECT app, count(*) FROM task_events WHERE reason = "
+                        "'REASON_CONTAINER_LIMITATION_MEMORY' GROUP BY app", 10, 5)
+    assert ooms.rows == (("/web", 1),)
+    per_minute = engine.query(
+        "WITH m AS (SELECT bucket(ts, 60) AS at_minute, role FROM task_usage) "
+        "SELECT at_minute, role, count(*) FROM m GROUP BY ALL ORDER BY ALL", 10, 5)
+    # T0 is 40 s before a minute ends: (batch, prod) then (batch, prod)
+    assert [r[2] for r in per_minute.rows] == [40, 40, 10, 60]
+    assert per_minute.as_json()["rows"][0][0] == "2023-11-14T22:13:00"
+
+
+def test_sample_weights_compensate_for_sampling(engine) -> None:
+    engine.insert([sample(T0 + i, weight=4.0) for i in range(25)], [])
+    assert engine.query("SELECT sum(sample_weight) FROM task_usage", 1, 5).rows == ((100.0,),)
+
+
+def test_retention_by_age_and_by_rows(engine) -> None:
+    engine.insert([sample(T0 + i) for i in range(100)],
+                  [event(T0 + i, WEB, "TASK_RUNNING") for i in range(10)])
+    gone = engine.expire(older_than=T0 + 30, max_rows=None)
+    assert (gone.samples, gone.events) == (30, 10)
+    assert engine.counts() == {"task_usage": 70, "task_events": 0}
+    gone = engine.expire(older_than=T0, max_rows=50)
+    assert gone.samples == 20
+    oldest = engine.query("SELECT min(epoch(ts)) FROM task_usage", 1, 5).rows[0][0]
+    assert oldest == T0 + 50  # the newest 50 stay
+
+
+async def test_store_expires_with_injected_time_and_counts() -> None:
+    store = UsageStore(DuckDBEngine(threads=1), StoreConfig(retention=3600, max_rows=None))
+    try:
+        assert await store.record([sample(T0 + 60 * i) for i in range(120)])
+        gone = await store.expire(now=T0 + 7200)  # keeps the last hour
+        assert gone.samples == 60
+        assert (await store.counts())["task_usage"] == 60
+        assert store.stats["samples"] == 120 and store.stats["expired"] == 60
+    finally:
+        await store.close()
+
+
+async def test_submit_never_waits_and_drops_when_full() -> None:
+    store = UsageStore(DuckDBEngine(threads=1), StoreConfig(max_buffered=10))
+    try:
+        assert store.submit([sample(T0 + i) for i in range(8)])
+        assert not store.submit([sample(T0 + i) for i in range(5)])  # 13 > 10: dropped
+        await store.flush()
+        assert store.submit([sample(T0 + i) for i in range(5)])
+        await store.flush()
+        assert (await store.counts())["task_usage"] == 13
+        assert store.stats["dropped"] == 5
+    finally:
+        await store.close()
+
+
+async def test_sample_rate_keeps_a_weighted_share() -> None:
+    store = UsageStore(DuckDBEngine(threads=1), StoreConfig(sample_rate=0.25, seed=7))
+    try:
+        await store.record([sample(T0 + i) for i in range(4000)])
+        result = await store.query("SELECT count(*), sum(sample_weight) FROM task_usage")
+        kept, estimate = result.rows[0]
+        assert 800 < kept < 1200 and kept + store.stats["sampled_out"] == 4000
+        assert 3200 < estimate < 4800 and estimate == kept * 4
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("sql", [
+    "INSERT INTO task_usage (ts) VALUES (now())",
+    "DELETE FROM task_usage",
+    "UPDATE task_events SET state = 'x'",
+    "DROP TABLE task_usage",
+    "CREATE TABLE x AS SELECT 1",
+    "COPY task_usage TO '/tmp/dyad-usage-leak.csv'",
+    "EXPORT DATABASE '/tmp/dyad-usage-leak'",
+    "ATTACH '/tmp/dyad-usage-leak.db' AS leak",
+    "INSTALL httpfs",
+    "LOAD httpfs",
+    "PRAGMA database_list",
+    "CALL pragma_version()",
+    "SET memory_limit = '64GB'",
+    "EXPLAIN ANALYZE DELETE FROM task_usage",
+    "BEGIN TRANSACTION",
+    "SELECT 1; DELETE FROM task_usage",
+])
+def test_writes_and_side_doors_are_refused(engine, sql) -> None:
+    engine.insert([sample(T0)], [])
+    with pytest.raises(QueryRefused):
+        engine.query(sql, 10, 5)
+    assert engine.counts() == {"task_usage": 1, "task_events": 0}
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT * FROM read_csv('/etc/passwd')",
+    "SELECT * FROM read_text('/etc/hostname')",
+    "SELECT * FROM 'https://example.com/x.parquet'",
+    "SELECT * FROM glob('/etc/*')",
+])
+def test_file_and_network_access_is_refused(engine, sql) -> None:
+    with pytest.raises(QueryError) as caught:
+        engine.query(sql, 10, 5)
+    assert "disabled" in str(caught.value) or isinstance(caught.value, QueryRefused)
+
+
+def test_bad_sql_names_the_problem(engine) -> None:
+    for sql, words in [("SELEC 1", "syntax error"), ("SELECT * FROM nowhere", "nowhere"),
+                       ("", "empty"), ("SELECT 'x' || ", "syntax")]:
+        with pytest.raises(QueryError, match=words):
+            engine.query(sql, 10, 5)
+    with pytest.raises(QueryError, match="longer than"):
+        read_only_statement("SELECT 1 -- " + "x" * 30_000)
+    # The engine is fine afterwards.
+    assert engine.query("SELECT 42", 1, 5).rows == ((42,),)
+
+
+def test_results_are_bounded(engine) -> None:
+    huge = "SELECT a.range * b.range FROM range(1000000) a, range(1000000) b"
+    result = engine.query(huge, 7, 5)  # streamed: never builds 10^12 rows
+    assert len(result.rows) == 7 and result.truncated
+    exact = engine.query("SELECT * FROM range(7)", 7, 5)
+    assert len(exact.rows) == 7 and not exact.truncated
+
+
+def test_a_slow_query_is_interrupted_and_the_engine_recovers(engine) -> None:
+    slow = "SELECT sum(a.range * b.range) FROM range(100000) a, range(100000) b"
+    with pytest.raises(QueryTimeout, match="time limit of 0.2s"):
+        engine.query(slow, 10, 0.2)
+    assert engine.query("SELECT 1", 1, 5).rows == ((1,),)
+
+
+async def test_store_limits_queries_and_keeps_ingesting_during_one() -> None:
+    store = UsageStore(DuckDBEngine(threads=1), StoreConfig(
+        query_timeout=1.0, max_waiting_queries=0, query_rows=3))
+    try:
+        slow = "SELECT sum(a.range * b.range) FROM range(100000) a, range(100000) b"
+        running = asyncio.ensure_future(store.query(slow, timeout=60))  # capped at 1 s
+        await asyncio.sleep(0)  # let it start waiting on the query thread
+        with pytest.raises(QueryBusy):
+            await store.query("SELECT 1")
+        assert await store.record([sample(T0)])  # writes do not wait for queries
+        with pytest.raises(QueryTimeout):
+            await running
+        result = await store.query("SELECT * FROM range(10)", max_rows=100)
+        assert len(result.rows) == 3 and result.truncated  # the store's cap wins
+        assert store.stats["query_timeouts"] == 1 and store.stats["query_busy"] == 1
+    finally:
+        await store.close()
+
+
+def test_rows_validate_their_numbers() -> None:
+    with pytest.raises(ValueError):
+        sample(float("nan"))
+    with pytest.raises(ValueError):
+        sample(T0, cpus=-1)
+    with pytest.raises(ValueError):
+        sample(T0, weight=0.5)
