@@ -34,6 +34,9 @@ from dyad.messages import (
     TaskState, TaskStatus,
 )
 from frameworks.batch import core as batch
+from frameworks.batch.config import CoreConfig, Split
+from frameworks.batch.wire import MAP
+from frameworks.effects import LaunchTasks, perform
 from frameworks.scheduler import Scheduler
 from frameworks.service import core as service
 from sim.engine import Engine
@@ -213,8 +216,8 @@ class BatchFramework(SimFramework):
                          recorder, master_info)
         self.job = job
         self.arrived = engine.now
-        self.core = batch.BatchCore(batch.CoreConfig(
-            splits=tuple(batch.Split(index=i, path=f"/sim/{job.name}/input-{i}")
+        self.core = batch.BatchCore(CoreConfig(
+            splits=tuple(Split(index=i, path=f"/sim/{job.name}/input-{i}")
                          for i in range(job.maps)),
             reducers=job.reduces,
             executor=ExecutorInfo(executor_id=f"{job.name}-executor",
@@ -248,7 +251,7 @@ class BatchFramework(SimFramework):
     def status_update(self, driver: Any, status: TaskStatus) -> None:
         super().status_update(driver, status)
         kind, index, _ = _attempt(status.task_id)
-        if kind == batch.MAP and status.state is TaskState.TASK_FINISHED:
+        if kind == MAP and status.state is TaskState.TASK_FINISHED:
             self._maps_done.add(index)
             if len(self._maps_done) == self.job.maps and self._reduces_since is None:
                 self._reduces_since = self.engine.now
@@ -262,7 +265,7 @@ class BatchFramework(SimFramework):
 
     def plan(self, task: TaskInfo) -> TaskPlan:
         kind, index, _ = _attempt(task.task_id)
-        if kind == batch.MAP:
+        if kind == MAP:
             data = {"outputs": [f"/sim/{self.job.name}/map-{index}/part-{r}"
                                 for r in range(self.job.reduces)]}
             return self.plan_shape(self.job.map, index, task, json.dumps(data).encode())
@@ -273,40 +276,27 @@ class BatchFramework(SimFramework):
         self._perform(self.core.handle(event, self.engine.now))
 
     def _perform(self, effects: Iterable[batch.Effect]) -> None:
-        driver = self.driver
         for effect in effects:
-            if isinstance(effect, batch.Launch):
-                for task in effect.tasks:
-                    self._note_launch(task)
-                driver.launch_tasks([effect.offer_id], list(effect.tasks),
-                                    Filters(refuse_seconds=effect.refuse_seconds))
-            elif isinstance(effect, batch.DeclineOffer):
-                driver.decline_offer(effect.offer_id, Filters(refuse_seconds=effect.refuse_seconds))
-            elif isinstance(effect, batch.SuppressOffers):
-                driver.suppress_offers()
-            elif isinstance(effect, batch.ReviveOffers):
-                driver.revive_offers()
-            elif isinstance(effect, batch.KillAttempt):
-                driver.kill_task(effect.task_id)
-            elif isinstance(effect, batch.Reconcile):
-                driver.reconcile_tasks(list(effect.attempts))
-            elif isinstance(effect, ArmTimer):
+            if isinstance(effect, ArmTimer):
                 self._timer(effect)
             elif isinstance(effect, batch.JobDone):
                 self._finish(effect)
             else:
-                raise TypeError(f"unknown batch effect {effect!r}")
+                if isinstance(effect, LaunchTasks):
+                    for task in effect.tasks:
+                        self._note_launch(task)
+                perform(effect, self.driver)
 
     def _note_launch(self, task: TaskInfo) -> None:
         kind, _, attempt = _attempt(task.task_id)
         if attempt != 1:
             return  # pending time is the first attempt's wait
-        since = self.arrived if kind == batch.MAP else (self._reduces_since or self.arrived)
+        since = self.arrived if kind == MAP else (self._reduces_since or self.arrived)
         self.recorder.launched(self.band, self.engine.now - since)
 
     def _finish(self, done: batch.JobDone) -> None:
         self.done = done
-        self.engine.cancel(self.timer_owner, batch.TICK)
+        self.engine.cancel(self.timer_owner, batch.Tick())
         self.recorder.job_ended(self.name, done.succeeded, done.error, self.engine.now)
         # As `run_job` does, tear down once the callback that finished the job
         # returned (so its implicit acknowledgement still goes out).
@@ -378,9 +368,7 @@ class ServiceFramework(SimFramework):
         self._handle(service.AgentLost(agent_id))
 
     def fire(self, key: Hashable, now: float) -> None:
-        if key != service.WAKE:
-            raise AssertionError(f"the service core arms only {service.WAKE!r}, not {key!r}")
-        self._handle(service.Tick())
+        self._handle(TimerFired(key))
 
     def plan(self, task: TaskInfo) -> TaskPlan:
         arrival = self._apps[task.name]
@@ -390,31 +378,17 @@ class ServiceFramework(SimFramework):
         self._perform(self.core.handle(event, self.engine.now))
 
     def _perform(self, effects: list[service.Effect]) -> None:
-        driver = self.driver
         launched: dict[str, int] = {}
         for effect in effects:
-            if isinstance(effect, service.LaunchTasks):
-                for task in effect.tasks:
-                    launched[task.name] = launched.get(task.name, 0) + 1
-                driver.launch_tasks([effect.offer_id], list(effect.tasks),
-                                    Filters(refuse_seconds=effect.refuse_seconds))
-            elif isinstance(effect, service.DeclineOffers):
-                driver.decline_offers(list(effect.offer_ids),
-                                      Filters(refuse_seconds=effect.refuse_seconds))
-            elif isinstance(effect, service.KillTask):
-                driver.kill_task(effect.task_id, effect.grace_period)
-            elif isinstance(effect, service.ReviveOffers):
-                driver.revive_offers()
-            elif isinstance(effect, service.SuppressOffers):
-                driver.suppress_offers()
-            elif isinstance(effect, service.ReconcileTasks):
-                driver.reconcile_tasks(list(effect.tasks))
-            elif isinstance(effect, service.Persist):
+            if isinstance(effect, service.Persist):
                 self.persisted += 1  # the store is the framework's; nothing to simulate
             elif isinstance(effect, (ArmTimer, CancelTimer)):
                 self._timer(effect)
             else:
-                raise TypeError(f"unknown service effect {effect!r}")
+                if isinstance(effect, LaunchTasks):
+                    for task in effect.tasks:
+                        launched[task.name] = launched.get(task.name, 0) + 1
+                perform(effect, self.driver)
         self._account(launched)
 
     def _account(self, launched: dict[str, int]) -> None:

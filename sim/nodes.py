@@ -8,7 +8,7 @@ otherwise ignored (a registry write has nothing to do in a simulation).
 
 - `MasterNode`: the real `master.state.MasterState` with its real allocator.
 - `AgentNode`: a `sim.agent.SimAgent`.
-- `SimDriver`: the real scheduler-driver core (`frameworks.scheduler.
+- `SimDriver`: the real scheduler-driver core (`frameworks.scheduler_core.
   SchedulerCore`) with the methods of `frameworks.SchedulerDriver`, so a
   framework written against the public driver API runs here unchanged.
 """
@@ -23,8 +23,13 @@ from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired
 from dyad.messages import (
     Filters, FrameworkInfo, MasterInfo, Message, Operation, OperationType, TaskInfo, TaskStatus,
 )
-from frameworks._callbacks import Callback, Finish
-from frameworks.scheduler import Detect, Scheduler, SchedulerCore, reconcile_list
+from frameworks.driver_core import Callback, Finish, Received as DriverReceived, Started
+from frameworks.scheduler import Scheduler, reconcile_list
+from frameworks.scheduler_core import (
+    AcceptCall, AcknowledgeCall, DeclineCall, Detect, KillCall, MasterDetected, ReconcileCall,
+    ReviveCall, SchedulerCore, SendToExecutorCall, StopCall, SuppressCall,
+)
+from master.operator import OperatorCall, Reply, Request
 from master.state import MasterState, Received
 from sim.agent import FromMaster, SimAgent, Start
 from sim.engine import Engine
@@ -64,6 +69,8 @@ class MasterNode(_Shell):
         super().__init__(engine, MASTER)
         self.state = state
         self.validate = validate
+        self._calls = 0
+        self._replies: list[Reply] = []
         engine.add_node(MASTER, self)
 
     def deliver(self, sender: str, message: Message, now: float) -> None:
@@ -76,6 +83,19 @@ class MasterNode(_Shell):
         self._perform(self.state.handle(event, now))
         if self.validate:
             self.state.validate()
+
+    def call(self, request: Request, now: float) -> Reply:
+        """An operator call (`PUT /weights`, ...), answered as the HTTP layer is."""
+        self._calls += 1
+        self._replies.clear()
+        self.handle(OperatorCall(self._calls, request), now)
+        (reply,) = self._replies
+        return reply
+
+    def _other(self, effect: Any) -> None:
+        if isinstance(effect, Reply):
+            self._replies.append(effect)
+        super()._other(effect)
 
 
 class AgentNode(_Shell):
@@ -95,10 +115,10 @@ class AgentNode(_Shell):
 
 
 class SimDriver(_Shell):
-    """A scheduler driver on the simulated wire: `SchedulerCore` decides, this
-    shell sends, arms and calls back `scheduler` at once (a simulated callback
-    takes no time). Implicit acknowledgements go out after the callback returns,
-    as in `SchedulerDriver`."""
+    """A scheduler driver on the simulated wire: the real `SchedulerCore`
+    decides, this shell sends, arms and calls back `scheduler` at once (a
+    simulated callback takes no time). Implicit acknowledgements go out after the
+    callback returns, as in `SchedulerDriver`."""
 
     def __init__(self, engine: Engine, name: str, framework: FrameworkInfo,
                  scheduler: Scheduler, master_info: MasterInfo) -> None:
@@ -115,13 +135,16 @@ class SimDriver(_Shell):
         return self.core.framework_id
 
     def start(self, now: float) -> None:
-        self._perform(self.core.start(now))
+        self._call(Started())
 
     def deliver(self, sender: str, message: Message, now: float) -> None:
-        self._perform(self.core.on_message(message, now))
+        self._perform(self.core.handle(DriverReceived(message), now))
 
     def fire(self, key: Hashable, now: float) -> None:
-        self._perform(self.core.on_timer(key, now))
+        self._perform(self.core.handle(TimerFired(key), now))
+
+    def _call(self, event: Any) -> None:
+        self._perform(self.core.handle(event, self.engine.now))
 
     def _other(self, effect: Any) -> None:
         if isinstance(effect, Callback):
@@ -129,9 +152,9 @@ class SimDriver(_Shell):
                 self.errors.append(str(effect.args[0]))
             getattr(self.scheduler, effect.name)(self, *effect.args)
             if effect.ack is not None:
-                self._perform(self.core.acknowledge(effect.ack))
+                self._call(AcknowledgeCall(effect.ack))
         elif isinstance(effect, Detect):
-            self._perform(self.core.master_detected(self.master_info, self.engine.now))
+            self._call(MasterDetected(self.master_info))
         elif isinstance(effect, Finish):
             self.finished = effect.status
         else:
@@ -146,32 +169,31 @@ class SimDriver(_Shell):
 
     def accept_offers(self, offer_ids: Sequence[str], operations: Sequence[Operation],
                       filters: Filters | None = None) -> None:
-        self._perform(self.core.accept(list(offer_ids), list(operations), filters or Filters()))
+        self._call(AcceptCall(list(offer_ids), list(operations), filters or Filters()))
 
     def decline_offer(self, offer_id: str, filters: Filters | None = None) -> None:
         self.decline_offers([offer_id], filters)
 
     def decline_offers(self, offer_ids: Sequence[str], filters: Filters | None = None) -> None:
-        self._perform(self.core.decline(list(offer_ids), filters or Filters()))
+        self._call(DeclineCall(list(offer_ids), filters or Filters()))
 
     def revive_offers(self) -> None:
-        self._perform(self.core.revive())
+        self._call(ReviveCall())
 
     def suppress_offers(self) -> None:
-        self._perform(self.core.suppress())
+        self._call(SuppressCall())
 
     def kill_task(self, task_id: str, kill_grace_period: float | None = None) -> None:
-        self._perform(self.core.kill(task_id, kill_grace_period))
+        self._call(KillCall(task_id, kill_grace_period))
 
     def acknowledge_status_update(self, status: TaskStatus) -> None:
-        self._perform(self.core.acknowledge(status))
+        self._call(AcknowledgeCall(status))
 
     def reconcile_tasks(self, statuses: Iterable[TaskStatus | tuple[str, str | None]]) -> None:
-        self._perform(self.core.reconcile(reconcile_list(statuses)))
+        self._call(ReconcileCall(reconcile_list(statuses)))
 
     def send_framework_message(self, executor_id: str, agent_id: str, data: bytes) -> None:
-        self._perform(self.core.send_framework_message(executor_id, agent_id, data))
+        self._call(SendToExecutorCall(executor_id, agent_id, data))
 
     def stop(self, failover: bool = False) -> None:
-        for message in self.core.stop(failover):
-            self.engine.send(self.name, MASTER, message)
+        self._call(StopCall(failover))

@@ -21,7 +21,9 @@ from typing import Any
 
 from dyad.ids import IdGenerator
 from dyad.messages import Address, FrameworkInfo, MasterInfo, TaskInfo
-from master.state import VERSION, MasterState
+from master.operator import SetQuota, SetWeights
+from master.model import VERSION
+from master.state import MasterState
 from sim.agent import AgentSettings, SimAgent
 from sim.cell import Cell
 from sim.engine import Engine, SimulationError
@@ -42,10 +44,16 @@ def master_info() -> MasterInfo:
                       address=Address(hostname="sim-master", ip="127.0.0.1", port=5050))
 
 
-def apply_operator_policy(state: MasterState, cell: Cell) -> None:
-    """The cell's weights and quota, set the way an operator would."""
-    state.set_weights(cell.weights)
-    state.set_quota(cell.quota)
+def apply_operator_policy(master: MasterNode, cell: Cell) -> None:
+    """The cell's weights and quota, set the way an operator would (`PUT /weights`,
+    `PUT /quota`)."""
+    for request in (SetWeights(cell.weights), SetQuota(cell.quota)):
+        if not (request.weights if isinstance(request, SetWeights) else request.quotas):
+            continue
+        reply = master.call(request, 0.0)
+        if not reply.ok:
+            raise SimulationError(f"the master refused the cell's {type(request).__name__}: "
+                                  f"{reply.error}")
 
 
 class Simulation:
@@ -61,7 +69,7 @@ class Simulation:
         self.master = MasterNode(self.engine, MasterState(
             policy.master_config(), self.info, IdGenerator("sim"), start_time=0.0),
             validate=validate)
-        apply_operator_policy(self.master.state, cell)
+        apply_operator_policy(self.master, cell)
         self.recorder = Recorder()
         self.series = Series()
         settings = AgentSettings(launch_delay=policy.launch_delay,
