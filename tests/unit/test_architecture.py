@@ -19,7 +19,9 @@ PURE_CORES = [
     "agent/state.py", "agent/status_updates.py", "agent/model.py", "agent/health.py",
     "agent/views.py", "agent/limits.py", "agent/checkpoint.py", "agent/sandbox.py",
     "frameworks/scheduler_core.py", "frameworks/executor_core.py",
-    "frameworks/batch/core.py", "frameworks/service/core.py",
+    "frameworks/batch/core.py", "frameworks/service/core.py", "frameworks/autopilot",
+    "master/authz.py", "dyad/containers.py", "agent/container_spec.py",
+    "agent/container_runs.py", "agent/docker_wire.py",
 ]
 ROLES = ["master", "agent", "frameworks"]
 
