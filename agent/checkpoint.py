@@ -3,7 +3,7 @@ running executors instead of killing them.
 
 The checkpoint is one JSON document, ``WORK_DIR/meta/agent.json``: the agent id
 and the machine it described (hostname, resources, attributes, ports), whether it
-is draining, every live framework, executor run (with its pid and process start
+is draining, the dynamic reservations and persistent volumes the master made, every live framework, executor run (with its pid and process start
 time) and task, and every status update the master has not acknowledged. The core
 (`AgentState`) builds a `SavedAgent` whenever any of that changes and emits a
 `Checkpoint` effect *before* the effects that depend on it (an ack to an
@@ -31,6 +31,7 @@ from dyad.messages import (
     ExecutorExited, ExecutorInfo, FrameworkInfo, StatusUpdate, TaskInfo, TaskState,
 )
 from dyad.resources import Resources
+from dyad.volumes import DynamicResources
 
 FORMAT = 1
 META_DIR = "meta"
@@ -63,6 +64,8 @@ class SavedExecutor:
     started: float | None = None
     tasks: list[SavedTask] = attrs.field(factory=list)
     pending_kills: dict[str, float | None] = attrs.field(factory=dict)
+    container_id: str | None = None
+    log_since_nanos: int = 0
 
 
 @attrs.frozen(kw_only=True)
@@ -78,6 +81,8 @@ class SavedAgent:
     executors: list[SavedExecutor] = attrs.field(factory=list)
     updates: list[StatusUpdate] = attrs.field(factory=list)  # oldest first per task
     exits: list[ExecutorExited] = attrs.field(factory=list)  # not yet told the master
+    # The master's reservations and volumes on this agent (agent.persistent).
+    dynamic: DynamicResources = attrs.field(factory=DynamicResources)
 
 
 def save_executor(executor: AgentExecutor) -> SavedExecutor:
@@ -91,14 +96,17 @@ def save_executor(executor: AgentExecutor) -> SavedExecutor:
         framework_id=executor.framework_id, info=executor.info, run_id=executor.run_id,
         directory=executor.directory, is_command=executor.is_command, phase=executor.phase,
         pid=executor.pid, started=executor.started, tasks=tasks,
-        pending_kills=dict(executor.pending_kills))
+        pending_kills=dict(executor.pending_kills), container_id=executor.container_id,
+        log_since_nanos=executor.log_since_nanos)
 
 
 def load_executor(saved: SavedExecutor, phase: str) -> AgentExecutor:
     """The run's record again, in `phase` (the caller decides what it is now)."""
     executor = AgentExecutor(saved.framework_id, saved.info, saved.run_id, saved.directory,
                               saved.is_command, phase=phase, pid=saved.pid,
-                              started=saved.started, pending_kills=dict(saved.pending_kills))
+                              started=saved.started, pending_kills=dict(saved.pending_kills),
+                              container_id=saved.container_id,
+                              log_since_nanos=saved.log_since_nanos)
     for task in saved.tasks:
         record = AgentTask(task.info, saved.framework_id, saved.info.executor_id, task.state,
                             task.status_uuid, set(task.seen_uuids), task.kill_as)
@@ -111,10 +119,12 @@ def load_executor(saved: SavedExecutor, phase: str) -> AgentExecutor:
 @attrs.frozen
 class Recover:
     """Event for `AgentState`: take over `saved`; `alive` holds the runs
-    ``(framework_id, executor_id, run_id)`` whose process survived."""
+    ``(framework_id, executor_id, run_id)`` whose process (or container) survived;
+    `containers` the container of each such run from an image."""
 
     saved: SavedAgent
     alive: frozenset[tuple[str, str, str]] = frozenset()
+    containers: dict[tuple[str, str, str], str] = attrs.field(factory=dict)
 
 
 def meta_dir(work_dir: str) -> str:

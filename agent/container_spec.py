@@ -22,6 +22,7 @@ import attrs
 from dyad.containers import (
     SANDBOX_MOUNT, ContainerInfo, DockerInfo, Network, VolumeMode, problems,
 )
+from agent.persistent import VolumeMount
 from dyad.messages import CommandInfo
 from dyad.resources import Resources
 
@@ -84,6 +85,8 @@ class ContainerRun:
     args: tuple[str, ...] = ()
     env: dict[str, str] = attrs.field(factory=dict)
     task_id: str = ""
+    # Persistent volumes (agent.persistent), bound under the sandbox mount.
+    persistent: tuple[VolumeMount, ...] = ()
 
 
 @attrs.frozen
@@ -126,8 +129,14 @@ def container_name(agent_id: str, run_id: str) -> str:
 
 def check(run: ContainerRun, config: DockerConfig) -> list[str]:
     """Every reason `run` cannot be created on this agent (empty: it can)."""
-    found = problems(run.container, run.resources)
-    docker = run.container.docker
+    return check_container(run.container, run.resources, config)
+
+
+def check_container(container: ContainerInfo, resources: Resources,
+                    config: DockerConfig) -> list[str]:
+    """Every reason `container` cannot run here for a run given `resources`."""
+    found = problems(container, resources)
+    docker = container.docker
     if docker is None:
         return found
     if docker.network not in config.networks:
@@ -135,7 +144,7 @@ def check(run: ContainerRun, config: DockerConfig) -> list[str]:
                      f"agent (available: {', '.join(config.networks) or 'none'})")
     if "hostname" in docker.parameters and docker.network == Network.HOST:
         found.append("container.docker.parameters: hostname cannot be set under network HOST")
-    for i, volume in enumerate(run.container.volumes):
+    for i, volume in enumerate(container.volumes):
         if volume.host_path.startswith("/") and not _under_any(volume.host_path,
                                                                config.volume_roots):
             allowed = ", ".join(config.volume_roots) or "none: only sandbox-relative paths"
@@ -227,6 +236,9 @@ def _binds(run: ContainerRun) -> list[str]:
             posixpath.join(run.sandbox_dir, volume.host_path)
         mode = "ro" if volume.mode == VolumeMode.RO else "rw"
         binds.append(f"{posixpath.normpath(source)}:{volume.container_path}:{mode}")
+    for mount in run.persistent:
+        mode = "ro" if mount.mode == VolumeMode.RO else "rw"
+        binds.append(f"{mount.host_path}:{SANDBOX_MOUNT}/{mount.container_path}:{mode}")
     return binds
 
 

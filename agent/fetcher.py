@@ -3,7 +3,12 @@
 For each `URI` of the executor's (or command task's) `CommandInfo`, in order:
 
 1. *Get it.* ``http://`` and ``https://`` are downloaded (streamed to disk);
-   ``file://`` URIs and absolute paths are copied. Anything else fails.
+   ``file://`` URIs and absolute paths are copied, but only from under the
+   directories the operator allows (``--fetcher-allowed-paths``, default none):
+   a task must not have the agent copy ``/etc/shadow`` into its sandbox and read
+   it there. The file is opened beneath its allowed directory without following
+   symlinks (`dyad.beneath`), after its real path was checked, so a link swapped
+   in meanwhile is refused too. Anything else fails.
 2. *Cache it* when ``uri.cache``: the first fetch stores the file under the cache
    directory, later fetches copy it from there without touching the network. The
    cache is bounded (``--fetcher-cache-size``): least recently used entries go
@@ -26,11 +31,13 @@ an archive may expand to any size inside the sandbox.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import json
 import logging
 import os
 import shutil
+import stat
 import tarfile
 import time
 import urllib.parse
@@ -40,6 +47,7 @@ from typing import Callable, Iterable
 import aiohttp
 import attrs
 
+from dyad.beneath import NotBeneath, open_beneath
 from dyad.messages import URI
 
 log = logging.getLogger(__name__)
@@ -142,9 +150,11 @@ class FetcherCache:
 class Fetcher:
     """Fetches URIs into sandboxes (see the module docstring)."""
 
-    def __init__(self, cache: FetcherCache, timeout: float = 600.0) -> None:
+    def __init__(self, cache: FetcherCache, timeout: float = 600.0,
+                 allowed_paths: Iterable[str] = ()) -> None:
         self.cache = cache
         self._timeout = timeout
+        self.allowed_paths = tuple(os.path.realpath(path) for path in allowed_paths)
         self._locks: dict[str, asyncio.Lock] = {}
         self.counters = {"fetcher/cache_hits": 0, "fetcher/cache_misses": 0,
                          "fetcher/downloads": 0, "fetcher/failures": 0,
@@ -167,6 +177,8 @@ class Fetcher:
 
     async def _fetch_one(self, uri: URI, sandbox: str) -> None:
         target = _target(uri, sandbox)
+        if _local_path(uri.value) is not None:
+            self._allowed(uri.value)  # also before a cache hit: the rule may have changed
         if uri.cache:
             async with self._locks.setdefault(uri.value, asyncio.Lock()):
                 cached = self.cache.lookup(uri.value)
@@ -202,13 +214,26 @@ class Fetcher:
         parsed = urllib.parse.urlparse(value)
         if parsed.scheme in ("http", "https"):
             await self._download(value, target)
-        elif parsed.scheme == "file" or (not parsed.scheme and value.startswith("/")):
-            source = urllib.parse.unquote(parsed.path)
-            await _in_thread(shutil.copyfile, source, target, uri=value)
+        elif _local_path(value) is not None:
+            root, relative = self._allowed(value)
+            await _in_thread(_copy_beneath, root, relative, target, uri=value)
         else:
             raise FetchError(f"cannot fetch {value}: unsupported scheme "
                              f"{parsed.scheme or '(none)'!r} (use http, https, file or an "
                              "absolute path)")
+
+    def _allowed(self, value: str) -> tuple[str, str]:
+        """(allowed directory, path beneath it) of a local URI; `FetchError`
+        unless its real path lies under one of `allowed_paths`."""
+        path = _local_path(value)
+        assert path is not None
+        real = os.path.realpath(path)
+        for root in self.allowed_paths:
+            if real.startswith(root.rstrip(os.sep) + os.sep):
+                return root, real[len(root):]
+        raise FetchError(
+            f"cannot fetch {value}: {path} is not under a directory this agent may copy "
+            f"from (--fetcher-allowed-paths: {', '.join(self.allowed_paths) or 'none'})")
 
     async def _download(self, url: str, target: str) -> None:
         timeout = aiohttp.ClientTimeout(total=self._timeout)
@@ -225,6 +250,24 @@ class Fetcher:
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             raise FetchError(f"cannot fetch {url}: {exc or type(exc).__name__}") from exc
         self.counters["fetcher/downloads"] += 1
+
+
+def _local_path(value: str) -> str | None:
+    """The host path a ``file://`` URI or an absolute path names; None for others."""
+    parsed = urllib.parse.urlparse(value)
+    if parsed.scheme == "file" or (not parsed.scheme and value.startswith("/")):
+        return urllib.parse.unquote(parsed.path)
+    return None
+
+
+def _copy_beneath(root: str, relative: str, target: str) -> None:
+    """Copy the regular file at `relative` under `root` to `target`, following no
+    symlink below `root`."""
+    with open_beneath(root, relative) as fd:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise IsADirectoryError(errno.EISDIR, "not a regular file", root + relative)
+        with open(os.dup(fd), "rb") as source, open(target, "wb") as sink:
+            shutil.copyfileobj(source, sink, CHUNK)
 
 
 def _target(uri: URI, sandbox: str) -> str:
@@ -261,7 +304,7 @@ async def _in_thread(function: Callable[..., object], *args: object, uri: str) -
         await asyncio.to_thread(function, *args)
     except FetchError:
         raise
-    except (OSError, tarfile.TarError, zipfile.BadZipFile) as exc:
+    except (OSError, NotBeneath, tarfile.TarError, zipfile.BadZipFile) as exc:
         raise FetchError(f"cannot fetch {uri}: {exc}") from exc
 
 

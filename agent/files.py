@@ -1,15 +1,19 @@
 """The file system side of the agent's `/files` API: which paths may be served,
 and listing and reading them without ever blocking.
 
-Only what is under ``WORK_DIR/frameworks`` is served. `resolve` follows symlinks
-before checking, so a task cannot publish ``/etc/shadow`` by linking to it from
-its sandbox.
+Only what is under ``WORK_DIR/frameworks`` is served, and no symlink below it
+is followed: every path is opened one component at a time, each relative to the
+directory descriptor before it, with ``O_NOFOLLOW`` (`dyad.beneath`), so a task
+can neither publish ``/etc/shadow`` by linking to it from its sandbox nor win a
+race by swapping a directory for a symlink while a request walks the path
+(resolving first and then opening by name lost that race). Listing and reading
+then use the descriptor, never the name again.
 
 Sandboxes hold whatever tasks put there, so only regular files and directories
-are served: every path is opened with ``O_NONBLOCK`` (opening a FIFO then returns
-at once instead of waiting for a writer) and checked with ``fstat`` on the open
-descriptor, so a FIFO, a device or a socket is refused (`NotServable`) before a
-byte is read, and nothing can be swapped in between check and read. Every call
+are served: the last component is opened with ``O_NONBLOCK`` (opening a FIFO
+then returns at once instead of waiting for a writer) and checked with ``fstat``
+on the open descriptor, so a FIFO, a device or a socket is refused
+(`NotServable`) before a byte is read. Every call
 here runs on `FilesPool`, a small thread pool of its own, so even a slow disk
 holds up only `/files`, never the agent's other work.
 
@@ -26,10 +30,13 @@ import grp
 import os
 import pwd
 import stat
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any, Callable, TypeVar
 
 from agent.sandbox import sandboxes_root
+from dyad.beneath import NotBeneath, open_beneath
 
 READ_LIMIT = 1024 * 1024  # /files/read returns at most 1 MiB per call, like Mesos
 DOWNLOAD_CHUNK = 256 * 1024
@@ -115,49 +122,63 @@ def _guarded(function: Callable[..., _T], args: tuple[Any, ...]) -> _T:
         raise InvalidPath(f"path cannot be used: {exc}") from None
 
 
-def resolve(work_dir: str, path: str) -> str:
-    """The real path of `path` if it lies inside the sandboxes of `work_dir`.
+def under_sandboxes(work_dir: str, path: str) -> tuple[str, str]:
+    """(the sandboxes root, `path` relative to it), if `path` names something
+    under the root; nothing on disk is looked at.
 
-    `path` must be absolute (as `/state` shows sandbox directories). Raises
-    `OutsideSandbox`, `InvalidPath`, or `NotFound` if nothing is there.
-    """
+    `path` must be absolute, as `/state` shows sandbox directories, and may start
+    with the root as configured or as its real path. Raises `OutsideSandbox` or
+    `InvalidPath`."""
     if "\0" in path:
         raise InvalidPath("path must not contain NUL")
     if ".." in path.split("/"):
         raise OutsideSandbox("path must not contain '..'")
     if not os.path.isabs(path):
         raise InvalidPath(f"path {path!r} must be absolute")
-    root = os.path.realpath(sandboxes_root(work_dir))
-    real = os.path.realpath(path)
-    if real != root and not real.startswith(root + os.sep):
-        raise OutsideSandbox(f"{path} is outside the agent's sandboxes")
-    if not os.path.lexists(real):
-        raise NotFound(f"no such file: {path}")
-    return real
+    normal = os.path.normpath(path)
+    root = sandboxes_root(work_dir)
+    for candidate in dict.fromkeys((os.path.abspath(root), os.path.realpath(root))):
+        if normal == candidate or normal.startswith(candidate + os.sep):
+            return candidate, normal[len(candidate):]
+    raise OutsideSandbox(f"{path} is outside the agent's sandboxes")
 
 
-def _open(path: str, want_directory: bool) -> int:
-    """A descriptor of `path`, which must be a directory (or else a regular file)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+@contextmanager
+def _opened(work_dir: str, path: str, want_directory: bool) -> Iterator[int]:
+    """A descriptor of `path` under the sandboxes, which must be a directory (or
+    else a regular file), opened one component at a time without following any
+    symlink (`dyad.beneath`): what is checked is what is read, whatever a task
+    swaps in meanwhile."""
+    root, relative = under_sandboxes(work_dir, path)
     try:
-        mode = os.fstat(fd).st_mode
-        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-            raise NotServable(f"{path} is not a regular file or directory")
-        if stat.S_ISDIR(mode) != want_directory:
-            raise NotServable(f"{path} is {'not ' if want_directory else ''}a directory")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+        with open_beneath(root, relative) as fd:
+            mode = os.fstat(fd).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise NotServable(f"{path} is not a regular file or directory")
+            if stat.S_ISDIR(mode) != want_directory:
+                raise NotServable(f"{path} is {'not ' if want_directory else ''}a directory")
+            yield fd
+    except NotBeneath:
+        raise _refusal(path) from None
+
+
+def _refusal(path: str) -> FilesError:
+    """Why a path through a symlink is refused. Only the message depends on where
+    the link leads (looked up after the refusal, so a race changes only words):
+    a loop is the caller's bad path (400), anything else leads out (403)."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return NotServable(f"{path}: {exc.strerror}")
+    return OutsideSandbox(f"{path} leads through a symbolic link; /files follows none")
 
 
 def browse(work_dir: str, path: str) -> list[dict[str, Any]]:
-    directory = resolve(work_dir, path)
-    fd = _open(directory, want_directory=True)
-    try:
-        names = sorted(os.listdir(fd))
+    directory = os.path.normpath(path)
+    with _opened(work_dir, path, want_directory=True) as fd:
         entries = []
-        for name in names:
+        for name in sorted(os.listdir(fd)):
             try:
                 info = os.stat(name, dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
@@ -166,8 +187,6 @@ def browse(work_dir: str, path: str) -> list[dict[str, Any]]:
                             "mode": stat.filemode(info.st_mode), "mtime": info.st_mtime,
                             "nlink": info.st_nlink, "uid": _user(info.st_uid),
                             "gid": _group(info.st_gid)})
-    finally:
-        os.close(fd)
     return entries
 
 
@@ -188,8 +207,7 @@ def _group(gid: int) -> str:
 def read(work_dir: str, path: str, offset: int, length: int | None) -> tuple[str, int]:
     """Mesos semantics: offset -1 asks for the size (empty data, offset = size);
     otherwise up to `length` bytes (default: the rest) capped at 1 MiB."""
-    fd = _open(resolve(work_dir, path), want_directory=False)
-    try:
+    with _opened(work_dir, path, want_directory=False) as fd:
         size = os.fstat(fd).st_size
         if offset == -1:
             return "", size
@@ -197,15 +215,13 @@ def read(work_dir: str, path: str, offset: int, length: int | None) -> tuple[str
             raise FilesError(f"offset {offset} is beyond the end of the file ({size} bytes)")
         chunk = os.pread(fd, min(READ_LIMIT, size - offset if length is None else length),
                          offset)
-    finally:
-        os.close(fd)
     return chunk.decode("utf-8", errors="replace"), offset
 
 
 def open_download(work_dir: str, path: str) -> tuple[int, int]:
     """A descriptor of the regular file at `path` and its size; the caller closes it."""
-    fd = _open(resolve(work_dir, path), want_directory=False)
-    return fd, os.fstat(fd).st_size
+    with _opened(work_dir, path, want_directory=False) as fd:
+        return os.dup(fd), os.fstat(fd).st_size
 
 
 def read_at(fd: int, offset: int) -> bytes:

@@ -29,8 +29,9 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from agent import files
-from agent.supervision import LogLimiter
+from agent.metrics import COUNTERS, GAUGES
 from dyad import prometheus
+from dyad.supervision import LogLimiter
 from agent.state import AgentState
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ def make_app(source: StateSource, work_dir: str) -> web.Application:
     app[SOURCE] = source
     app[WORK_DIR] = work_dir
     app[POOL] = files.FilesPool()
-    app[ERROR_LOG] = LogLimiter(log)
+    app[ERROR_LOG] = LogLimiter(log, interval=60.0)
     app.on_cleanup.append(_shutdown_pool)
     app.router.add_get("/state", _state)
     app.router.add_get("/health", _health)
@@ -146,8 +147,11 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.json_response(request.app[SOURCE].metrics())
 
 
+_CATALOGUE = prometheus.catalogue(COUNTERS, GAUGES)
+
+
 async def _prometheus(request: web.Request) -> web.Response:
-    return web.Response(body=prometheus.render(request.app[SOURCE].metrics()),
+    return web.Response(body=prometheus.render(request.app[SOURCE].metrics(), _CATALOGUE),
                         headers={"Content-Type": prometheus.CONTENT_TYPE})
 
 

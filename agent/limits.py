@@ -21,7 +21,7 @@ def limits(executor: AgentExecutor) -> Limits:
     parts = [executor.info.resources, *(t.info.resources for t in executor.live_tasks())]
     cpus = sum(part.get("cpus") for part in parts)
     mem_mb = sum(part.get("mem") for part in parts)
-    if executor.is_command:
+    if executor.is_command and executor.info.container is None:
         cpus += COMMAND_EXECUTOR_CPUS if cpus else 0.0
         mem_mb += COMMAND_EXECUTOR_MEM_MB if mem_mb else 0.0
     return Limits(cpus=round(cpus, 3), mem_bytes=int(mem_mb * MIB))
@@ -50,6 +50,8 @@ def usage(executor: AgentExecutor, sample: RunSample) -> ExecutorUsage:
 def memory_problem(executor: AgentExecutor, sample: RunSample, isolation: str) -> str:
     """Why the run broke its memory limit, for its tasks' TASK_FAILED ('' if it
     did not)."""
+    if executor.info.container is not None:
+        return ""  # the engine enforces; its OOM kill comes with the container's exit
     limit = executor.limits.mem_bytes
     over = sample.oom or (isolation == "posix" and limit > 0 and sample.mem_rss_bytes > limit)
     if not over:

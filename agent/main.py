@@ -23,11 +23,16 @@ import attrs
 import zmq
 
 from agent.checkpoint import CheckpointError
+from agent.container_spec import DockerConfig
 from agent.detect import DETECTED_KINDS, resolve_resources
-from agent.isolation import Isolator, IsolationError, detect
-from agent.model import AgentConfig
+from agent.docker import DEFAULT_PULL_TIMEOUT, DEFAULT_SOCKET, EngineUnavailable
+from agent.isolation import IsolationError, Isolator, detect
+from agent.model import CONTAINERIZERS, AgentConfig
+from agent.qos import QosConfig
+from agent.reclaim import ReclaimConfig
 from agent.server import AgentOptions, AgentServer
-from dyad import logs
+from dyad import logs, security
+from dyad.auth import ClientCredentials, CredentialsError
 from dyad.detector import parse_http_address
 from dyad.resources import Resources, ResourcesError
 from dyad.units import parse_attributes, parse_duration
@@ -64,6 +69,17 @@ def _parser() -> argparse.ArgumentParser:
                    help="how often executors are measured (and, under posix, limited)")
     p.add_argument("--usage-report-interval", type=_duration, default=5.0,
                    help="how often usage and cached URIs are reported to the master")
+    p.add_argument("--oversubscription", choices=["on", "off"], default="on",
+                   help="lend what tasks reserve but do not use as revocable resources "
+                        "(docs/oversubscription.md; only frameworks that ask see them)")
+    p.add_argument("--reclaim-window", type=_positive_duration, default=300.0,
+                   help="how long a reservation takes to decay from a task's allocation "
+                        "to its usage plus margin")
+    p.add_argument("--reclaim-margin", type=_fraction, default=0.2,
+                   help="kept above measured usage, as a fraction of it")
+    p.add_argument("--qos-mem-watermark", type=_watermark, default=0.9,
+                   help="evict revocable tasks when measured memory use passes this "
+                        "fraction of the agent's memory")
     p.add_argument("--gc-delay", type=_duration, default=7 * 86400.0,
                    help="keep finished sandboxes this long (shorter when disk is short)")
     p.add_argument("--gc-disk-headroom", type=_fraction, default=0.1,
@@ -77,10 +93,26 @@ def _parser() -> argparse.ArgumentParser:
                    help="where fetched URIs are cached (default WORK_DIR/cache)")
     p.add_argument("--fetcher-cache-size", type=_size, default=2 * 1024 ** 3,
                    help="bound of the fetcher cache (e.g. 2GB)")
+    p.add_argument("--fetcher-allowed-paths", type=_directories, default=(),
+                   metavar="DIR[:DIR...]",
+                   help="host directories file:// URIs and absolute paths may be copied "
+                        "from (default: none; other local URIs fail the task)")
+    p.add_argument("--containerizers", type=_containerizers, default=None,
+                   help="process,docker or process (default: docker too when a Docker "
+                        "Engine answers on --docker-socket)")
+    p.add_argument("--docker-socket", default=DEFAULT_SOCKET,
+                   help="the Docker Engine's unix socket")
+    p.add_argument("--docker-volume-root", action="append", default=[],
+                   help="a host directory under which container volumes may lie "
+                        "(repeatable; default none: only sandbox-relative volumes)")
+    p.add_argument("--docker-pull-timeout", type=_duration, default=DEFAULT_PULL_TIMEOUT,
+                   help="give up an image pull after this long (its own timeout: a pull "
+                        "is not an executor registration)")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error", "critical"])
     p.add_argument("--log-format", default="text", choices=logs.FORMATS,
                    help="json: one JSON object per log line (default text)")
+    security.add_flags(p, zookeeper=False)
     return p
 
 
@@ -92,6 +124,15 @@ def _port(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"port {value} is out of range 0-65535")
     return value
+
+
+def _containerizers(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    unknown = set(names) - set(CONTAINERIZERS)
+    if unknown or "process" not in names:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: containerizers are process,docker or process")
+    return names
 
 
 def _attributes(text: str) -> dict[str, str]:
@@ -109,6 +150,13 @@ def _duration(text: str) -> float:
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)B?\s*$", re.IGNORECASE)
+
+
+def _positive_duration(text: str) -> float:
+    value = _duration(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be longer than 0s")
+    return value
 
 
 def _size(text: str) -> int:
@@ -136,6 +184,16 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _watermark(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction in (0, 1]")
+    return value
+
+
 def _config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> AgentConfig:
     try:
         parse_http_address(args.master)
@@ -154,7 +212,21 @@ def _config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> AgentC
                        executor_reregistration_timeout=args.executor_reregistration_timeout,
                        executor_shutdown_grace_period=args.executor_shutdown_grace_period,
                        recovery_timeout=args.recovery_timeout,
-                       usage_report_interval=args.usage_report_interval)
+                       usage_report_interval=args.usage_report_interval,
+                       docker=DockerConfig(volume_roots=tuple(
+                           os.path.abspath(r) for r in args.docker_volume_root)),
+                       reclaim=ReclaimConfig(enabled=args.oversubscription == "on",
+                                             window=args.reclaim_window,
+                                             margin=args.reclaim_margin),
+                       qos=QosConfig(mem_watermark=args.qos_mem_watermark))
+
+
+def _directories(text: str) -> tuple[str, ...]:
+    paths = tuple(path for path in text.split(os.pathsep) if path)
+    relative = [path for path in paths if not os.path.isabs(path)]
+    if relative:
+        raise argparse.ArgumentTypeError(f"allowed paths must be absolute: {relative}")
+    return paths
 
 
 def _options(args: argparse.Namespace) -> AgentOptions:
@@ -165,15 +237,19 @@ def _options(args: argparse.Namespace) -> AgentOptions:
         disk_watch_interval=args.disk_watch_interval, gc_delay=args.gc_delay,
         gc_disk_headroom=args.gc_disk_headroom, log_max_size=args.log_max_size,
         log_keep=args.log_keep, fetcher_cache_dir=args.fetcher_cache_dir,
-        fetcher_cache_size=args.fetcher_cache_size)
+        fetcher_cache_size=args.fetcher_cache_size,
+        fetcher_allowed_paths=args.fetcher_allowed_paths, containerizers=args.containerizers,
+        docker_socket=args.docker_socket, docker_pull_timeout=args.docker_pull_timeout)
 
 
 async def _serve(config: AgentConfig, master: str, isolator: Isolator,
-                 options: AgentOptions) -> int:
-    server = AgentServer(config, master, isolator=isolator, options=options)
+                 options: AgentOptions, secure: security.ServerSecurity,
+                 client: ClientCredentials) -> int:
+    server = AgentServer(config, master, isolator=isolator, options=options, secure=secure,
+                         client=client)
     try:
         await server.start()
-    except CheckpointError as exc:
+    except (CheckpointError, EngineUnavailable) as exc:
         print(f"dyad-agent: error: {exc}", file=sys.stderr)
         return 1
     except (OSError, zmq.ZMQError) as exc:
@@ -207,6 +283,13 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(args.log_level, args.log_format)
     options = _options(args)
     try:
+        secure = security.for_server(args, args.ip)
+        # How we reach the master: our CURVE keys, its keys, the CA, our token.
+        client = ClientCredentials.from_env()
+    except (security.SecurityError, CredentialsError) as exc:
+        print(f"dyad-agent: error: {exc}", file=sys.stderr)
+        return 1
+    try:
         isolator = detect(args.isolation, options.cgroups_root)
     except IsolationError as exc:
         print(f"dyad-agent: error: {exc}", file=sys.stderr)
@@ -214,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     how = "as asked" if args.isolation else "the best available"
     logging.getLogger(__name__).info("isolation: %s (%s)", isolator.name, how)
     config = attrs.evolve(config, isolation=isolator.kind)
-    return asyncio.run(_serve(config, args.master, isolator, options))
+    return asyncio.run(_serve(config, args.master, isolator, options, secure, client))
 
 
 if __name__ == "__main__":

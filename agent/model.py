@@ -13,6 +13,9 @@ from typing import Iterator
 
 import attrs
 
+from agent.container_spec import DockerConfig
+from agent.qos import QosConfig
+from agent.reclaim import ReclaimConfig
 from dyad.effects import TimerKey
 from dyad.messages import (
     CommandInfo, ExecutorInfo, ExecutorUsage, FrameworkInfo, MasterInfo, Message,
@@ -33,6 +36,7 @@ MIB = 1024 * 1024
 UNKNOWN_EXIT = -256
 
 ISOLATIONS = ("posix", "cgroups")
+CONTAINERIZERS = ("process", "docker")
 
 RunKey = tuple[str, str, str]  # (framework_id, executor_id, run_id)
 
@@ -285,6 +289,11 @@ class AgentConfig:
     usage_report_interval: float = 5.0
     shutdown_slack: float = 2.0  # beyond grace + kill delay before exiting anyway
     completed_limit: int = 100  # completed frameworks/executors/tasks kept for /state
+    containerizers: tuple[str, ...] = ("process",)  # "docker": runs from images too
+    docker: DockerConfig = attrs.field(factory=DockerConfig)  # docs/containers.md
+    # Oversubscription (docs/oversubscription.md): what is lent, and when it is taken back.
+    reclaim: ReclaimConfig = ReclaimConfig()
+    qos: QosConfig = QosConfig()
 
     @property
     def executor_endpoint(self) -> str:
@@ -345,10 +354,18 @@ class AgentExecutor:
     last_sample: RunSample | None = None
     usage: ExecutorUsage | None = None
     status: int | None = None  # exit status once gone
+    container_id: str | None = None  # a run from an image, once its container started
+    log_since_nanos: int = 0  # engine time of the last log line copied into the sandbox
 
     @property
     def executor_id(self) -> str:
         return self.info.executor_id
+
+    @property
+    def direct(self) -> bool:
+        """A command task in a container: no executor process, the agent plays
+        its executor (agent.containers_core)."""
+        return self.is_command and self.info.container is not None
 
     @property
     def key(self) -> RunKey:

@@ -59,12 +59,14 @@ class Records:
                    for e in (*f.executors.values(), *f.completed_executors) for t in e.completed)
 
     def charged(self) -> Resources:
-        """What the live runs hold: each executor's resources and its live tasks'."""
+        """What the live runs hold: each executor's resources and its live tasks'
+        (not those on revocable resources: they are lent, not part of the agent's)."""
         total = Resources()
         for executor in self.executors():
             total = total + executor.info.resources
             for task in executor.live_tasks():
-                total = total + task.info.resources
+                if not task.info.revocable:
+                    total = total + task.info.resources
         return total
 
     # ---------------------------------------------------------------- changes
@@ -123,8 +125,12 @@ class Records:
                 assert executor.executor_id == executor_id
                 assert executor.framework_id == framework_id
                 assert executor.phase in (*LIVE_PHASES, TERMINATING), executor.phase
-                assert (executor.phase == RUNNING) <= (executor.peer is not None)
-                assert (executor.phase in (LAUNCHING, RECOVERING)) <= (executor.timer is not None)
+                # A direct container run has no executor to register (and so no
+                # registration timer); any run from an image pulls untimed.
+                assert (executor.phase == RUNNING) <= (executor.peer is not None
+                                                       or executor.direct)
+                assert (executor.phase in (LAUNCHING, RECOVERING)) <= (
+                    executor.timer is not None or executor.info.container is not None)
                 assert executor.limits == limits.limits(executor), executor
                 assert not executor.pending_kills or executor.phase == RECOVERING
                 if executor.peer is not None:

@@ -72,6 +72,10 @@ class ExecutorRuns:
         def _status_update(self, framework_id: str, task_id: str, executor_id: str,
                            state: TaskState, reason: str, message: str, now: float,
                            healthy: bool | None = None) -> StatusUpdate: ...
+        def _launch_container(self, executor: AgentExecutor,
+                              task: TaskInfo) -> list[Effect]: ...
+        def _stop_container(self, executor: AgentExecutor, grace: float | None,
+                            now: float) -> list[Effect]: ...
 
     def _new_executor(self, framework: AgentFramework, info: ExecutorInfo,
                       is_command: bool) -> AgentExecutor:
@@ -84,6 +88,8 @@ class ExecutorRuns:
     def _launch_executor(self, executor: AgentExecutor, task: TaskInfo,
                          now: float) -> list[Effect]:
         executor.limits = limits.limits(executor)
+        if executor.info.container is not None:  # no registration timer while pulling
+            return self._launch_container(executor, task)
         return [launch.launch(self.config, self.agent_id, executor, task),
                 *self._arm_executor_timer(executor, RegistrationTimeout,
                                           now + self.config.executor_registration_timeout)]
@@ -115,7 +121,7 @@ class ExecutorRuns:
         executor = self.records.executor(msg.framework_id, msg.executor_id)
         stop: list[Effect] = [Send(peer, ShutdownExecutor(
             grace_period=self.config.executor_shutdown_grace_period))]
-        if executor is None or executor.phase == TERMINATING:
+        if executor is None or executor.phase == TERMINATING or executor.direct:
             return stop
         if executor.phase == RUNNING:
             # The same executor asking again (our answer was lost) gets it again;
@@ -244,7 +250,10 @@ class ExecutorRuns:
 
     def _shutdown_executor(self, executor: AgentExecutor, now: float) -> list[Effect]:
         """Ask a registered executor to stop (SIGTERM after the grace period); an
-        unregistered one cannot be asked, so it gets SIGTERM at once. SIGKILL follows."""
+        unregistered one cannot be asked, so it gets SIGTERM at once. SIGKILL follows.
+        A direct container run (no executor) is stopped with its tasks' grace."""
+        if executor.direct and executor.phase == RUNNING:
+            return self._stop_container(executor, None, now)
         if executor.phase == RUNNING:
             executor.phase = TERMINATING
             self._changed()

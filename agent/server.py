@@ -29,13 +29,17 @@ import zmq
 from aiohttp import web
 
 import agent
-from agent import checkpoint, checkpoint_file, gc
+from agent import access, checkpoint, checkpoint_file, gc, volumes
 from agent.checkpoint import CheckpointError, Recover, SavedAgent
 from agent.containerizer import Containerizer, LaunchError, describe_exit
+from agent.containers_core import LaunchContainer, RemoveContainer
+from agent.docker import DEFAULT_PULL_TIMEOUT, DEFAULT_SOCKET
+from agent.docker_runner import DockerRunner, connect
 from agent.fetcher import Fetcher, FetchError, FetcherCache
 from agent.health import RunHealthCheck
 from agent.http import make_app
 from agent.isolation import Isolator, detect
+from agent.persistent import CreateVolume, DestroyVolume, MountVolumes
 from agent.model import (
     AgentConfig, Checkpoint, ConnectMaster, DetectMaster, Drain, ExecutorLaunchFailed,
     ExecutorMessage, ExecutorProcessExited, ExecutorStarted, Exit, InvalidFrame, KillExecutor,
@@ -43,19 +47,25 @@ from agent.model import (
     UpdateLimits, UsageSampled,
 )
 from agent.probes import probe, probe_host
-from agent.supervision import LogLimiter, Supervisor
 from agent.state import AgentState, Event
 from agent.status_updates import SendMaster
+from dyad import security
+from dyad.auth import (
+    DYAD_CURVE_KEY, DYAD_MASTER_KEY, TOKEN_ENV, TOKEN_FILE_ENV, ClientCredentials, HandshakeWatch,
+)
 from dyad.clock import Clock, SystemClock
 from dyad.detector import Detector, make_detector
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired
-from dyad.messages import Reason
+from dyad.messages import Reason, Rejected
+from dyad.supervision import LogLimiter, Supervisor
 from dyad.timers import TimerTable
 from dyad.transport import Dealer, Inbound, Router
 
 log = logging.getLogger(__name__)
 
 FAREWELL_LINGER_MS = 1000
+LOOP_RESTART_DELAY = 0.5
+ERROR_LOG_INTERVAL = 60.0  # seconds: one line per failing peer or loop per minute
 
 
 @attrs.frozen(kw_only=True)
@@ -72,9 +82,14 @@ class AgentOptions:
     fetcher_cache_dir: str = ""  # default: WORK_DIR/cache
     fetcher_cache_size: int = 2 * 1024 * 1024 * 1024
     fetch_timeout: float = 600.0
+    fetcher_allowed_paths: tuple[str, ...] = ()  # local URIs only from beneath these
     # Resource kinds the agent measured itself (not given by --resources): on a
     # restart they are taken from the checkpoint, not measured again.
     detected_resources: frozenset[str] = frozenset()
+    # None: docker too when an engine answers on `docker_socket` (docs/containers.md)
+    containerizers: tuple[str, ...] | None = None
+    docker_socket: str = DEFAULT_SOCKET
+    docker_pull_timeout: float = DEFAULT_PULL_TIMEOUT
 
 
 def executor_base_env() -> dict[str, str]:
@@ -82,7 +97,9 @@ def executor_base_env() -> dict[str, str]:
     command executor (`python -m frameworks.executors.command`) runs in its sandbox
     and must import the same code the agent runs, installed or not."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(agent.__file__)))
-    env = dict(os.environ)
+    # The agent's own credentials are not its tasks' (runs get keys of their own).
+    env = {name: value for name, value in os.environ.items()
+           if name not in (DYAD_CURVE_KEY, DYAD_MASTER_KEY, TOKEN_ENV, TOKEN_FILE_ENV)}
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in paths if p != root])
     return env
@@ -97,12 +114,23 @@ class AgentServer:
     def __init__(self, config: AgentConfig, master: str = "", *,
                  detector: Detector | None = None, clock: Clock | None = None,
                  isolator: Isolator | None = None,
-                 options: AgentOptions | None = None) -> None:
+                 options: AgentOptions | None = None,
+                 secure: security.ServerSecurity | None = None,
+                 client: ClientCredentials | None = None) -> None:
         if detector is None and not master:
             raise ValueError("need a master address or a detector")
         self.config = config
         self.options = options or AgentOptions()
-        self._detector = detector or make_detector(master)
+        # `secure`: this agent's HTTP API; `client`: how it reaches the master (and
+        # its CURVE keys, with which it also serves its executors).
+        self.security = secure or security.ServerSecurity()
+        self.client = client or ClientCredentials()
+        self.refusals = security.Refusals("agent", log)
+        server_keys = self.security.curve or self.client.keys
+        self._executor_keys = access.ExecutorKeys(server_keys) if server_keys else None
+        self._zap: security.Zap | None = None
+        self._master_watch: HandshakeWatch | None = None
+        self._detector = detector or make_detector(master, self.client)
         self._clock = clock or SystemClock()
         self.state = AgentState(config)
         self._events: asyncio.Queue[Event] = asyncio.Queue()
@@ -110,9 +138,12 @@ class AgentServer:
         self.shell_counters: Counter[str] = Counter({
             "agent/sandboxes_removed": 0, "agent/logs_rotated": 0,
             "agent/checkpoints_written": 0, "agent/receive_errors": 0,
-            "agent/loop_errors": 0, "agent/loop_crashes": 0, "agent/http_errors": 0})
-        self._loops = Supervisor(log, self.shell_counters)
-        self._errors = LogLimiter(log)
+            "agent/loop_errors": 0, "agent/loop_crashes": 0, "agent/http_errors": 0,
+            "agent/volume_errors": 0})
+        self._failed = asyncio.Event()
+        self._loops = Supervisor(self._give_up, lambda: self.count("agent/loop_crashes"),
+                                 logger=log, restart_delay=LOOP_RESTART_DELAY)
+        self._errors = LogLimiter(log, interval=ERROR_LOG_INTERVAL)
         self._started = False
         self._jobs: set[asyncio.Task[Any]] = set()  # launches and health checks
         self._fetching: dict[RunKey, asyncio.Task[None]] = {}
@@ -126,14 +157,15 @@ class AgentServer:
         self._containerizer = Containerizer(self._on_process_exit, self._base_env, isolator)
         cache_dir = self.options.fetcher_cache_dir or os.path.join(config.work_dir, "cache")
         self.fetcher = Fetcher(FetcherCache(cache_dir, self.options.fetcher_cache_size),
-                               self.options.fetch_timeout)
+                               self.options.fetch_timeout, self.options.fetcher_allowed_paths)
+        self.docker: DockerRunner | None = None
         self._exited = asyncio.Event()
         self._stopped = asyncio.Event()
         self._stopping: asyncio.Future[None] | None = None
 
     @property
     def http_url(self) -> str:
-        return f"http://{self.config.ip}:{self.config.port}"
+        return f"{self.security.scheme}://{self.config.ip}:{self.config.port}"
 
     @property
     def executor_endpoint(self) -> str:
@@ -162,16 +194,21 @@ class AgentServer:
             if problem:
                 raise CheckpointError(problem)
         await self._bind(saved)
+        await self._connect_docker()
         self.state = AgentState(self.config)
         await asyncio.to_thread(self.fetcher.cache.load)
-        self._dealer = Dealer()
+        self._dealer = Dealer(curve=self.client.keys, server_key=self.client.master_key(None)
+                              if self.client.keys else None)
+        if self.client.keys is not None:  # say why the master does not answer, if it refuses us
+            self._master_watch = HandshakeWatch(
+                self._dealer.socket, lambda where, why: self.refusals("by_master", where, why))
         assert self._router is not None
         dealer, router = self._dealer, self._router
-        self._loops.start("core", self._run_core)
-        self._loops.start("master-socket", lambda: self._receive(dealer, "master"))
-        self._loops.start("executor-socket", lambda: self._receive(router, "executor"))
-        self._loops.start("usage", self._watch_usage)
-        self._loops.start("disk", self._watch_disk)
+        self._loops.loop("core", self._run_core)
+        self._loops.loop("master-socket", lambda: self._receive(dealer, "master"))
+        self._loops.loop("executor-socket", lambda: self._receive(router, "executor"))
+        self._loops.loop("usage", self._watch_usage)
+        self._loops.loop("disk", self._watch_disk)
         self._started = True
         if saved is not None:
             await self._recover(saved)
@@ -195,7 +232,7 @@ class AgentServer:
                     f"{saved.executor_port}, not {executor_port}; restart with "
                     f"--executor-port {saved.executor_port}")
             http_port = http_port or saved.port
-        self._router = Router()
+        self._router = self._executor_router()
         try:
             executor_port = self._router.bind(self.config.ip, executor_port)
         except zmq.ZMQError as exc:
@@ -210,20 +247,46 @@ class AgentServer:
                 ) from None
             log.warning("executor port %d of the last run is taken; using a free one",
                         executor_port)
-            self._router = Router()
+            self._router = self._executor_router()
             executor_port = self._router.bind(self.config.ip, 0)
-        self._runner = web.AppRunner(make_app(self, self.config.work_dir), access_log=None)
+        app = make_app(self, self.config.work_dir)
+        security.protect(app, self.security, self.refusals, access.HttpAccess(
+            self.security.acls, self.config.work_dir, self.config.hostname,
+            lambda: self.state.records))
+        self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
+        tls = self.security.tls
         try:
-            await web.TCPSite(self._runner, self.config.ip, http_port).start()
+            await web.TCPSite(self._runner, self.config.ip, http_port, ssl_context=tls).start()
         except OSError:
             if saved is None or self.config.port:
                 raise
             log.warning("HTTP port %d of the last run is taken; using a free one", http_port)
-            await web.TCPSite(self._runner, self.config.ip, 0).start()
+            await web.TCPSite(self._runner, self.config.ip, 0, ssl_context=tls).start()
         bound = self._runner.addresses[-1][1]
         self.config = attrs.evolve(self.config, port=bound, executor_port=executor_port,
                                    pid=os.getpid())
+
+    def _executor_router(self) -> Router:
+        """With CURVE keys, executors connect with the per-run keys we give them."""
+        if self._executor_keys is None:
+            return Router()
+        if self._zap is None:
+            self._zap = security.Zap(self._executor_keys, self.refusals)
+        router = Router(self._zap.context, curve=self._executor_keys.agent_keys)
+        self._zap.watch(router.socket)
+        return router
+
+    async def _connect_docker(self) -> None:
+        """Decide the containerizers (raises `EngineUnavailable` when docker is
+        asked for and no engine answers)."""
+        client, containerizers = await connect(self.options.docker_socket,
+                                               self.options.containerizers)
+        self.config = attrs.evolve(self.config, containerizers=containerizers)
+        if client is not None:
+            self.docker = DockerRunner(client, self.config.docker, self.fetcher,
+                                       self._events.put_nowait,
+                                       self.options.docker_pull_timeout)
 
     async def _recover(self, saved: SavedAgent) -> None:
         keys = [(e.framework_id, e.info.executor_id, e.run_id) for e in saved.executors]
@@ -231,11 +294,19 @@ class AgentServer:
             key for key, e in zip(keys, saved.executors)
             if e.pid is not None and e.started is not None
             and self._containerizer.adopt(key, e.pid, e.started))
+        if self._executor_keys is not None:
+            for key, e in zip(keys, saved.executors):
+                if key in alive:
+                    await asyncio.to_thread(self._executor_keys.recover, key, e.directory)
         for key in set(keys) - alive:  # ended while we were away: nobody removed its cgroup
             await asyncio.to_thread(self.isolator.cleanup, key)
+        containers: dict[RunKey, str] = {}
+        if self.docker is not None:
+            found, containers = await self.docker.recover(saved)
+            alive |= found
         log.info("recovering agent %s: %d of %d executors still running", saved.agent_id,
                  len(alive), len(saved.executors))
-        self._events.put_nowait(Recover(saved, alive))
+        self._events.put_nowait(Recover(saved, alive, containers))
 
     async def stop(self) -> None:
         """Shut down every executor (grace, SIGTERM, SIGKILL), then close. Idempotent."""
@@ -251,12 +322,15 @@ class AgentServer:
         self._events.put_nowait(Drain())
 
     async def _stop(self) -> None:
-        if self._started and "core" not in self._loops.dead():
+        if self._started and "core" not in self._loops.down():
             self._events.put_nowait(Shutdown())
             await self._wait_exited()
         for job in [*self._jobs, *self._fetching.values()]:
             job.cancel()
         self._containerizer.kill_all()
+        if self.docker is not None:
+            await self.docker.kill_all()
+            await self.docker.close()
         try:
             await asyncio.wait_for(self._containerizer.wait_all(), 5)
         except asyncio.TimeoutError:
@@ -272,9 +346,13 @@ class AgentServer:
             await self._runner.cleanup()
         if self._router is not None:
             self._router.close()
+        if self._master_watch is not None:
+            await self._master_watch.stop()
         if self._dealer is not None:
             # The last ExecutorExited and status updates may still be queued.
             self._dealer.close(linger_ms=FAREWELL_LINGER_MS)
+        if self._zap is not None:
+            await self._zap.stop()
         await self._detector.close()
         self._stopped.set()
 
@@ -322,6 +400,15 @@ class AgentServer:
             try:
                 inbound: Inbound = await sock.recv()
                 peer = inbound.identity.hex()
+                if inbound.message is not None and source == "executor" \
+                        and self._executor_keys is not None:
+                    refusal = access.registration_refusal(inbound.principal, inbound.message,
+                                                          self.state.records)
+                    if refusal is not None:
+                        self.refusals("forbidden", peer, refusal)
+                        await sock.send(inbound.identity, Rejected(
+                            reason=refusal, message_type=inbound.message.TYPE))
+                        continue
                 if inbound.message is not None:
                     self._events.put_nowait(MasterMessage(inbound.message)
                                             if source == "master"
@@ -339,6 +426,8 @@ class AgentServer:
     def _on_process_exit(self, key: RunKey, status: int, final: RunSample | None) -> None:
         if final is not None and final.oom:  # the kernel ended it: say why first
             self._events.put_nowait(UsageSampled((final,), tuple(self.fetcher.cache.uris)))
+        if self._executor_keys is not None:
+            self._executor_keys.forget(key)
         self._events.put_nowait(ExecutorProcessExited(*key, status, describe_exit(status)))
 
     def _detect(self) -> None:
@@ -375,6 +464,8 @@ class AgentServer:
 
     async def _sample_and_rotate(self) -> None:
         samples = await self._containerizer.sample_all()
+        if self.docker is not None:
+            samples += await self.docker.sample_all()
         self._events.put_nowait(UsageSampled(tuple(samples), tuple(self.fetcher.cache.uris)))
         live = [e.directory for f in self.state.frameworks.values()
                 for e in f.executors.values()]
@@ -415,6 +506,14 @@ class AgentServer:
             return
         finally:
             self._fetching.pop(key, None)
+        if self._executor_keys is not None:
+            try:
+                env = await asyncio.to_thread(self._executor_keys.issue, key, effect.sandbox_dir)
+            except OSError as exc:
+                self._events.put_nowait(ExecutorLaunchFailed(
+                    *key, f"cannot write the run's CURVE keys: {exc}"))
+                return
+            effect = attrs.evolve(effect, env={**effect.env, **env})
         try:
             pid, started = await self._containerizer.launch(effect)
         except LaunchError as exc:
@@ -424,8 +523,13 @@ class AgentServer:
         self._events.put_nowait(ExecutorStarted(*key, pid, started))
 
     async def _check(self, effect: RunHealthCheck) -> None:
-        self._events.put_nowait(await probe(effect, self._base_env,
-                                                     probe_host(self.config.ip)))
+        result = None
+        found = self.state.records.find(effect.key.framework_id, effect.key.task_id)
+        if self.docker is not None and found is not None:
+            result = await self.docker.probe(found[0].key, effect)
+        if result is None:
+            result = await probe(effect, self._base_env, probe_host(self.config.ip))
+        self._events.put_nowait(result)
 
     # ------------------------------------------------------------------ effects
 
@@ -448,8 +552,10 @@ class AgentServer:
             fetching = self._fetching.get(key)
             if fetching is not None:
                 fetching.cancel()
-            else:
+            elif self.docker is None or not self.docker.kill(key, effect.signal):
                 self._containerizer.kill(key, effect.signal)
+        elif isinstance(effect, LaunchContainer | RemoveContainer):
+            self._perform_container(effect)
         elif isinstance(effect, UpdateLimits):
             self._containerizer.update(
                 (effect.framework_id, effect.executor_id, effect.run_id), effect.limits)
@@ -461,21 +567,47 @@ class AgentServer:
             self._detect()
         elif isinstance(effect, Exit):
             self._exited.set()
+        elif isinstance(effect, CreateVolume | DestroyVolume | MountVolumes):
+            await self._volume(effect)
         else:
             raise TypeError(f"unknown effect {effect!r}")
+
+    async def _volume(self, effect: CreateVolume | DestroyVolume | MountVolumes) -> None:
+        do = (volumes.create if isinstance(effect, CreateVolume)
+              else volumes.destroy if isinstance(effect, DestroyVolume) else volumes.mount)
+        try:
+            await asyncio.to_thread(do, effect)  # type: ignore[arg-type]
+        except volumes.VolumeError as exc:
+            self.shell_counters["agent/volume_errors"] += 1
+            log.warning("%s", exc)
+
+    def _perform_container(self, effect: LaunchContainer | RemoveContainer) -> None:
+        if self.docker is None:  # the core launches containers only with docker on
+            log.error("no Docker containerizer for %r", effect)
+        elif isinstance(effect, LaunchContainer):
+            self.docker.launch(effect)
+        else:
+            self.docker.remove((effect.framework_id, effect.executor_id, effect.run_id))
 
     # ------------------------------------------------------------- observation
 
     def metrics(self) -> dict[str, float]:
-        return {**self.state.metrics(), **self.fetcher.metrics(), **self.shell_counters}
+        principal_changes = {"agent/auth_failures/principal_changed":
+                             self._router.principal_changes} if self._router else {}
+        return {**self.state.metrics(), **self.fetcher.metrics(), **self.shell_counters,
+                **self.refusals.counts, **principal_changes}
 
     def dead_loops(self) -> list[str]:
         """The agent's loops not running now (`/health` is 503 while any is)."""
-        return self._loops.dead()
+        return self._loops.down()
 
     def count(self, counter: str) -> None:
         self.shell_counters[counter] += 1
 
     async def wait_failed(self) -> None:
         """Returns when a loop died too often to restart: the process should exit."""
-        await self._loops.failed.wait()
+        await self._failed.wait()
+
+    def _give_up(self, reason: str) -> None:
+        log.critical("agent giving up: %s", reason)
+        self._failed.set()

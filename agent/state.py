@@ -33,12 +33,16 @@ from typing import Any, Callable
 
 import attrs
 
-from agent import checkpoint, launch, limits, views
+from agent import checkpoint, launch, limits, persistent, views
 from agent.checkpoint import Recover, SavedAgent
+from agent.containers_core import (
+    ContainerEvent, ContainerRuns, LaunchContainer, RemoveContainer, executor_info,
+)
 from agent.health import (
     HealthChanged, HealthCheckResult, HealthChecker, HealthRound, RunHealthCheck,
 )
 from agent.master_link import MasterLink, MasterSilent, RegisterRetry
+from agent.oversubscription import Oversubscription, as_resources
 from agent.model import (
     DETECTING, LAUNCHING, RECOVERING, REGISTERED, RUNNING, TERMINATING, UNKNOWN_EXIT,
     AgentConfig, AgentExecutor, AgentFramework, AgentTask, Checkpoint, ConnectMaster,
@@ -48,32 +52,34 @@ from agent.model import (
     UpdateLimits, UsageSampled,
 )
 from agent.records import LIVE_PHASES, Records
-from agent.runs import ExecutorRuns
 from agent.sandbox import InvalidId, check_id
 from agent.status_updates import SendMaster, StatusUpdateManager, UpdateRetry
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired, UnknownTimer
 from dyad.ids import new_uuid
 from dyad.messages import (
-    AgentInfo, AgentRegistered, DrainAgent, ExecutorExited, ExecutorInfo, ExecutorToFramework,
+    AgentInfo, AgentRegistered, CheckpointResources, DrainAgent, ExecutorExited, ExecutorInfo, ExecutorToFramework,
     FrameworkInfo, FrameworkToExecutor, KillTask, LaunchTask, MasterInfo, Message, Ping, Pong,
     Reason, RegisterAgent, RegisterExecutor, Rejected, ReregisterExecutor, RunTask,
     ShutdownFramework, Source, StatusUpdate, StatusUpdateAck, Task, TaskInfo, TaskState,
     TaskStatus, UsageReport,
 )
 from dyad.resources import Resources, ResourcesError
+from dyad.volumes import DynamicResources, total_of
 
 log = logging.getLogger(__name__)
 
 
 Event = (MasterMessage | ExecutorMessage | InvalidFrame | ExecutorStarted | ExecutorProcessExited
          | ExecutorLaunchFailed | MasterDetected | TimerFired | Shutdown | Drain
-         | UsageSampled | HealthCheckResult | Recover)
+         | UsageSampled | HealthCheckResult | Recover | ContainerEvent)
 
 Effect = (SendMaster | Send | LaunchExecutor | KillExecutor | UpdateLimits | RunHealthCheck
-          | ArmTimer | CancelTimer | ConnectMaster | DetectMaster | Checkpoint | Exit)
+          | ArmTimer | CancelTimer | ConnectMaster | DetectMaster | Checkpoint | Exit
+          | LaunchContainer | RemoveContainer
+          | persistent.CreateVolume | persistent.DestroyVolume | persistent.MountVolumes)
 
 
-class AgentState(ExecutorRuns):
+class AgentState(ContainerRuns):
     """One agent's executors, tasks and master link. See the module docstring."""
 
     def __init__(self, config: AgentConfig, new_id: Callable[[], str] = new_uuid) -> None:
@@ -85,7 +91,10 @@ class AgentState(ExecutorRuns):
         self.updates = StatusUpdateManager(config.status_update_backoff,
                                            config.status_update_backoff_max)
         self.health = HealthChecker()
-        self.used = Resources()
+        self.oversubscription = Oversubscription(config.reclaim, config.qos, config.resources)
+        self.used = Resources()  # what the agent's own resources hold; revocable tasks aside
+        # Reservations and volumes the master made here (agent.persistent).
+        self.dynamic = DynamicResources()
         self.draining = False
         self.cached_uris: list[str] = []
         self.shutting_down = False
@@ -138,6 +147,8 @@ class AgentState(ExecutorRuns):
             return self._on_drain(now)
         if isinstance(event, Recover):
             return self._on_recover(event, now)
+        if isinstance(event, ContainerEvent):
+            return self._on_container(event, now)
         if isinstance(event, Shutdown):
             return self._on_shutdown(now)
         raise TypeError(f"not an agent event: {event!r}")
@@ -161,6 +172,8 @@ class AgentState(ExecutorRuns):
             return self._on_framework_message(msg)
         if isinstance(msg, ShutdownFramework):
             return self._on_shutdown_framework(msg, now)
+        if isinstance(msg, CheckpointResources):
+            return self._on_checkpoint_resources(msg)
         if isinstance(msg, Rejected):
             self.counters["rejected_by_master"] += 1
             log.warning("master rejected our %s: %s", msg.message_type or "message", msg.reason)
@@ -242,7 +255,8 @@ class AgentState(ExecutorRuns):
                 executors.append(executor.info)
                 tasks += [self._task_view(t) for t in executor.live_tasks()]
         return RegisterAgent(agent=self._agent_info(), version=self.config.version,
-                             tasks=tasks, executors=executors, frameworks=frameworks)
+                             tasks=tasks, executors=executors, frameworks=frameworks,
+                             dynamic=self.dynamic)
 
     def _agent_info(self) -> AgentInfo:
         c = self.config
@@ -253,7 +267,8 @@ class AgentState(ExecutorRuns):
         return Task(task_id=task.task_id, framework_id=task.framework_id,
                     agent_id=self.agent_id or "", executor_id=task.executor_id,
                     name=task.info.name, state=task.state, resources=task.info.resources,
-                    status_uuid=task.status_uuid, labels=dict(task.info.labels))
+                    status_uuid=task.status_uuid, labels=dict(task.info.labels),
+                    priority=task.info.priority, revocable=task.info.revocable)
 
     def _on_registered(self, msg: AgentRegistered, now: float) -> list[Effect]:
         effects, first = self.link.answered(msg, now)
@@ -335,7 +350,8 @@ class AgentState(ExecutorRuns):
         except InvalidId as exc:
             return self._agent_update(framework_id, task.task_id, executor_id,
                                       TaskState.TASK_ERROR, Reason.TASK_INVALID, str(exc), now)
-        info = launch.executor_info_for(self.config, framework_id, task)
+        info = (executor_info(task, framework_id) if task.container and task.command
+                else launch.executor_info_for(self.config, framework_id, task))
         if self.shutting_down:
             return self._agent_update(framework_id, task.task_id, info.executor_id,
                                       TaskState.TASK_LOST, Reason.AGENT_RESTARTED,
@@ -350,6 +366,10 @@ class AgentState(ExecutorRuns):
             return self._agent_update(framework_id, task.task_id, info.executor_id,
                                       TaskState.TASK_LOST, Reason.EXECUTOR_TERMINATED,
                                       "executor is shutting down", now)
+        problem = self._container_problem(task, info, executor is None)
+        if problem:
+            return self._agent_update(framework_id, task.task_id, info.executor_id,
+                                      TaskState.TASK_ERROR, Reason.TASK_INVALID, problem, now)
         needed = self._needed(task, info, executor is None)
         if needed is None:
             return self._agent_update(
@@ -369,7 +389,8 @@ class AgentState(ExecutorRuns):
         if executor is None:
             executor = self._new_executor(framework, info, task.command is not None)
             executor.queued[task.task_id] = record
-            return self._launch_executor(executor, task, now)
+            return [*self._mounts(executor, needed), *self._launch_executor(executor, task, now)]
+        effects += self._mounts(executor, needed)
         if executor.phase == RUNNING:
             assert executor.peer is not None
             executor.launched[task.task_id] = record
@@ -379,19 +400,47 @@ class AgentState(ExecutorRuns):
         return effects + self._update_limits(executor)
 
     def _needed(self, task: TaskInfo, info: ExecutorInfo, new_executor: bool) -> Resources | None:
-        """What accepting `task` adds to `used`, or None if that does not fit."""
+        """What accepting `task` adds to `used`, or None if that does not fit. A task
+        on revocable resources adds only its new executor's: it runs in what others
+        leave idle, and the QoS controller evicts it when they need that back."""
+        own = Resources() if task.revocable else task.resources
         try:
-            needed = task.resources + info.resources if new_executor else task.resources
-            fits = self.used + needed <= self.config.resources
+            needed = own + info.resources if new_executor else own
+            fits = self.used + needed <= self.total
         except ResourcesError:  # e.g. the same port twice
             return None
         return needed if fits else None
 
+    @property
+    def total(self) -> Resources:
+        """The agent's resources with the master's dynamic reservations applied."""
+        return total_of(self.config.resources, self.dynamic)
+
     def _free(self) -> Resources:
         try:
-            return self.config.resources - self.used
+            return self.total - self.used
         except ResourcesError:
             return Resources()
+
+    def _mounts(self, executor: AgentExecutor, needed: Resources) -> list[Effect]:
+        """A process run sees its volumes through links in its sandbox; a container
+        gets them bound when it is created (`_launch_container`)."""
+        if executor.info.container is not None:
+            return []
+        return [*persistent.mounts(self.config.work_dir, self.dynamic, executor.directory,
+                                   [needed])]
+
+    def _on_checkpoint_resources(self, msg: CheckpointResources) -> list[Effect]:
+        """The master changed this agent's reservations or volumes (agent.persistent)."""
+        dynamic, effects, why = persistent.adopt(self.config.work_dir, self.config.resources,
+                                                 self.dynamic, msg.resources,
+                                                 self.used.volumes())
+        if why:
+            return self._reject_master(f"checkpoint_resources refused: {why}", msg.TYPE)
+        if dynamic != self.dynamic:
+            self.dynamic = dynamic
+            self._changed()
+        return [*effects]
 
     def _on_kill_task(self, msg: KillTask, now: float) -> list[Effect]:
         found = self.records.find(msg.framework_id, msg.task_id)
@@ -401,6 +450,8 @@ class AgentState(ExecutorRuns):
             return self._agent_update(msg.framework_id, msg.task_id, "", TaskState.TASK_LOST,
                                       Reason.TASK_UNKNOWN, "task is unknown to the agent", now)
         executor, task = found
+        if msg.reason:  # the master preempts it
+            return self._preempt(executor, task, msg.reason, msg.message, now)
         if task.task_id in executor.queued:
             killed = self._transition(executor, task, self._status_update(
                 task.framework_id, task.task_id, executor.executor_id, TaskState.TASK_KILLED,
@@ -411,6 +462,8 @@ class AgentState(ExecutorRuns):
             return killed
         if task.task_id not in executor.launched:
             return []  # terminal already; its update is on its way
+        if executor.direct:
+            return self._stop_container(executor, msg.kill_grace_period, now)
         effects: list[Effect] = [*self.health.stop(task.framework_id, task.task_id)]
         if executor.phase == RECOVERING:
             executor.pending_kills[task.task_id] = msg.kill_grace_period
@@ -419,13 +472,27 @@ class AgentState(ExecutorRuns):
             effects.append(Send(executor.peer, msg))
         return effects
 
+    def _preempt(self, executor: AgentExecutor, task: AgentTask, reason: str, message: str,
+                 now: float) -> list[Effect]:
+        """End `task` TASK_KILLED with `reason`: evicted here, or preempted by the master."""
+        if task.task_id in executor.queued:
+            return self._transition(executor, task, self._status_update(
+                task.framework_id, task.task_id, executor.executor_id, TaskState.TASK_KILLED,
+                reason, message, now), now)
+        if task.task_id not in executor.launched:
+            return []  # terminal already
+        return self._kill_launched(executor, task, TaskEnd(TaskState.TASK_KILLED, reason, message),
+                                   now)
+
     def _kill_launched(self, executor: AgentExecutor, task: AgentTask,
-                       outcome: TaskEnd) -> list[Effect]:
+                       outcome: TaskEnd, now: float) -> list[Effect]:
         """Ask the executor to kill `task` (its kill policy applies) and report the
         end as `outcome`, whatever the executor calls it."""
         task.kill_as = outcome
         self._changed()
         effects: list[Effect] = [*self.health.stop(task.framework_id, task.task_id)]
+        if executor.direct:
+            return effects + self._stop_container(executor, None, now)
         if executor.phase == RUNNING and executor.peer is not None:
             effects.append(Send(executor.peer, KillTask(
                 framework_id=task.framework_id, task_id=task.task_id,
@@ -488,7 +555,8 @@ class AgentState(ExecutorRuns):
                  else executor.launched)[task.task_id]
             executor.terminated[task.task_id] = task
             executor.pending_kills.pop(task.task_id, None)
-            self.used = self.used - task.info.resources
+            if not task.info.revocable:
+                self.used = self.used - task.info.resources
             self.counters[_state_metric(state)] += 1
             effects += self._update_limits(executor)
         return effects + [*self.updates.add(update, now)]
@@ -532,7 +600,7 @@ class AgentState(ExecutorRuns):
                 log.warning("killing task %s: %s", task.task_id, outcome.message)
                 self.counters["tasks_killed_unhealthy"] += 1
                 effects += self._kill_launched(executor, task, TaskEnd(
-                    TaskState.TASK_FAILED, Reason.TASK_UNHEALTHY, outcome.message))
+                    TaskState.TASK_FAILED, Reason.TASK_UNHEALTHY, outcome.message), now)
         return effects
 
     # ------------------------------------------------------------------- usage
@@ -549,11 +617,21 @@ class AgentState(ExecutorRuns):
             problem = limits.memory_problem(executor, sample, self.config.isolation)
             if problem and executor.phase in LIVE_PHASES:
                 effects += self._memory_limitation(executor, problem, now)
-        if self.phase == REGISTERED and self.agent_id and now >= self._next_report:
+        lent_before = self.oversubscription.last.revocable
+        estimate, victims = self.oversubscription.sampled(self.records.executors(), now)
+        for executor, task, why in victims:
+            log.warning("evicting revocable task %s: %s", task.task_id, why)
+            self.counters["tasks_evicted"] += 1
+            effects += self._preempt(executor, task, Reason.CONTAINER_PREEMPTED, why, now)
+        # Less to lend is told at once, so the master stops offering it.
+        shrank = estimate.revocable.at_least(lent_before) != estimate.revocable
+        if self.phase == REGISTERED and self.agent_id and (now >= self._next_report or shrank):
             self._next_report = now + self.config.usage_report_interval
             effects.append(SendMaster(UsageReport(
                 agent_id=self.agent_id, cached_uris=list(self.cached_uris),
-                executors=[e.usage for e in self.records.executors() if e.usage is not None])))
+                executors=[e.usage for e in self.records.executors() if e.usage is not None],
+                revocable=as_resources(estimate.revocable),
+                reservation=as_resources(estimate.reservation))))
         return effects
 
     # ------------------------------------------------------------------- drain
@@ -598,7 +676,8 @@ class AgentState(ExecutorRuns):
             agent_id=self.agent_id, hostname=c.hostname, resources=c.resources,
             attributes=dict(c.attributes), port=c.port, executor_port=c.executor_port,
             draining=self.draining, frameworks=[f.info for f in self.frameworks.values()],
-            executors=executors, updates=self.updates.all_queued(), exits=list(self._exits))
+            executors=executors, updates=self.updates.all_queued(), exits=list(self._exits),
+            dynamic=self.dynamic)
 
     def _on_recover(self, event: Recover, now: float) -> list[Effect]:
         """Take back what a killed agent left: runs whose process is still alive
@@ -608,24 +687,29 @@ class AgentState(ExecutorRuns):
             raise RuntimeError("recovery must come first")
         self.agent_id = saved.agent_id
         self.draining = saved.draining
+        self.dynamic = saved.dynamic
         self.records.restore(saved)
         self.used = self.records.charged()
         for update in saved.updates:
             self.updates.add(update, now)  # paused: queued until a master registers us
         self._exits = list(saved.exits)
         self._changed()
-        effects: list[Effect] = []
+        effects: list[Effect] = [*persistent.recreate(self.config.work_dir, self.dynamic)]
         phases = {(s.framework_id, s.info.executor_id): s.phase for s in saved.executors}
         for executor in list(self.records.executors()):
             was = phases[(executor.framework_id, executor.executor_id)]
             if executor.key not in event.alive:
                 effects += self._on_executor_gone(
                     *executor.key, UNKNOWN_EXIT, now, reason=Reason.EXECUTOR_TERMINATED,
-                    message="executor ended while the agent was down")
+                    message=("container vanished" if executor.info.container else
+                             "executor ended") + " while the agent was down")
             elif was == TERMINATING:
                 executor.phase = TERMINATING  # it was being stopped: finish the job
                 effects += [self._kill(executor, "TERM"), *self._arm_executor_timer(
                     executor, KillDue, now + self.config.executor_kill_delay)]
+            elif executor.direct:
+                effects += self._container_recovered(
+                    executor, event.containers.get(executor.key), now)
             else:
                 timeout = (self.config.executor_registration_timeout if was == LAUNCHING
                            else self.config.executor_reregistration_timeout)
@@ -703,7 +787,7 @@ class AgentState(ExecutorRuns):
         """Check the invariants; tests call this after every step."""
         self.records.validate()
         assert self.records.charged() == self.used, (self.records.charged(), self.used)
-        assert self.used <= self.config.resources, (self.used, self.config.resources)
+        assert self.used <= self.total, (self.used, self.total)
         assert (self.phase == REGISTERED) == (not self.updates.paused)
         self.link.validate()
         assert not self._exits or self.phase != REGISTERED

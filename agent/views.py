@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 from agent.model import (
     REGISTERED, TERMINATED, AgentExecutor, AgentFramework, AgentTask, resources_dict,
 )
@@ -26,6 +28,7 @@ def snapshot(state: AgentState) -> dict[str, Any]:
         "isolation": c.isolation, "drain_state": state.drain_state,
         "resources": resources_dict(c.resources),
         "used_resources": resources_dict(state.used),
+        "oversubscription": _oversubscription(state),
         "attributes": dict(c.attributes),
         "cached_uris": list(state.cached_uris),
         "frameworks": [_framework(state, f) for f in state.frameworks.values()],
@@ -46,6 +49,7 @@ def _executor(state: AgentState, executor: AgentExecutor) -> dict[str, Any]:
         "id": executor.executor_id, "name": executor.info.name,
         "framework_id": executor.framework_id, "run_id": executor.run_id,
         "directory": executor.directory, "state": executor.phase, "pid": executor.pid,
+        "container_id": executor.container_id,
         "resources": resources_dict(executor.info.resources), "exit_status": executor.status,
         "limits": {"cpus": executor.limits.cpus, "mem_bytes": executor.limits.mem_bytes},
         "statistics": _statistics(executor),
@@ -62,7 +66,18 @@ def _task(state: AgentState, task: AgentTask) -> dict[str, Any]:
         "executor_id": task.executor_id, "agent_id": state.agent_id, "state": task.state.name,
         "resources": resources_dict(task.info.resources), "labels": dict(task.info.labels),
         "healthy": state.health.health(task.framework_id, task.task_id),
+        "priority": task.info.priority, "revocable": task.info.revocable,
     }
+
+
+def _oversubscription(state: AgentState) -> dict[str, Any]:
+    """What the agent lends (docs/oversubscription.md), in cpus and MB."""
+    last = state.oversubscription.last
+    return {"enabled": state.config.reclaim.enabled,
+            "revocable": attrs.asdict(last.revocable),
+            "reservation": attrs.asdict(last.reservation),
+            "allocation": attrs.asdict(last.allocation),
+            "evicted": state.oversubscription.evicted}
 
 
 def _statistics(executor: AgentExecutor) -> dict[str, Any] | None:

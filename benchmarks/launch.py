@@ -1,6 +1,7 @@
 """Launch throughput through a real master and real agents.
 
-    python -m benchmarks.launch [--agents 3] [--tasks 300] [--slots 8]
+    python -m benchmarks.launch [--agents 3] [--tasks 300] [--slots 8] [--usage-store off]
+    python -m benchmarks.launch --containerizer docker [--agents 1] [--tasks 60]
 
 Starts `dyad local`-style processes, runs a framework that launches `--tasks`
 command tasks (`true`) as fast as offers allow, and prints:
@@ -13,6 +14,10 @@ command tasks (`true`) as fast as offers allow, and prints:
   interpreter plus the executor's imports plus `sh -c true`), run with the same
   parallelism, without Dyad. Every Dyad task costs at least that, so the ratio says
   how much of the time is Dyad's own overhead.
+
+With ``--containerizer docker`` the tasks run from an image on a private Docker
+Engine instead, against bare engine create+start of the same image
+(`benchmarks.launch_docker`).
 """
 
 from __future__ import annotations
@@ -29,8 +34,8 @@ from typing import Any
 
 from dyad.local import LocalCluster
 from dyad.resources import Resources
-from frameworks import (CommandInfo, Filters, FrameworkInfo, Scheduler, SchedulerDriver,
-                        TaskInfo, TaskState)
+from frameworks import (CommandInfo, ContainerInfo, Filters, FrameworkInfo, Scheduler,
+                        SchedulerDriver, TaskInfo, TaskState)
 
 TASK = Resources.parse("cpus:0.25;mem:16")
 
@@ -38,8 +43,9 @@ TASK = Resources.parse("cpus:0.25;mem:16")
 class Flood(Scheduler):
     """Launches as many tasks per offer as fit until `total` are launched."""
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, container: ContainerInfo | None = None) -> None:
         self.total = total
+        self.container = container
         self.launched = 0
         self.accepted_at: dict[str, float] = {}
         self.running_at: dict[str, float] = {}
@@ -56,7 +62,8 @@ class Flood(Scheduler):
                 self.launched += 1
                 free = free - TASK
                 tasks.append(TaskInfo(task_id=task_id, name="bench", agent_id=offer.agent_id,
-                                      resources=TASK, command=CommandInfo(shell="true")))
+                                      resources=TASK, command=CommandInfo(shell="true"),
+                                      container=self.container))
             now = time.monotonic()
             for task in tasks:
                 self.accepted_at[task.task_id] = now
@@ -77,9 +84,11 @@ class Flood(Scheduler):
             self.done.set()
 
 
-async def run_dyad(cluster: LocalCluster, total: int) -> Flood:
-    flood = Flood(total)
-    driver = SchedulerDriver(flood, FrameworkInfo(name="bench"), master=cluster.master_address)
+async def run_dyad(cluster: LocalCluster, total: int,
+                   container: ContainerInfo | None = None, credentials: Any = None) -> Flood:
+    flood = Flood(total, container)
+    driver = SchedulerDriver(flood, FrameworkInfo(name="bench"), master=cluster.master_address,
+                             credentials=credentials)
     running = asyncio.ensure_future(driver.run_async())
     try:
         await asyncio.wait_for(flood.done.wait(), timeout=600)
@@ -120,11 +129,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=300)
     parser.add_argument("--slots", type=int, default=4,
                         help="tasks that fit on one agent at once")
+    parser.add_argument("--usage-store", choices=["on", "off"], default="on",
+                        help="the master's usage store (compare launches/s on and off)")
+    parser.add_argument("--containerizer", choices=["process", "docker"], default="process")
     args = parser.parse_args(argv)
+    if args.containerizer == "docker":
+        from benchmarks import launch_docker  # needs root and dockerd
+        return launch_docker.run(args.agents, args.tasks, args.slots)
     resources = f"cpus:{args.slots * TASK.get('cpus')};mem:4096;disk:1000"
     with tempfile.TemporaryDirectory(prefix="dyad-bench-") as work:
         cluster = LocalCluster(work_dir=Path(work), agents=args.agents, resources=resources,
-                               master_args=["--allocation-interval", "0.05s"])
+                               master_args=["--allocation-interval", "0.05s",
+                                            "--usage-store", args.usage_store])
         with cluster:
             flood = asyncio.run(run_dyad(cluster, args.tasks))
             assert cluster.master is not None
@@ -137,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     parallel = args.agents * args.slots
     reference = bare_reference(args.tasks, parallel)
     dyad_rate, bare_rate = args.tasks / span, args.tasks / reference
-    print(f"agents={args.agents} tasks={args.tasks} parallel slots={parallel}")
+    print(f"agents={args.agents} tasks={args.tasks} parallel slots={parallel} "
+          f"usage store {args.usage_store}")
     print(f"dyad:      {dyad_rate:7.1f} tasks/s launched and finished ({span:.2f} s)")
     print(f"reference: {bare_rate:7.1f} bare executor-like process starts/s "
           f"({reference:.2f} s, same parallelism, no Dyad)")

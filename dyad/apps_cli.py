@@ -7,6 +7,7 @@
     dyad apps restart /web
     dyad apps remove /web
     dyad apps deployments
+    dyad apps recommend /web [--json]   # the autopilot's limits vs the app's
 
 It talks to `dyad-service`'s REST API at ``--service`` (default ``$DYAD_SERVICE``,
 else ``127.0.0.1:8080``). ``--force`` overrides a deployment that locks the app. A
@@ -26,6 +27,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from dyad.auth import ClientCredentials
 
 DEFAULT_SERVICE = "127.0.0.1:8080"
 TIMEOUT = 10.0
@@ -72,11 +75,14 @@ def add_parser(commands: Any) -> None:
     remove = actions.add_parser("remove", help="delete an app and kill its tasks")
     remove.add_argument("id")
     actions.add_parser("deployments", help="deployments in progress")
+    recommend = actions.add_parser("recommend", help="the autopilot's recommended limits")
+    recommend.add_argument("id")
+    recommend.add_argument("--json", action="store_true", help="print the API's JSON")
 
 
 def base_url(address: str) -> str:
-    address = address.strip().rstrip("/")
-    return address if address.startswith(("http://", "https://")) else f"http://{address}"
+    """http://, or https:// when $DYAD_CA names the cluster CA."""
+    return ClientCredentials.from_env().base_url(address)
 
 
 def request(service: str, method: str, path: str, body: Any = None,
@@ -88,7 +94,7 @@ def request(service: str, method: str, path: str, body: Any = None,
                                  headers={"Content-Type": "application/json",
                                           "Accept": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=TIMEOUT) as response:
+        with ClientCredentials.from_env().urlopen(req, timeout=TIMEOUT) as response:
             raw = response.read()
     except urllib.error.HTTPError as exc:
         answer = _decode(exc.read())
@@ -112,6 +118,11 @@ def _decode(raw: bytes) -> Any:
         return json.loads(raw)
     except ValueError:
         return {"message": raw.decode(errors="replace").strip()}
+
+
+DYAD = {"dyad": "true"}
+"""Asks for Dyad's extra fields (waitingReason, deployment progress...) beside
+Marathon's (frameworks/service/marathon_shape.py)."""
 
 
 def app_path(app_id: str) -> str:
@@ -171,6 +182,25 @@ def format_deployments(deployments: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def format_recommendation(answer: dict[str, Any]) -> str:
+    current, rec = answer["current"], answer["recommendation"]
+    mode = answer["autopilot"]["mode"]
+    if rec is None:
+        return (f"{answer['appId']}: autopilot {mode}; give the app "
+                '"autopilot": {"mode": "recommend"} (or "auto") to get recommendations\n')
+    lines = [f"{answer['appId']}  autopilot {mode}, {rec['samples']} samples, "
+             f"{rec['ooms']} OOM kill(s)",
+             f"  {'':12}{'current':>10}{'recommended':>14}",
+             f"  {'cpus':12}{current['cpus']:>10g}{rec['cpus']:>14g}",
+             f"  {'mem (MiB)':12}{current['mem']:>10g}{rec['mem']:>14g}"]
+    if rec["ready"]:
+        lines.append(f"  variants    {rec['cpuVariant']}, {rec['memVariant']}; would free "
+                     f"cpus {rec['slackRemoved']['cpus']:g}, mem "
+                     f"{rec['slackRemoved']['mem']:g} MiB")
+    lines += [f"  - {reason}" for reason in rec["reasons"]]
+    return "\n".join(lines) + "\n"
+
+
 def _deployment_line(answer: Any, what: str) -> str:
     return f"{what}: deployment {answer.get('deploymentId')} (version {answer.get('version')})\n"
 
@@ -191,9 +221,9 @@ def execute(args: argparse.Namespace) -> str:
     service = args.service
     force = {"force": "true"} if args.force else None
     if args.action == "list":
-        return format_apps(request(service, "GET", "/v2/apps")["apps"])
+        return format_apps(request(service, "GET", "/v2/apps", query=DYAD)["apps"])
     if args.action == "show":
-        app = request(service, "GET", app_path(args.id))["app"]
+        app = request(service, "GET", app_path(args.id), query=DYAD)["app"]
         return json.dumps(app, indent=2) + "\n" if args.json else format_app(app)
     if args.action == "add":
         app = request(service, "POST", "/v2/apps", _read_definition(args.file), force)
@@ -210,7 +240,10 @@ def execute(args: argparse.Namespace) -> str:
         answer = request(service, "DELETE", app_path(args.id), None, force)
         return _deployment_line(answer, f"removing {args.id}")
     if args.action == "deployments":
-        return format_deployments(request(service, "GET", "/v2/deployments"))
+        return format_deployments(request(service, "GET", "/v2/deployments", query=DYAD))
+    if args.action == "recommend":
+        answer = request(service, "GET", app_path(args.id) + "/recommendation")
+        return json.dumps(answer, indent=2) + "\n" if args.json else format_recommendation(answer)
     raise ValueError(f"unknown action {args.action}")
 
 

@@ -2,7 +2,7 @@
 
 Every Dyad process that accepts connections learns *principals* (short names such
 as ``agent`` or ``ops``) from one credentials file; authorization (who may do
-what) is a separate question asked later with the principal (`master.authz`).
+what) is a separate question asked later with the principal (`dyad.authz`).
 
 - ZeroMQ: CURVE. Keys are pyzmq certificate files (`create_keys`, `load_keys`).
   A server socket (`curve_server`) hands each handshake to the `ZapAuthenticator`
@@ -39,6 +39,7 @@ import os
 import re
 import secrets
 import ssl
+import urllib.request
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
@@ -360,10 +361,15 @@ class HandshakeWatch:
     refused our key (ZAP said 400), or the handshake broke, which for a CURVE
     client almost always means the server is not the one whose key we trust."""
 
-    def __init__(self, sock: zmq.asyncio.Socket, refused: Callable[[str, str], None]) -> None:
-        self._monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                                                | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-                                                | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+    CLIENT_EVENTS = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+    # On a server, ZAP refusals are told by the ZAP handler; these are the rest
+    # (a client without CURVE, or one that does not know the server's key).
+    SERVER_EVENTS = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+
+    def __init__(self, sock: zmq.asyncio.Socket, refused: Callable[[str, str], None],
+                 events: int = CLIENT_EVENTS) -> None:
+        self._monitor = sock.get_monitor_socket(events)
         self._sock = sock
         self._refused = refused
         self._task = asyncio.ensure_future(self._watch())
@@ -382,7 +388,8 @@ class HandshakeWatch:
     async def stop(self) -> None:
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
-        self._sock.disable_monitor()
+        if not self._sock.closed:
+            self._sock.disable_monitor()
         self._monitor.close(linger=0)
 
 
@@ -520,7 +527,10 @@ class HttpAuthenticator:
             if self._refused is not None:
                 self._refused(f"http_{exc.kind}", request.remote or "?", exc.reason)
             status = 403 if exc.kind == "cross_origin" else 401
-            headers = {"WWW-Authenticate": 'Bearer realm="dyad"'} if status == 401 else {}
+            # Basic too, so a browser opening the web UI asks for a login (a
+            # principal and its password or token).
+            headers = ({"WWW-Authenticate": 'Bearer realm="dyad", Basic realm="dyad"'}
+                       if status == 401 else {})
             return web.json_response({"error": exc.reason, "path": request.path},
                                      status=status, headers=headers)
         return await handler(request)
@@ -565,6 +575,34 @@ class ClientCredentials:
             raise CredentialsError(f"CURVE needs both ${DYAD_CURVE_KEY} and ${DYAD_MASTER_KEY}")
         return cls(keys, masters, Path(env[DYAD_CA]) if env.get(DYAD_CA) else None,
                    client_token(env))
+
+    @property
+    def curve(self) -> bool:
+        return self.keys is not None
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """TLS trusting only the cluster CA, or None when no CA is given."""
+        return client_ssl_context(self.ca) if self.ca is not None else None
+
+    def headers(self) -> dict[str, str]:
+        return bearer_header(self.token) if self.token else {}
+
+    def base_url(self, address: str) -> str:
+        """'host:port' -> https://host:port with a CA (the servers speak TLS),
+        else http://; an address with a scheme is kept as it is."""
+        address = address.strip().rstrip("/")
+        if address.startswith(("http://", "https://")):
+            return address
+        return f"{'https' if self.ca is not None else 'http'}://{address}"
+
+    def urlopen(self, request: urllib.request.Request | str, timeout: float) -> Any:
+        """`urllib.request.urlopen` with our token and, with a CA, TLS trusting
+        only it (for the CLI and other blocking clients)."""
+        if isinstance(request, str):
+            request = urllib.request.Request(request)
+        for name, value in self.headers().items():
+            request.add_header(name, value)
+        return urllib.request.urlopen(request, timeout=timeout, context=self.ssl_context())
 
     def master_key(self, advertised: bytes | None) -> bytes:
         """The master key to connect with: the one the master advertises (in its

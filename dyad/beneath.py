@@ -42,18 +42,20 @@ def _open_at(name: str, flags: int, dir_fd: int) -> int:
     try:
         return os.open(name, flags, dir_fd=dir_fd)
     except OSError as exc:
-        # ELOOP: the name is a symlink (O_NOFOLLOW). ENOTDIR: it is a symlink
-        # (or a file) where a directory was needed.
-        if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and _is_link(name, dir_fd)):
+        # ELOOP: the name is a symlink (O_NOFOLLOW). ENOTDIR: it was a symlink (or
+        # a file) where a directory was needed; if it is a symlink or a directory
+        # by now, it was swapped while we opened it, which is refused the same way.
+        if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and _not_a_file(name, dir_fd)):
             raise NotBeneath(f"{name!r} is a symlink") from None
         raise
 
 
-def _is_link(name: str, dir_fd: int) -> bool:
+def _not_a_file(name: str, dir_fd: int) -> bool:
     try:
-        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+        mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
     except OSError:
-        return False
+        return True  # gone meanwhile: it was being swapped
+    return stat.S_ISLNK(mode) or stat.S_ISDIR(mode)
 
 
 @contextmanager

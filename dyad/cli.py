@@ -13,7 +13,8 @@ stopping the cluster. Logs and sandboxes stay in the work directory.
 
 `dyad apps ...` manages the service framework's apps (dyad.apps_cli); `dyad state`,
 `agents`, `frameworks`, `tasks`, `offers`, `roles`, `logs`, `kill`, `quota` and
-`weights` look at and act on a running cluster (dyad.operator_cli).
+`weights` look at and act on a running cluster (dyad.operator_cli); `dyad query`
+asks the master's usage store in SQL (dyad.query_cli).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from dyad import apps_cli, operator_cli
+from dyad import apps_cli, keys_cli, operator_cli, query_cli
 from dyad.local import DEFAULT_AGENT_RESOURCES, PROJECT_ROOT, ClusterError, LocalCluster
 from dyad.resources import Resources, ResourcesError
 
@@ -58,10 +59,16 @@ def build_parser() -> argparse.ArgumentParser:
                             "kernel's ephemeral port range)")
     local.add_argument("--master-arg", action="append", default=[], metavar="ARG",
                        help="extra argument for dyad-master (repeatable)")
+    local.add_argument("--secure", action="store_true",
+                       help="generate credentials under WORK_DIR/keys and run everything "
+                            "authenticated and encrypted (CURVE, TLS, ACLs); PROGRAM runs "
+                            "as principal 'operator' (DYAD_* variables, DYAD_KEYS_DIR)")
     local.add_argument("--run", nargs=argparse.REMAINDER, metavar="PROGRAM",
                        help="run PROGRAM [ARGS] against the cluster, then stop")
     apps_cli.add_parser(commands)
+    keys_cli.add_parser(commands)
     operator_cli.add_parsers(commands)
+    query_cli.add_parser(commands)
     commands.add_parser("sim", help="simulate a cell and a workload (dyad sim --help)")
     return parser
 
@@ -83,7 +90,7 @@ def run_local(args: argparse.Namespace) -> int:
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="dyad-local-"))
     cluster = LocalCluster(work_dir=work_dir.resolve(), agents=args.agents, port=args.port,
                            zmq_port=args.zmq_port, resources=args.resources,
-                           master_args=args.master_arg)
+                           master_args=args.master_arg, secure=args.secure)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
@@ -105,7 +112,10 @@ def run_local(args: argparse.Namespace) -> int:
             while not stop.wait(0.5):
                 pass
         else:
-            env = dict(os.environ, DYAD_MASTER=cluster.master_address)
+            env = dict(os.environ, DYAD_MASTER=cluster.master_address,
+                       **cluster.client_env("operator"))
+            if args.secure:
+                env["DYAD_KEYS_DIR"] = str(cluster.keys_dir)
             # So a framework program finds `frameworks` and `dyad` even when Dyad runs
             # from a checkout rather than an installed package.
             env["PYTHONPATH"] = os.pathsep.join(
@@ -136,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         return apps_cli.run(args)
     if args.command in operator_cli.COMMANDS:
         return operator_cli.run(args)
+    if args.command == "query":
+        return operator_cli.run(args, query_cli.execute)
+    if args.command == "keys":
+        return keys_cli.run(args)
     return 2
 
 

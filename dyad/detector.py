@@ -27,6 +27,8 @@ from dyad.messages import MasterInfo
 if TYPE_CHECKING:
     import aiohttp
 
+    from dyad.auth import ClientCredentials
+
     from dyad.zk import LeaderWatch, ZkSession
 
 # aiohttp and kazoo are imported where they are first needed: every executor
@@ -66,22 +68,39 @@ async def fetch_master_info(session: aiohttp.ClientSession, base_url: str) -> Ma
 
 
 class StandaloneDetector:
-    """Asks one master at a fixed HTTP address; retries until it answers."""
+    """Asks one master at a fixed HTTP address; retries until it answers. With
+    `client` credentials it speaks HTTPS (trusting only their CA) and sends
+    their token."""
 
-    def __init__(self, address: str, max_backoff: float = 2.0) -> None:
-        self.base_url = parse_http_address(address)
+    def __init__(self, address: str, max_backoff: float = 2.0,
+                 client: ClientCredentials | None = None) -> None:
+        self.base_url = client.base_url(address) if client is not None \
+            else parse_http_address(address)
+        parse_http_address(address)  # the same checks either way
         self.max_backoff = max_backoff
+        self._client = client
         self._session: aiohttp.ClientSession | None = None
 
     async def detect(self) -> MasterInfo:
         import aiohttp
 
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            options: dict[str, object] = {}
+            if self._client is not None:
+                from dyad.security import client_session_options
+                options = client_session_options(self._client)
+            self._session = aiohttp.ClientSession(**options)
         delay = 0.05
+        said = ""
         while True:
             try:
                 return await fetch_master_info(self._session, self.base_url)
+            except (aiohttp.ClientConnectorCertificateError, aiohttp.ClientResponseError) as exc:
+                # A refusal (401, 403) or a certificate our CA did not sign: say so,
+                # once, since no retry will change it without new credentials.
+                if str(exc) != said:
+                    said = str(exc)
+                    log.warning("master at %s refuses us: %s; retrying", self.base_url, exc)
             except (aiohttp.ClientError, asyncio.TimeoutError, CodecError, ValueError) as exc:
                 log.debug("master at %s not answering (%s); retrying", self.base_url, exc)
             await asyncio.sleep(delay)
@@ -168,9 +187,10 @@ class ZooKeeperDetector:
             self._session = None
 
 
-def make_detector(address: str) -> Detector:
+def make_detector(address: str, client: ClientCredentials | None = None) -> Detector:
     """A detector for a master address as users write it: `host:5050` or
-    `zk://host:2181[,host:2181...]/root`. Raises ValueError for a bad address."""
+    `zk://host:2181[,host:2181...]/root`. Raises ValueError for a bad address.
+    `client`: the credentials for a master's HTTPS API."""
     if address.startswith("zk://"):
         return ZooKeeperDetector(address)
-    return StandaloneDetector(address)
+    return StandaloneDetector(address, client=client)

@@ -9,7 +9,7 @@
 `generate` writes (secrets mode 0600 in 0700 directories)::
 
     DIR/credentials.json        principal -> CURVE public keys, token and password hashes
-    DIR/acls.json               starting ACLs (master.authz): deny unless allowed
+    DIR/acls.json               starting ACLs (dyad.authz): deny unless allowed
     DIR/curve/P.key             CURVE public key of principal P (share freely)
     DIR/curve/P.key_secret      CURVE secret key of P (give only to P's processes)
     DIR/tokens/P.token          HTTP bearer token of P

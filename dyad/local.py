@@ -28,8 +28,8 @@ import attrs
 
 from dyad.resources import Resources
 
-_MASTER_LINE = re.compile(r"dyad-master listening on (http://\S+) zmq=(tcp://\S+)")
-_AGENT_LINE = re.compile(r"dyad-agent listening on (http://\S+) executors=(tcp://\S+)")
+_MASTER_LINE = re.compile(r"dyad-master listening on (https?://\S+) zmq=(tcp://\S+)")
+_AGENT_LINE = re.compile(r"dyad-agent listening on (https?://\S+) executors=(tcp://\S+)")
 DEFAULT_AGENT_RESOURCES = "cpus:2;mem:2048;disk:10000"
 PORTS_PER_AGENT = 1000
 LOWEST_TASK_PORT = 10000
@@ -75,8 +75,14 @@ def _wait_for_line(child: Child, pattern: re.Pattern[str], deadline: float) -> r
     raise ClusterError(f"{child.name} did not start in time; see {child.log_path}")
 
 
-def http_get_json(url: str, timeout: float = 5.0) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
+def http_get_json(url: str, timeout: float = 5.0, env: dict[str, str] | None = None) -> Any:
+    """GET JSON; `env` holds client credentials (`LocalCluster.client_env`)."""
+    if env:
+        from dyad.auth import ClientCredentials
+        opened = ClientCredentials.from_env(env).urlopen(url, timeout)
+    else:
+        opened = urllib.request.urlopen(url, timeout=timeout)
+    with opened as resp:
         return json.loads(resp.read())
 
 
@@ -151,6 +157,52 @@ class LocalCluster:
     zk: str = ""
     masters: int = 1
     master_children: list[Child] = attrs.field(factory=list)
+    # `secure`: generate credentials under WORK_DIR/keys (`dyad keys generate`,
+    # with `principals` besides the default ones) and run everything with them.
+    secure: bool = False
+    principals: tuple[str, ...] = ()
+
+    @property
+    def keys_dir(self) -> Path:
+        return self.work_dir / "keys"
+
+    def client_env(self, principal: str = "operator", curve: bool = True) -> dict[str, str]:
+        """What a client process of `principal` needs in its environment (its
+        CURVE key, the master's public key, the CA, its token); {} when not secure."""
+        if not self.secure:
+            return {}
+        keys = self.keys_dir
+        env = {"DYAD_CA": str(keys / "tls" / "ca.pem"),
+               "DYAD_TOKEN_FILE": str(keys / "tokens" / f"{principal}.token")}
+        if curve:
+            env["DYAD_CURVE_KEY"] = str(keys / "curve" / f"{principal}.key_secret")
+            env["DYAD_MASTER_KEY"] = str(keys / "curve" / "master.key")
+        return env
+
+    def _server_args(self, principal: str) -> list[str]:
+        if not self.secure:
+            return []
+        keys = self.keys_dir
+        curve = ["--curve-key", str(keys / "curve" / "master.key_secret")] \
+            if principal == "master" else []
+        return ["--credentials", str(keys / "credentials.json"),
+                "--acls", str(keys / "acls.json"), *curve,
+                "--tls-cert", str(keys / "tls" / "server.pem"),
+                "--tls-key", str(keys / "tls" / "server-key.pem")]
+
+    def _generate_keys(self) -> None:
+        from dyad import keys_cli
+
+        if (self.keys_dir / "credentials.json").exists():
+            return
+        hosts = ["localhost", "127.0.0.1",
+                 *(agent_address(i) for i in range(min(self.agents + 4, MAX_LOCAL_AGENTS)))]
+        keys_cli.generate(self.keys_dir, [*keys_cli.DEFAULT_PRINCIPALS, *self.principals],
+                          hosts)
+
+    def get(self, url: str, principal: str = "operator", timeout: float = 5.0) -> Any:
+        """GET JSON from one of the cluster's servers, as `principal` when secure."""
+        return http_get_json(url, timeout, self.client_env(principal, curve=False))
 
     @property
     def master_address(self) -> str:
@@ -158,7 +210,7 @@ class LocalCluster:
         or the ZooKeeper URL when masters contend through ZooKeeper."""
         if self.master is None:
             raise ClusterError("cluster not started")
-        return self.zk or self.master.url.removeprefix("http://")
+        return self.zk or self.master.url.split("://", 1)[1]
 
     def leader(self) -> Child:
         """The master leading now (asks each running master's /health)."""
@@ -166,13 +218,13 @@ class LocalCluster:
             if child.process.poll() is not None:
                 continue
             try:
-                if http_get_json(f"{child.url}/health", timeout=2).get("leader"):
+                if self.get(f"{child.url}/health", timeout=2).get("leader"):
                     return child
             except (urllib.error.URLError, OSError, ValueError):
                 continue
         raise ClusterError("no master is leading")
 
-    def _spawn(self, name: str, argv: list[str]) -> Child:
+    def _spawn(self, name: str, argv: list[str], principal: str = "") -> Child:
         log_path = self.work_dir / f"{name}.log"
         if log_path.exists():  # a restart: keep the previous run's log beside it
             runs = 1
@@ -183,7 +235,8 @@ class LocalCluster:
         try:
             process = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, preexec_fn=_die_with_parent)
+                start_new_session=True, preexec_fn=_die_with_parent,
+                env={**os.environ, **self.client_env(principal)} if principal else None)
         finally:
             log.close()
         return Child(name, process, log_path)
@@ -199,7 +252,8 @@ class LocalCluster:
             sys.executable, "-m", "master.main", "--ip", "127.0.0.1",
             "--hostname", "127.0.0.1", "--port", str(ports[0]),
             "--zmq-port", str(ports[1]), "--work-dir", str(self.work_dir / name),
-            *zk_args, *self.master_args])
+            *zk_args, *self._server_args("master"), *self.master_args],
+            principal="master" if self.secure else "")
         match = _wait_for_line(child, _MASTER_LINE, time.monotonic() + timeout)
         child.url, child.zmq = match.group(1), match.group(2)
         if index < len(self.master_children):
@@ -216,7 +270,8 @@ class LocalCluster:
             "--ip", agent_address(index), "--hostname", agent_address(index), "--port", "0",
             "--executor-port", "0", "--work-dir", str(self.work_dir / f"agent{index}"),
             "--resources", agent_resources(self.resources, index),
-            "--attributes", self.attributes(index), *self.agent_args])
+            "--attributes", self.attributes(index), *self._server_args("agent"),
+            *self.agent_args], principal="agent" if self.secure else "")
         match = _wait_for_line(child, _AGENT_LINE, time.monotonic() + timeout)
         child.url, child.zmq = match.group(1), match.group(2)
         if index < len(self.agent_children):
@@ -228,6 +283,8 @@ class LocalCluster:
     def start(self, timeout: float = 30.0) -> None:
         if self.masters > 1 and not self.zk:
             raise ClusterError("several masters need ZooKeeper (zk=...)")
+        if self.secure:
+            self._generate_keys()
         try:
             for index in range(self.masters):
                 self.start_master(timeout, index)
@@ -243,7 +300,7 @@ class LocalCluster:
         if self.master is None:
             raise ClusterError("cluster not started")
         leader = self.leader() if self.zk else self.master
-        return http_get_json(f"{leader.url}/state")
+        return self.get(f"{leader.url}/state")
 
     def wait_for_agents(self, count: int, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout

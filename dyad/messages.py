@@ -10,13 +10,13 @@ else on bad input, so shells can catch exactly one exception.
 Who sends what (see DESIGN.md §3):
 - scheduler driver -> master: Subscribe, Accept, Decline, Revive, Suppress, Kill,
   Acknowledge, Reconcile, FrameworkToExecutor, Teardown, Unsubscribe,
-  SchedulerHeartbeat
+  SchedulerHeartbeat, Preempt
 - master -> scheduler driver: Subscribed, Offers, Rescind, Update,
   ExecutorToFramework, Failure, Error, Heartbeat, Rejected
 - agent -> master: RegisterAgent, StatusUpdate, ExecutorToFramework,
   ExecutorExited, Pong, UsageReport, DrainAgent
 - master -> agent: AgentRegistered, Ping, RunTask, KillTask, StatusUpdateAck,
-  FrameworkToExecutor, ShutdownFramework, Rejected
+  FrameworkToExecutor, ShutdownFramework, CheckpointResources, Rejected
 - executor -> agent: RegisterExecutor, ReregisterExecutor, StatusUpdate,
   ExecutorToFramework
 - agent -> executor: ExecutorRegistered, LaunchTask, KillTask, StatusUpdateAck,
@@ -32,9 +32,11 @@ from typing import Any, Callable, ClassVar, TypeVar
 
 import attrs
 
-from dyad import bounded_json
+from dyad import bounded_json, priority
 from dyad.codec import CodecError, from_json, to_json
+from dyad.containers import ContainerInfo
 from dyad.resources import Resources
+from dyad.volumes import DynamicResources, PersistentVolume
 
 WIRE_VERSION = 1
 MAX_FRAME_BYTES = 4 * 1024 * 1024
@@ -121,6 +123,8 @@ class Reason:
     TASK_UNHEALTHY = "REASON_TASK_UNHEALTHY"
     FETCH_FAILED = "REASON_FETCH_FAILED"  # Dyad's own: Mesos folds it into launch failed
     AGENT_DRAINING = "REASON_AGENT_DRAINING"
+    # Evicted by the agent's QoS controller (revocable) or preempted by the master.
+    CONTAINER_PREEMPTED = "REASON_CONTAINER_PREEMPTED"
 
 
 # ----------------------------------------------------------------------- data types
@@ -134,6 +138,12 @@ def _nonempty(instance: Any, attribute: attrs.Attribute, value: str) -> None:
 def _nonnegative(instance: Any, attribute: attrs.Attribute, value: float | None) -> None:
     if value is not None and value < 0:
         raise ValueError(f"{attribute.name} must not be negative")
+
+
+def _priority(instance: Any, attribute: attrs.Attribute, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{attribute.name} must be an integer")
+    priority.check_priority(value)
 
 
 @attrs.frozen(kw_only=True)
@@ -181,6 +191,11 @@ class FrameworkInfo:
     @property
     def partition_aware(self) -> bool:
         return "PARTITION_AWARE" in self.capabilities
+
+    @property
+    def revocable_resources(self) -> bool:
+        """Offers may carry revocable resources (docs/oversubscription.md)."""
+        return "REVOCABLE_RESOURCES" in self.capabilities
 
 
 @attrs.frozen(kw_only=True)
@@ -255,6 +270,7 @@ class ExecutorInfo:
     resources: Resources = attrs.field(factory=Resources)
     name: str = ""
     framework_id: str | None = None
+    container: ContainerInfo | None = None  # run the executor from an image
 
 
 @attrs.frozen(kw_only=True)
@@ -271,6 +287,12 @@ class TaskInfo:
     labels: dict[str, str] = attrs.field(factory=dict)
     kill_grace_period: float | None = attrs.field(default=None, validator=_nonnegative)
     health_check: HealthCheck | None = None
+    container: ContainerInfo | None = None  # a command task run from an image
+    # Higher is more important; bands in dyad/priority.py. Decides eviction and
+    # preemption order, never offer order.
+    priority: int = attrs.field(default=priority.DEFAULT, validator=_priority)
+    # Launched on the offer's revocable resources (docs/oversubscription.md).
+    revocable: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -306,23 +328,33 @@ class Offer:
     # URIs the agent's fetcher cache holds: prefer agents that already have a
     # task's packages (Borg's package locality).
     cached_uris: list[str] = attrs.field(factory=list)
+    # Offered apart from `resources`, only to frameworks with REVOCABLE_RESOURCES:
+    # lent from what other tasks reserve but do not use, and taken back (the
+    # task killed) when the owners need it. Never counted in DRF shares or quota.
+    revocable: Resources = attrs.field(factory=Resources)
+    # The persistent volumes whose disk (disk(role){id}) is in `resources`.
+    volumes: list[PersistentVolume] = attrs.field(factory=list)
 
 
 class OperationType:
     LAUNCH = "LAUNCH"
     RESERVE = "RESERVE"
     UNRESERVE = "UNRESERVE"
+    CREATE = "CREATE"
+    DESTROY = "DESTROY"
 
 
 @attrs.frozen(kw_only=True)
 class Operation:
-    """One step of `accept`. Only LAUNCH in the foundation; the allocator issue adds
-    RESERVE/UNRESERVE with `resources`."""
+    """One step of `accept`: LAUNCH `tasks`; RESERVE or UNRESERVE `resources`;
+    CREATE or DESTROY `volumes` (docs/protocol.md, "Offer operations")."""
 
     type: str = attrs.field(validator=attrs.validators.in_(
-        [OperationType.LAUNCH, OperationType.RESERVE, OperationType.UNRESERVE]))
+        [OperationType.LAUNCH, OperationType.RESERVE, OperationType.UNRESERVE,
+         OperationType.CREATE, OperationType.DESTROY]))
     tasks: list[TaskInfo] = attrs.field(factory=list)
     resources: Resources = attrs.field(factory=Resources)
+    volumes: list[PersistentVolume] = attrs.field(factory=list)
 
 
 @attrs.frozen(kw_only=True)
@@ -352,6 +384,8 @@ class Task:
     resources: Resources
     status_uuid: str = ""
     labels: dict[str, str] = attrs.field(factory=dict)
+    priority: int = attrs.field(default=priority.DEFAULT, validator=_priority)
+    revocable: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -481,6 +515,18 @@ class SchedulerHeartbeat(Message):
     framework_id: str
 
 
+@message("preempt")
+class Preempt(Message):
+    """A task of `priority` needing `resources` on one agent cannot be placed:
+    free room by preempting strictly lower-priority tasks. Honoured only when the
+    master runs with preemption on, and the framework has the PREEMPTION
+    capability or its role's quota guarantee is unmet (docs/oversubscription.md)."""
+
+    framework_id: str
+    resources: Resources
+    priority: int = attrs.field(validator=_priority)
+
+
 # master -> scheduler ----------------------------------------------------------------
 
 @message("subscribed")
@@ -564,6 +610,7 @@ class RegisterAgent(Message):
     tasks: list[Task] = attrs.field(factory=list)
     executors: list[ExecutorInfo] = attrs.field(factory=list)
     frameworks: list[FrameworkInfo] = attrs.field(factory=list)
+    dynamic: DynamicResources | None = None  # its checkpointed reservations and volumes
 
 
 @message("agent_registered")
@@ -571,6 +618,15 @@ class AgentRegistered(Message):
     agent_id: str
     master_info: MasterInfo
     ping_interval: float = 15.0
+
+
+@message("checkpoint_resources")
+class CheckpointResources(Message):
+    """The agent's reservations and volumes changed (or differ from the master's
+    record): keep `resources`, make the volumes it adds, remove those it drops."""
+
+    agent_id: str
+    resources: DynamicResources
 
 
 @message("ping")
@@ -594,6 +650,9 @@ class KillTask(Message):
     framework_id: str
     task_id: str
     kill_grace_period: float | None = attrs.field(default=None, validator=_nonnegative)
+    # Set when the master preempts: the task ends TASK_KILLED with this reason.
+    reason: str = ""
+    message: str = ""
 
 
 @message("status_update")
@@ -634,6 +693,10 @@ class UsageReport(Message):
     agent_id: str
     executors: list[ExecutorUsage] = attrs.field(factory=list)
     cached_uris: list[str] = attrs.field(factory=list)
+    # Oversubscription (agent/reclaim.py): what the agent can lend now, and the
+    # sum of its tasks' estimated reservations.
+    revocable: Resources = attrs.field(factory=Resources)
+    reservation: Resources = attrs.field(factory=Resources)
 
 
 @message("drain_agent")

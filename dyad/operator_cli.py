@@ -29,11 +29,12 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 # The same three outcomes as `dyad apps`: refused (1), unreachable or misused (2).
 from dyad.apps_cli import ApiError, Unreachable, UsageError
+from dyad.auth import ClientCredentials, CredentialsError
 from dyad.detector import make_detector, parse_http_address
 
 DEFAULT_MASTER = "127.0.0.1:5050"
@@ -110,8 +111,9 @@ def master_url(address: str, zk_timeout: float = TIMEOUT) -> str:
     """The HTTP base URL of the master to talk to: the leader's for zk://."""
     if not address.startswith("zk://"):
         try:
-            return parse_http_address(address)
-        except ValueError as exc:
+            parse_http_address(address)
+            return ClientCredentials.from_env().base_url(address)
+        except (ValueError, CredentialsError) as exc:
             raise UsageError(str(exc)) from None
 
     async def lookup() -> str:
@@ -120,7 +122,8 @@ def master_url(address: str, zk_timeout: float = TIMEOUT) -> str:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         try:
-            return (await asyncio.wait_for(detector.detect(), zk_timeout)).http_url
+            info = await asyncio.wait_for(detector.detect(), zk_timeout)
+            return ClientCredentials.from_env().base_url(f"{info.ip}:{info.port}")
         except asyncio.TimeoutError:
             raise Unreachable(f"no leading master found in {address} "
                               f"within {zk_timeout:g}s") from None
@@ -139,7 +142,7 @@ def call(base: str, method: str, path: str, body: Any = None,
     req = urllib.request.Request(url, data=data, method=method,
                                  headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=TIMEOUT) as response:
+        with ClientCredentials.from_env().urlopen(req, timeout=TIMEOUT) as response:
             raw = response.read()
     except urllib.error.HTTPError as exc:
         location = exc.headers.get("Location")
@@ -375,9 +378,12 @@ def execute(args: argparse.Namespace, out: Any) -> None:
         show([o for f in state["frameworks"] for o in f.get("offers", [])], format_offers(state))
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace,
+        carry_out: Callable[[argparse.Namespace, Any], None] | None = None) -> int:
+    """Run one command (`execute`, or `carry_out` for a sibling module's command)
+    and turn its failures into the exit status."""
     try:
-        execute(args, sys.stdout)
+        (carry_out or execute)(args, sys.stdout)
     except ApiError as exc:
         print(f"dyad {args.command}: {exc.message}", file=sys.stderr)
         return 1

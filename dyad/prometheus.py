@@ -44,6 +44,12 @@ class MetricInfo:
             raise ValueError(f"a metric is a {COUNTER} or a {GAUGE}, not {self.kind!r}")
 
 
+def catalogue(counters: Mapping[str, str], gauges: Mapping[str, str]) -> dict[str, MetricInfo]:
+    """A catalogue from HELP texts by key, one mapping per kind."""
+    return {**{key: MetricInfo(COUNTER, text) for key, text in counters.items()},
+            **{key: MetricInfo(GAUGE, text) for key, text in gauges.items()}}
+
+
 @attrs.frozen
 class HistogramFigures:
     """A histogram's exposition: `buckets` as (upper bound, cumulative count) in

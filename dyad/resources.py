@@ -1,6 +1,6 @@
 """Cluster resources as an immutable value with exact arithmetic.
 
-A `Resources` value is a bag of entries keyed by ``(name, role)``:
+A `Resources` value is a bag of entries keyed by ``(name, role)`` (and a volume, below):
 
 * **scalars** (``cpus``, ``mem``, ``disk``, ``gpus`` and any other name written
   with a number) are held as integers in thousandths ("milli"), so thousands of
@@ -11,12 +11,20 @@ A `Resources` value is a bag of entries keyed by ``(name, role)``:
 The role is the reservation: ``"*"`` means unreserved, ``"eng"`` or ``"eng/ml"``
 means reserved to that role (roles form a path tree).
 
+A reserved ``disk`` entry may also name a **persistent volume** (its id), written
+``disk(eng){v1}:64``: the 64 MB that volume ``v1`` occupies. A volume is a key of
+its own, so ``disk(eng){v1}`` and plain ``disk(eng)`` never mix in arithmetic, and
+every query by name or role (``get``, ``scalar_items``, ``reserved``,
+``allocatable_for``) counts it as the reserved disk it is. `flatten` drops the
+volume with the role. What a volume holds besides its size (container path,
+principal) travels apart, in `dyad.volumes.PersistentVolume`.
+
 Invariants every value keeps (they make ``==``, ``hash`` and ``str`` canonical):
 
 * no entry is zero or empty -- it disappears instead;
 * a name is either scalar or ranges, never both;
 * a range value (say port 31000) appears at most once per name, whatever the
-  role: a port cannot be free twice. So ``a + b`` raises `ResourcesError` when
+  role: a port cannot be free twice; likewise a volume id appears in one entry. So ``a + b`` raises `ResourcesError` when
   ``a`` and ``b`` share a range value, just as ``a - b`` raises when ``b`` is
   not contained in ``a``. Accounting errors surface where they happen.
 
@@ -31,7 +39,7 @@ from collections.abc import Callable, Iterable, Mapping
 from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
 from typing import NoReturn
 
-__all__ = ["SHARE_KINDS", "UNRESERVED", "Resources", "ResourcesError"]
+__all__ = ["SHARE_KINDS", "UNRESERVED", "VOLUME_KIND", "Resources", "ResourcesError"]
 
 SHARE_KINDS = ("cpus", "mem", "disk", "gpus")
 """Scalar kinds that count towards a DRF dominant share."""
@@ -39,7 +47,7 @@ SHARE_KINDS = ("cpus", "mem", "disk", "gpus")
 UNRESERVED = "*"
 """The role of resources reserved to nobody."""
 
-Key = tuple[str, str]
+Key = tuple[str, str, str]  # (name, role, volume id or "")
 Range = tuple[int, int]
 RangeList = tuple[Range, ...]
 
@@ -59,7 +67,10 @@ _NAME = r"[A-Za-z_][A-Za-z0-9_.\-]*"
 _SEGMENT = r"[A-Za-z0-9_][A-Za-z0-9_.\-]*"
 _ROLE_RE = re.compile(rf"\*|{_SEGMENT}(?:/{_SEGMENT})*")
 _NAME_RE = re.compile(_NAME)
-_ENTRY_RE = re.compile(rf"\s*({_NAME})\s*(?:\(\s*([^()]*?)\s*\))?\s*:\s*(.*?)\s*")
+_ENTRY_RE = re.compile(
+    rf"\s*({_NAME})\s*(?:\(\s*([^()]*?)\s*\))?\s*(?:\{{\s*([^{{}}]*?)\s*\}})?\s*:\s*(.*?)\s*")
+_VOLUME_RE = re.compile(_SEGMENT)
+VOLUME_KIND = "disk"  # the one kind a persistent volume can be made of
 _NUMBER_RE = re.compile(r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
 _RANGE_RE = re.compile(r"\s*(\d{1,20})\s*(?:-\s*(\d{1,20})\s*)?")
 
@@ -144,7 +155,7 @@ class Resources:
             _check_scalar_name(name)
             milli = _number_to_milli(name, amount)
             if milli:
-                scalars[(name, UNRESERVED)] = milli
+                scalars[(name, UNRESERVED, "")] = milli
         return _make(scalars, {})
 
     @classmethod
@@ -154,15 +165,18 @@ class Resources:
         return cls.scalar_milli(name, _number_to_milli(name, amount), role)
 
     @classmethod
-    def scalar_milli(cls, name: str, milli: int, role: str = UNRESERVED) -> Resources:
-        """One scalar entry of `milli` thousandths (the unit arithmetic keeps)."""
+    def scalar_milli(cls, name: str, milli: int, role: str = UNRESERVED,
+                     volume: str = "") -> Resources:
+        """One scalar entry of `milli` thousandths (the unit arithmetic keeps);
+        `volume` names the persistent volume the (reserved disk) amount makes."""
         _check_scalar_name(name)
         _check_role(role)
+        _check_volume(name, role, volume)
         if isinstance(milli, bool) or not isinstance(milli, int):
             raise ResourcesError(f"{name}: milli amount must be a whole number, got {milli!r}")
         if not 0 <= milli <= _MAX_SCALAR_MILLI:
             raise ResourcesError(f"{name}: {milli} milli is out of range")
-        return _make({(name, role): milli} if milli else {}, {})
+        return _make({(name, role, volume): milli} if milli else {}, {})
 
     @classmethod
     def from_ranges(cls, name: str, ranges: Iterable[Range],
@@ -184,7 +198,7 @@ class Resources:
                 raise ResourcesError(f"{name}: invalid range {begin}-{end}")
             pieces.append((begin, end))
         canonical = _canonical(pieces, name) if pieces else ()
-        return _make({}, {(name, role): canonical} if canonical else {})
+        return _make({}, {(name, role, ""): canonical} if canonical else {})
 
     # ---------------------------------------------------------- value protocol
 
@@ -228,6 +242,8 @@ class Resources:
                     scalars[key] = old + milli
                 else:
                     _check_kind(key[0], self._ranges)
+                    if key[2]:
+                        _check_volume_once(key, self._scalars)
                     scalars[key] = milli
         ranges = self._ranges
         if other._ranges:
@@ -310,11 +326,11 @@ class Resources:
     def get_milli(self, name: str) -> int:
         """Total of ``name`` over all roles in thousandths (1000 per range value)."""
         total = 0
-        for (n, _), milli in self._scalars.items():
+        for (n, _, _), milli in self._scalars.items():
             if n == name:
                 total += milli
         if not total:
-            for (n, _), rs in self._ranges.items():
+            for (n, _, _), rs in self._ranges.items():
                 if n == name:
                     total += 1000 * _count(rs)
         return total
@@ -325,19 +341,29 @@ class Resources:
 
     def ranges(self, name: str) -> list[Range]:
         """Merged, sorted ``(begin, end)`` pairs of ``name`` over all roles."""
-        pieces = [r for (n, _), rs in self._ranges.items() if n == name for r in rs]
+        pieces = [r for (n, _, _), rs in self._ranges.items() if n == name for r in rs]
         return list(_canonical(pieces, name)) if pieces else []
 
     def names(self) -> set[str]:
-        return {n for n, _ in self._scalars} | {n for n, _ in self._ranges}
+        return {n for n, _, _ in self._scalars} | {n for n, _, _ in self._ranges}
 
     def roles(self) -> set[str]:
-        return {r for _, r in self._scalars} | {r for _, r in self._ranges}
+        return {r for _, r, _ in self._scalars} | {r for _, r, _ in self._ranges}
+
+    def volumes(self) -> dict[str, tuple[str, int]]:
+        """Persistent volume id -> (role, milli of disk) for every volume entry."""
+        return {v: (r, milli) for (_, r, v), milli in self._scalars.items() if v}
+
+    def without_volumes(self) -> Resources:
+        """Everything but the entries of persistent volumes."""
+        if not any(v for _, _, v in self._scalars):
+            return self
+        return _make({k: m for k, m in self._scalars.items() if not k[2]}, self._ranges)
 
     def scalar_items(self) -> dict[str, int]:
         """Scalar name -> total milli over all roles."""
         totals: dict[str, int] = {}
-        for (name, _), milli in self._scalars.items():
+        for (name, _, _), milli in self._scalars.items():
             totals[name] = totals.get(name, 0) + milli
         return totals
 
@@ -362,14 +388,15 @@ class Resources:
         return self._keep(allowed.__contains__)
 
     def flatten(self, role: str = UNRESERVED) -> Resources:
-        """The same amounts with every entry moved to ``role``."""
+        """The same amounts with every entry moved to ``role`` (volumes dropped:
+        a volume's disk becomes plain disk)."""
         scalars: dict[Key, int] = {}
-        for (name, _), milli in self._scalars.items():
-            key = (name, role)
+        for (name, _, _), milli in self._scalars.items():
+            key = (name, role, "")
             scalars[key] = scalars.get(key, 0) + milli
         pieces: dict[Key, list[Range]] = {}
-        for (name, _), rs in self._ranges.items():
-            pieces.setdefault((name, role), []).extend(rs)
+        for (name, _, _), rs in self._ranges.items():
+            pieces.setdefault((name, role, ""), []).extend(rs)
         # Range values never repeat across roles, so merging cannot overlap.
         ranges = {key: _canonical(rs, key[0]) for key, rs in pieces.items()}
         return _make(scalars, ranges)
@@ -432,12 +459,14 @@ def _parse_entry(text: str) -> Resources:
     match = _ENTRY_RE.fullmatch(text)
     if match is None:
         raise ResourcesError(f"malformed resource {text.strip()!r}: expected name:value or name(role):value")
-    name, role, value = match.groups()
+    name, role, volume, value = match.groups()
     if role is None:
         role = UNRESERVED
     elif not _ROLE_RE.fullmatch(role):
         raise ResourcesError(f"invalid role {role!r} in {text.strip()!r}")
-    key = (name, role)
+    volume = volume or ""
+    _check_volume(name, role, volume)
+    key = (name, role, volume)
     if value.startswith("["):
         if name in _SCALAR_ONLY:
             raise ResourcesError(f"{name} is a scalar, got ranges {value!r}")
@@ -515,6 +544,23 @@ def _check_role(role: str) -> None:
         raise ResourcesError(f"invalid role {role!r}")
 
 
+def _check_volume(name: str, role: str, volume: str) -> None:
+    if not volume:
+        return
+    if not _VOLUME_RE.fullmatch(volume):
+        raise ResourcesError(f"invalid volume id {volume!r}")
+    if name != VOLUME_KIND or role == UNRESERVED:
+        raise ResourcesError(f"a persistent volume ({volume}) is made of reserved "
+                             f"{VOLUME_KIND}, not {name}({role})")
+
+
+def _check_volume_once(key: Key, scalars: Mapping[Key, int]) -> None:
+    for other in scalars:
+        if other[2] == key[2]:
+            raise ResourcesError(f"volume {key[2]} cannot be both {_entry_text(other, '...')} "
+                                 f"and {_entry_text(key, '...')}")
+
+
 def _check_scalar_name(name: str) -> None:
     if not _NAME_RE.fullmatch(name):
         raise ResourcesError(f"invalid resource name {name!r}")
@@ -523,7 +569,7 @@ def _check_scalar_name(name: str) -> None:
 
 
 def _check_kind(name: str, other_kind: Mapping[Key, object]) -> None:
-    for n, _ in other_kind:
+    for n, _, _ in other_kind:
         if n == name:
             raise ResourcesError(f"{name} is used both as a scalar and as ranges")
 
@@ -606,14 +652,16 @@ def _count(rs: RangeList) -> int:
 # ------------------------------------------------------------------ printing
 
 
-def _sort_key(key: Key) -> tuple[int, str, bool, str]:
-    name, role = key
-    return (_ORDER.get(name, len(_ORDER)), name, role != UNRESERVED, role)
+def _sort_key(key: Key) -> tuple[int, str, bool, str, str]:
+    name, role, volume = key
+    return (_ORDER.get(name, len(_ORDER)), name, role != UNRESERVED, role, volume)
 
 
 def _entry_text(key: Key, value: str) -> str:
-    name, role = key
-    return f"{name}:{value}" if role == UNRESERVED else f"{name}({role}):{value}"
+    name, role, volume = key
+    if role == UNRESERVED:
+        return f"{name}:{value}"
+    return f"{name}({role}){{{volume}}}:{value}" if volume else f"{name}({role}):{value}"
 
 
 def _scalar_text(milli: int) -> str:

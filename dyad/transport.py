@@ -7,12 +7,20 @@ how a shell maps a reply to the peer that asked. One Dyad message is one frame.
 `recv` returns `Inbound`: either a decoded message or the `MessageError` that the
 frame earned, so the caller decides what a bad frame costs (reply `Rejected`,
 count it) and a bad frame can never raise out of the receive loop.
+
+With `curve` keys a Router is a CURVE server (the ZAP handler of its context,
+`dyad.auth.ZapAuthenticator`, decides who gets in) and puts the principal libzmq
+stamped on each frame on `Inbound.principal`; a Dealer with `curve` keys and the
+server's public key is a CURVE client. An identity keeps the principal it first
+came with: a frame from the same identity under another principal (someone
+reusing a peer's identity to take over its route) is dropped and counted.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from typing import TYPE_CHECKING
 
 import attrs
 import zmq
@@ -20,10 +28,17 @@ import zmq.asyncio
 
 from dyad.messages import MAX_FRAME_BYTES, Message, MessageError, decode, encode
 
+if TYPE_CHECKING:
+    from dyad.auth import CurveKeys
+
+# dyad.auth (which imports aiohttp) is imported only when CURVE is asked for:
+# every executor process imports this module, and most never need it.
+
 # Frames above this are dropped by libzmq itself (the peer is disconnected); frames
 # between MAX_FRAME_BYTES and this reach `decode`, which rejects them with a reason.
 _HARD_FRAME_LIMIT = 4 * MAX_FRAME_BYTES
 LISTEN_BACKLOG = 4096
+MAX_REMEMBERED_IDENTITIES = 100_000
 log = logging.getLogger(__name__)
 
 
@@ -32,6 +47,7 @@ class Inbound:
     identity: bytes
     message: Message | None
     error: MessageError | None
+    principal: str | None = None  # who ZAP said sent it; None without CURVE
 
 
 def _configure(sock: zmq.asyncio.Socket) -> None:
@@ -70,18 +86,32 @@ async def _send_nowait(sock: zmq.asyncio.Socket, frames: list[bytes]) -> bool:
 
 
 class Router:
-    """A bound ROUTER socket: many peers, addressed by identity."""
+    """A bound ROUTER socket: many peers, addressed by identity. With `curve`
+    (this server's key pair) only clients the context's ZAP handler admits get in."""
 
-    def __init__(self, context: zmq.asyncio.Context | None = None) -> None:
+    def __init__(self, context: zmq.asyncio.Context | None = None, *,
+                 curve: CurveKeys | None = None) -> None:
         self._ctx = context or zmq.asyncio.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         _configure(self._sock)
+        self.curve = curve is not None
+        self._principals: dict[bytes, str | None] = {}
+        self.principal_changes = 0  # frames dropped: their identity came as someone else
+        if curve is not None:
+            from dyad.auth import curve_server, frame_principal
+            curve_server(self._sock, curve)
+            self._frame_principal = frame_principal
         # A restarted peer that reuses its identity takes over the old route.
         self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         # After a master failover every agent connects at once; ZMQ's default
         # listen backlog (100) drops the excess SYNs, costing them 1-7 s of TCP
         # retransmission. The kernel caps this at net.core.somaxconn.
         self._sock.setsockopt(zmq.BACKLOG, LISTEN_BACKLOG)
+
+    @property
+    def socket(self) -> zmq.asyncio.Socket:
+        """The raw socket, for a `dyad.auth.HandshakeWatch`."""
+        return self._sock
 
     def bind(self, host: str, port: int) -> int:
         """Bind to host:port (port 0 picks a free one); return the bound port."""
@@ -91,7 +121,29 @@ class Router:
         return port
 
     async def recv(self) -> Inbound:
-        return _parse_routed(await self._sock.recv_multipart())
+        if not self.curve:
+            return _parse_routed(await self._sock.recv_multipart())
+        while True:
+            frames = await self._sock.recv_multipart(copy=False)
+            principal = self._frame_principal(frames[-1])
+            inbound = _parse_routed([frame.bytes for frame in frames])
+            if self._same_principal(inbound.identity, principal):
+                return attrs.evolve(inbound, principal=principal)
+
+    def _same_principal(self, identity: bytes, principal: str | None) -> bool:
+        known = self._principals.get(identity, principal)
+        if known != principal:
+            self.principal_changes += 1
+            log.warning("dropped a frame from identity %s: it first came as %r, now as %r",
+                        identity.hex()[:64], known, principal)
+            return False
+        if identity not in self._principals:
+            if len(self._principals) >= MAX_REMEMBERED_IDENTITIES:
+                # Forget the oldest half; they are long gone or will be re-learnt.
+                for old in list(self._principals)[:MAX_REMEMBERED_IDENTITIES // 2]:
+                    del self._principals[old]
+            self._principals[identity] = principal
+        return True
 
     async def send(self, identity: bytes, message: Message) -> bool:
         return await self.send_raw(identity, encode(message))
@@ -107,16 +159,29 @@ class Router:
 
 class Dealer:
     """A DEALER connected to one endpoint at a time; `connect` again to follow a
-    new leader. The socket and identity stay, so a pending `recv` survives."""
+    new leader. The socket and identity stay, so a pending `recv` survives.
+    With `curve` (our key pair) and `server_key` it speaks CURVE and talks only
+    to a server holding the secret of `server_key`."""
 
     def __init__(self, identity: str | None = None,
-                 context: zmq.asyncio.Context | None = None) -> None:
+                 context: zmq.asyncio.Context | None = None, *,
+                 curve: CurveKeys | None = None, server_key: bytes | None = None) -> None:
         self._ctx = context or zmq.asyncio.Context.instance()
         self.identity = (identity or uuid.uuid4().hex).encode()
         self._sock = self._ctx.socket(zmq.DEALER)
         _configure(self._sock)
         self._sock.setsockopt(zmq.IDENTITY, self.identity)
         self.endpoint: str | None = None
+        if (curve is None) != (server_key is None):
+            raise ValueError("CURVE needs both our keys and the server's public key")
+        if curve is not None and server_key is not None:
+            from dyad.auth import curve_client
+            curve_client(self._sock, curve, server_key)
+
+    @property
+    def socket(self) -> zmq.asyncio.Socket:
+        """The raw socket, for a `dyad.auth.HandshakeWatch`."""
+        return self._sock
 
     def connect(self, endpoint: str) -> None:
         """(Re)connect to `endpoint`; messages queued for the old one are dropped."""

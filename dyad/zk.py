@@ -32,10 +32,10 @@ import attrs
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, KazooException
 from kazoo.recipe.watchers import ChildrenWatch
-from kazoo.retry import KazooRetry
 
 from dyad.codec import CodecError, from_json, to_json
 from dyad.messages import MasterInfo
+from dyad.zk_acl import ZkDigest, acl_for, client_options
 
 log = logging.getLogger(__name__)
 
@@ -132,13 +132,21 @@ class ZkSession:
     """One ZooKeeper session for one event loop.
 
     `on_state` is called on the loop with each kazoo state change. Requests are
-    coroutines; their failures become `ZkError` (or `VersionConflict`)."""
+    coroutines; their failures become `ZkError` (or `VersionConflict`).
+
+    With a `digest` credential the session authenticates, and every znode it
+    creates gets the ACL `dyad.zk_acl.acl_for` gives it: world-readable under
+    `leader_root` (the contenders, for leader detection), private elsewhere."""
 
     def __init__(self, hosts: str, session_timeout: float,
-                 on_state: Callable[[SessionState], None] | None = None) -> None:
+                 on_state: Callable[[SessionState], None] | None = None, *,
+                 digest: ZkDigest | None = None, leader_root: str = "") -> None:
         self.session_timeout = session_timeout
+        self._digest = digest
+        self._leader_root = leader_root
         self._client = KazooClient(hosts=hosts, timeout=session_timeout,
-                                   connection_retry=dict(_RETRY), command_retry=dict(_RETRY))
+                                   connection_retry=dict(_RETRY), command_retry=dict(_RETRY),
+                                   **client_options(digest))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_state = on_state
         self._connected = asyncio.Event()
@@ -210,19 +218,22 @@ class ZkSession:
         except KazooException as exc:
             raise ZkError(f"{type(exc).__name__}: {exc}") from None
 
+    def _acl(self, path: str) -> Any:
+        return acl_for(self._leader_root, path, self._digest) if self._digest else None
+
     async def ensure_path(self, path: str) -> None:
-        await self._await(self._client.ensure_path_async(path))
+        await self._await(self._client.ensure_path_async(path, acl=self._acl(path)))
 
     async def create(self, path: str, data: bytes, *, ephemeral: bool = False,
                      sequence: bool = False) -> str:
         """Create a znode; return its path (with the sequence number, if any)."""
         return str(await self._await(self._client.create_async(
-            path, data, ephemeral=ephemeral, sequence=sequence)))
+            path, data, acl=self._acl(path), ephemeral=ephemeral, sequence=sequence)))
 
     async def create_if_missing(self, path: str, data: bytes) -> None:
         """Create a persistent znode with `data` unless it exists already."""
         try:
-            await self._await(self._client.create_async(path, data))
+            await self._await(self._client.create_async(path, data, acl=self._acl(path)))
         except ZkError:
             if await self.exists(path) is None:
                 raise

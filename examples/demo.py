@@ -10,6 +10,9 @@
    (its tasks are killed when the framework is torn down).
 
 Exit status 0 when every step worked. Needs `DYAD_MASTER` (set by `dyad local`).
+Under `dyad local --secure` the service framework runs as principal `service`
+with the cluster's credentials (`DYAD_KEYS_DIR`), and every HTTP call carries
+this program's token over TLS (`DYAD_CA`, `DYAD_TOKEN_FILE`).
 """
 
 from __future__ import annotations
@@ -28,10 +31,12 @@ from typing import Any
 
 from frameworks.batch import Job, run_job
 
+KEYS = Path(os.environ["DYAD_KEYS_DIR"]) if os.environ.get("DYAD_KEYS_DIR") else None
+
 HERE = Path(__file__).resolve().parent
 APP = {
     "id": "/demo/web",
-    "cmd": "exec python3 -m http.server --bind 127.0.0.1 $PORT0",
+    "cmd": "exec python3 -m http.server --bind $HOST $PORT0",
     "instances": 2, "cpus": 0.1, "mem": 96, "ports": [0],
     "constraints": [["hostname", "UNIQUE"]],
     "healthChecks": [{"protocol": "HTTP", "path": "/", "portIndex": 0,
@@ -44,7 +49,12 @@ def http(method: str, url: str, body: Any = None) -> Any:
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, method=method,
                                      headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=5) as response:
+    if KEYS is not None:
+        from dyad.auth import ClientCredentials
+        opened = ClientCredentials.from_env().urlopen(request, 5)
+    else:
+        opened = urllib.request.urlopen(request, timeout=5)
+    with opened as response:
         return json.loads(response.read() or b"null")
 
 
@@ -63,13 +73,21 @@ def wait(what: str, check: Any, timeout: float = 60.0) -> Any:
 
 def start_service(master: str, work: Path) -> tuple[subprocess.Popen[str], str]:
     log = open(work / "service.log", "w")
+    env, secure = dict(os.environ), []
+    if KEYS is not None:  # the service framework is a principal of its own
+        env.update(DYAD_CURVE_KEY=str(KEYS / "curve" / "service.key_secret"),
+                   DYAD_TOKEN_FILE=str(KEYS / "tokens" / "service.token"))
+        secure = ["--credentials", str(KEYS / "credentials.json"),
+                  "--acls", str(KEYS / "acls.json"),
+                  "--tls-cert", str(KEYS / "tls" / "server.pem"),
+                  "--tls-key", str(KEYS / "tls" / "server-key.pem")]
     service = subprocess.Popen(
         [sys.executable, "-m", "frameworks.service.main", "--master", master, "--port", "0",
-         "--work-dir", str(work / "service"), "--failover-timeout", "0s"],
-        stdout=log, stderr=subprocess.STDOUT, text=True)
+         "--work-dir", str(work / "service"), "--failover-timeout", "0s", *secure],
+        stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
 
     def url() -> str | None:
-        found = re.search(r"listening on (http://\S+)", (work / "service.log").read_text())
+        found = re.search(r"listening on (https?://\S+)", (work / "service.log").read_text())
         return found.group(1) if found else None
 
     return service, wait("the service framework to listen", url, 30)
@@ -108,7 +126,7 @@ def main() -> int:
         print(f"demo: word count done in {result.elapsed:.1f}s; top words: {top}")
 
         for task in http("GET", f"{api}/v2/apps/demo/web/tasks")["tasks"]:
-            url = f"http://127.0.0.1:{task['ports'][0]}/"
+            url = f"http://{task['host']}:{task['ports'][0]}/"
             with urllib.request.urlopen(url, timeout=5) as response:
                 print(f"demo: task {task['id']} on {task['host']} answers {url}: "
                       f"HTTP {response.status}")

@@ -27,18 +27,21 @@ See docs/framework-guide.md; `frameworks.testing` helps test a framework without
 cluster.
 """
 
+from dyad.containers import ContainerInfo, DockerInfo, PortMapping, Volume
 from dyad.messages import (
     URI, AgentInfo, CommandInfo, ExecutorInfo, Filters, FrameworkInfo, MasterInfo, Offer,
     Operation, OperationType, Reason, Source, TaskInfo, TaskState, TaskStatus)
 from dyad.resources import Resources
+from dyad.volumes import PersistentVolume
 from frameworks.driver_core import DriverStatus
 from frameworks.executor import Executor, ExecutorDriver
 from frameworks.executor_core import ExecutorEnvironmentError
 from frameworks.scheduler import Scheduler, SchedulerDriver
 
 __all__ = [
-    "URI", "AgentInfo", "CommandInfo", "DriverStatus", "Executor", "ExecutorDriver",
-    "ExecutorEnvironmentError", "ExecutorInfo", "Filters", "FrameworkInfo", "MasterInfo",
-    "Offer", "Operation", "OperationType", "Reason", "Resources", "Scheduler",
-    "SchedulerDriver", "Source", "TaskInfo", "TaskState", "TaskStatus",
+    "URI", "AgentInfo", "CommandInfo", "ContainerInfo", "DockerInfo", "DriverStatus",
+    "Executor", "ExecutorDriver", "ExecutorEnvironmentError", "ExecutorInfo", "Filters",
+    "FrameworkInfo", "MasterInfo", "Offer", "Operation", "OperationType", "PersistentVolume",
+    "PortMapping", "Reason", "Resources", "Scheduler", "SchedulerDriver", "Source", "TaskInfo",
+    "TaskState", "TaskStatus", "Volume",
 ]

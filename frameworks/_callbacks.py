@@ -18,6 +18,12 @@ with effects. `DriverRuntime` is the part of the shell they share:
 - ``stop`` lets the callback that is running finish (so its implicit
   acknowledgement still goes out) and skips callbacks still queued; ``abort``
   cancels at once, even a callback that never returns.
+- The socket loops (and a subclass's own, started with `_spawn`) run under a
+  `dyad.supervision.Supervisor`: no frame can end the receive loop (a bad one is
+  answered `Rejected`; one the core fails on is counted in `internal_errors` and
+  logged at most once per interval), a loop that dies anyway is logged, counted
+  and restarted, and one that keeps dying aborts the driver through the user's
+  ``error`` callback instead of leaving it deaf.
 """
 
 from __future__ import annotations
@@ -32,8 +38,10 @@ from typing import Any, Generic, Protocol, TypeVar
 from dyad.clock import Clock, SystemClock
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired
 from dyad.messages import Message, Rejected
+from dyad.supervision import LogLimiter, Supervisor
 from dyad.timers import TimerTable
 from dyad.transport import Dealer
+from frameworks._security import SecureDealer
 from frameworks.driver_core import Callback, DriverStatus, Finish, Received, Started
 
 # How long a closing socket keeps flushing a farewell (Teardown, Unsubscribe).
@@ -66,7 +74,7 @@ class DriverRuntime(Generic[CoreT]):
     """
 
     def __init__(self, target: object, log: logging.Logger, core: CoreT,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, credentials: Any = None) -> None:
         self._target = target
         self._core = core
         self._clock: Clock = clock or SystemClock()
@@ -81,12 +89,17 @@ class DriverRuntime(Generic[CoreT]):
         self._callbacks: asyncio.Queue[Callback | Finish] = asyncio.Queue()
         self._outbox: asyncio.Queue[Message] = asyncio.Queue()
         self._timers = TimerTable(self._clock.now, self._fire)
-        self._tasks: list[asyncio.Task[None]] = []
+        self._loops = Supervisor(self._loops_failed, self._count_internal_error,
+                                 logger=self._log)
+        self._errors = LogLimiter(self._log)
         self._worker: asyncio.Task[Finish] | None = None
         self._stopping = False
         self._dealer: Dealer | None = None
+        self._credentials = credentials  # dyad.auth.ClientCredentials, or None
         self.messages_invalid = 0
         """Frames from the peer that failed to decode (each answered with Rejected)."""
+        self.internal_errors = 0
+        """Frames the core failed on, and deaths of the driver's loops (bugs, logged)."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -132,12 +145,13 @@ class DriverRuntime(Generic[CoreT]):
         """Run on the current event loop until the driver stops; return how it ended."""
         early = self._claim()
         status = DriverStatus.ABORTED
-        self._dealer = Dealer()
+        secure = SecureDealer(self._credentials, self._auth_refused)
+        self._dealer = secure.dealer
         try:
             self._worker = asyncio.create_task(self._run_callbacks())
             await self._open()
-            self._spawn(self._send_forever())
-            self._spawn(self._receive_forever())
+            self._loops.loop("driver-send", self._send_forever)
+            self._loops.loop("driver-receive", self._receive_forever)
             self._handle(Started())
             for call in early:
                 call()
@@ -148,12 +162,17 @@ class DriverRuntime(Generic[CoreT]):
         finally:
             await self._shutdown_tasks()
             await self._close()
-            self._dealer.close(_CLOSE_LINGER_MS)
+            await secure.close(_CLOSE_LINGER_MS)
             with self._lock:
                 self._status = status
                 self._loop = None
             self._done.set()
         return status
+
+    def _auth_refused(self, reason: str) -> None:
+        """A CURVE handshake failed (a wrong key on either side): tell the user."""
+        self._log.error("connection refused: %s", reason)
+        self._callbacks.put_nowait(Callback("error", (f"connection refused: {reason}",)))
 
     def _claim(self) -> list[Callable[[], None]]:
         with self._lock:
@@ -166,20 +185,32 @@ class DriverRuntime(Generic[CoreT]):
         return early
 
     def _spawn(self, coro: Any) -> None:
-        self._tasks.append(asyncio.create_task(coro))
+        """Run a subclass's task until the driver ends; if it raises, the driver aborts."""
+        self._loops.once(getattr(coro, "__name__", "driver-task"), coro)
+
+    def down(self) -> list[str]:
+        """The driver's loops that are not running (empty while it is healthy)."""
+        return self._loops.down()
+
+    def _count_internal_error(self) -> None:
+        self.internal_errors += 1
+
+    def _loops_failed(self, reason: str) -> None:
+        """A loop kept dying (or a one-shot task failed): a deaf driver helps
+        nobody, so it tells the user and aborts."""
+        self._apply([Callback("error", (f"driver loop failed: {reason}",)),
+                     Finish(DriverStatus.ABORTED)])
 
     async def _shutdown_tasks(self) -> None:
         self._timers.cancel_all()
-        pending = [*self._tasks, *([self._worker] if self._worker else [])]
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        await self._loops.stop()
+        if self._worker is not None:
+            self._worker.cancel()
+            await asyncio.gather(self._worker, return_exceptions=True)
 
     async def _flush(self, farewell: Iterable[Message]) -> None:
         """Send what is still queued, then the farewell, before the socket closes."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._loops.stop()
         assert self._dealer is not None
         while not self._outbox.empty():
             await self._dealer.send(self._outbox.get_nowait())
@@ -252,7 +283,12 @@ class DriverRuntime(Generic[CoreT]):
                 self._outbox.put_nowait(Rejected(
                     reason=inbound.error.reason, message_type=inbound.error.type_name))
             elif inbound.message is not None:
-                self._handle(Received(inbound.message))
+                try:
+                    self._handle(Received(inbound.message))
+                except Exception:  # the core's bug: this frame is lost, not the loop
+                    self.internal_errors += 1
+                    self._errors.exception(inbound.message.TYPE, "the driver failed to "
+                                           "handle a %s message", inbound.message.TYPE)
 
     # ----------------------------------------------------------- user callbacks
 

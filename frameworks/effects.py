@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 
-from dyad.messages import Filters, TaskInfo
+from dyad.messages import Filters, Operation, TaskInfo
 
 
 @attrs.frozen
@@ -26,6 +26,16 @@ class LaunchTasks:
 
     offer_id: str
     tasks: tuple[TaskInfo, ...]
+    refuse_seconds: float
+
+
+@attrs.frozen
+class AcceptOffer:
+    """Accept `offer_id` with `operations` (RESERVE, CREATE, LAUNCH, ...) in order;
+    what they leave unused is refused to us for `refuse_seconds`."""
+
+    offer_id: str
+    operations: tuple[Operation, ...]
     refuse_seconds: float
 
 
@@ -64,7 +74,7 @@ class ReconcileTasks:
     tasks: tuple[tuple[str, str], ...] = ()
 
 
-DriverEffect = (LaunchTasks | DeclineOffers | SuppressOffers | ReviveOffers | RequestKill
+DriverEffect = (LaunchTasks | AcceptOffer | DeclineOffers | SuppressOffers | ReviveOffers | RequestKill
                 | ReconcileTasks)
 
 
@@ -74,6 +84,9 @@ def perform(effect: DriverEffect, driver: Any) -> None:
     match effect:
         case LaunchTasks(offer_id, tasks, refuse_seconds):
             driver.launch_tasks([offer_id], list(tasks), Filters(refuse_seconds=refuse_seconds))
+        case AcceptOffer(offer_id, operations, refuse_seconds):
+            driver.accept_offers([offer_id], list(operations),
+                                 Filters(refuse_seconds=refuse_seconds))
         case DeclineOffers(offer_ids, refuse_seconds):
             driver.decline_offers(list(offer_ids), Filters(refuse_seconds=refuse_seconds))
         case SuppressOffers():

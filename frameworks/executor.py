@@ -34,6 +34,7 @@ from dyad.clock import Clock
 from dyad.ids import new_uuid
 from dyad.messages import AgentInfo, ExecutorInfo, FrameworkInfo, TaskInfo, TaskStatus
 from frameworks._callbacks import DriverRuntime
+from frameworks._security import client_from_env
 from frameworks.driver_core import DriverStatus
 from frameworks.executor_core import (
     AgentLost, ExecutorCore, ExecutorEnvironment, ExecutorTimings,
@@ -119,10 +120,11 @@ class ExecutorDriver(DriverRuntime[ExecutorCore]):
 
     def __init__(self, executor: Executor, *, environ: Mapping[str, str] | None = None,
                  clock: Clock | None = None, timings: ExecutorTimings | None = None) -> None:
-        self.environment = ExecutorEnvironment.from_environ(
-            os.environ if environ is None else environ)
+        environ = os.environ if environ is None else environ
+        self.environment = ExecutorEnvironment.from_environ(environ)
         super().__init__(executor, log,
-                         ExecutorCore(self.environment, timings or ExecutorTimings()), clock)
+                         ExecutorCore(self.environment, timings or ExecutorTimings()), clock,
+                         client_from_env(environ))
         self._all_acknowledged = asyncio.Event()
         self._all_acknowledged.set()
         self._agent_alive: Callable[[], bool] = lambda: True

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import getpass
 import logging
+import os
 import socket
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -32,6 +33,7 @@ from dyad.messages import (
     Filters, FrameworkInfo, MasterInfo, Message, Offer, Operation, OperationType,
     ReconcileTask, TaskInfo, TaskStatus)
 from frameworks._callbacks import DriverRuntime
+from frameworks._security import client_from_env
 from frameworks.driver_core import Callback, DriverStatus
 from frameworks.scheduler_core import (
     AcceptCall, AcknowledgeCall, DeclineCall, Detect,
@@ -123,14 +125,17 @@ class SchedulerDriver(DriverRuntime[SchedulerCore]):
 
     ``clock`` (default: wall-clock seconds) and ``timings`` (retry and heartbeat
     patience, `SchedulerTimings`) are for tests and unusual networks.
+    ``credentials`` (`dyad.auth.ClientCredentials`; default: from ``$DYAD_CURVE_KEY``,
+    ``$DYAD_MASTER_KEY``, ``$DYAD_CA``, ``$DYAD_TOKEN[_FILE]``) for a secured cluster.
     """
 
     def __init__(self, scheduler: Scheduler, framework_info: FrameworkInfo,
                  master: str, *, clock: Clock | None = None,
-                 timings: SchedulerTimings | None = None) -> None:
+                 timings: SchedulerTimings | None = None, credentials: Any = None) -> None:
         core = SchedulerCore(_with_defaults(framework_info), timings or SchedulerTimings())
-        super().__init__(scheduler, log, core, clock)
-        self._detector = make_detector(master)
+        client = credentials if credentials is not None else client_from_env(os.environ)
+        super().__init__(scheduler, log, core, clock, client)
+        self._detector = make_detector(master, client)
         self._failover = False
         self._detect_wanted = asyncio.Event()
 

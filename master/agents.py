@@ -14,18 +14,21 @@ from collections.abc import Iterable, Mapping
 import attrs
 
 from dyad.messages import (
-    AgentInfo, AgentRegistered, DrainAgent, ExecutorExited, ExecutorToFramework, Failure,
+    AgentInfo, AgentRegistered, CheckpointResources, DrainAgent, ExecutorExited, ExecutorToFramework, Failure,
     KillTask, Ping, Pong, Reason, RegisterAgent, ShutdownFramework, StatusUpdate,
     StatusUpdateAck, TaskState, Update, UsageReport,
 )
+from dyad.volumes import DynamicResources
+from master import revocable
 from master.allocator import Quota
 from master.model import (
-    Effect, FailoverTimeout, MasterAgent, PingDue, RemovalDue, ReregisterTimeout,
+    EMPTY, Effect, FailoverTimeout, MasterAgent, PingDue, RemovalDue, ReregisterTimeout,
     UnreachableAgent,
 )
 from master.reregistration import ReregistrationPlan, plan_reregistration
 from master.tasks import record_from_report, status_of
 from master.books import MasterBooks
+from master.usage_rows import RecordUsage, usage_samples
 
 
 class AgentHandlers(MasterBooks):
@@ -53,13 +56,19 @@ class AgentHandlers(MasterBooks):
             return
         came_back = self.unreachable.pop(info.id, None) is not None
         if agent is None:
-            agent = self._add_agent(peer, info)
+            agent = self._add_agent(peer, info, plan.dynamic)
         else:
             self._rebind_agent(agent, peer)
         agent.reregistered_time = self._now
         self._adopt(agent, plan, kill_lost=came_back)
         self._send(peer, AgentRegistered(agent_id=agent.id, master_info=self.info,
                                          ping_interval=self.config.agent_ping_timeout))
+        if plan.ignored_report:
+            self.counters.inc("master/agent_dynamic_reports_ignored")
+            self.events.record(self._now, "agent_dynamic_report_ignored", agent_id=agent.id,
+                               reason=plan.ignored_report)
+        if message.dynamic != agent.dynamic and (message.dynamic or agent.dynamic.version):
+            self._send(peer, CheckpointResources(agent_id=agent.id, resources=agent.dynamic))
         self._request_allocation()
 
     def _register_new_agent(self, peer: str, message: RegisterAgent) -> None:
@@ -75,15 +84,19 @@ class AgentHandlers(MasterBooks):
         self._send(peer, AgentRegistered(agent_id=known, master_info=self.info,
                                          ping_interval=self.config.agent_ping_timeout))
 
-    def _add_agent(self, peer: str, info: AgentInfo) -> MasterAgent:
-        agent = MasterAgent(info=info, peer=peer, registered_time=self._now)
-        if self.recovering.pop(agent.id, None) != info:  # else the registry has it
+    def _add_agent(self, peer: str, info: AgentInfo,
+                   dynamic: DynamicResources | None = None) -> MasterAgent:
+        agent = MasterAgent(info=info, peer=peer, registered_time=self._now,
+                            dynamic=dynamic or DynamicResources())
+        parked = self.parked_dynamic.pop(agent.id, None)
+        # else the registry has it
+        if self.recovering.pop(agent.id, None) != info or (parked or agent.dynamic) != agent.dynamic:
             self._persist()
         self._removals.forget(agent.id)
         self._drop_peer(peer)
         self.agents[agent.id] = agent
         self.agent_by_peer[peer] = agent.id
-        self.allocator.add_agent(agent.id, info.resources)
+        self.allocator.add_agent(agent.id, agent.total)
         self._arm(PingDue(agent.id), self._now)
         self.events.record(self._now, "agent_registered", agent_id=agent.id,
                            hostname=info.hostname, url=info.url)
@@ -133,8 +146,11 @@ class AgentHandlers(MasterBooks):
             framework.unreachable_tasks.pop(task.task_id, None)
             framework.tasks[task.task_id] = record
             agent.tasks.add((framework.id, task.task_id))
-            agent.used = agent.used + task.resources
-            self.allocator.update_used(agent.id, framework.id, task.resources)
+            if task.revocable:
+                agent.revocable_used = agent.revocable_used + task.resources
+            else:
+                agent.used = agent.used + task.resources
+                self.allocator.update_used(agent.id, framework.id, task.resources)
             if kill_lost and not framework.info.partition_aware:
                 self._note(record, "killed: it was reported lost while its agent was unreachable")
                 self._send(agent.peer, KillTask(framework_id=framework.id, task_id=task.task_id,
@@ -187,6 +203,8 @@ class AgentHandlers(MasterBooks):
             self._master_update(framework, task_id, state, Reason.AGENT_UNREACHABLE,
                                 f"agent {agent.id} is unreachable", agent.id, task.executor_id)
         self.allocator.remove_agent(agent.id)
+        if agent.dynamic.version:
+            self.parked_dynamic[agent.id] = agent.dynamic
         del self.agents[agent.id]
         if self.agent_by_peer.get(agent.peer) == agent.id:
             del self.agent_by_peer[agent.peer]
@@ -242,7 +260,7 @@ class AgentHandlers(MasterBooks):
             else:
                 task.state = status.state
                 task.statuses.append((status.state, status.timestamp or self._now))
-            self._task_event(task, status.source or "agent", status.reason)
+            self._task_event(task, status.source or "agent", status.reason, status.message)
         # Forwarded even for tasks no longer live: a retried terminal update must
         # reach the framework again, or the agent never gets its acknowledgement.
         self._to_framework(framework, Update(status=status))
@@ -263,6 +281,9 @@ class AgentHandlers(MasterBooks):
         if agent is None:
             return
         self.cached_uris[agent.id] = sorted(set(message.cached_uris))
+        if self.config.record_usage:  # before task.usage is replaced: deltas need it
+            self._record_samples(agent, message)
+        self._lent(agent, message)
         for usage in message.executors:
             framework = self.frameworks.get(usage.framework_id)
             for task_id in usage.task_ids:
@@ -275,6 +296,30 @@ class AgentHandlers(MasterBooks):
                         "mem_rss_mb": round(usage.mem_rss_bytes / 2 ** 20, 1),
                         "mem_limit_mb": round(usage.mem_limit_bytes / 2 ** 20, 1),
                         "cpus_throttled_time_secs": usage.cpus_throttled_time_secs}
+
+    def _record_samples(self, agent: MasterAgent, message: UsageReport) -> None:
+        rows = usage_samples(message, agent, self.frameworks, self._role_of, self._now)
+        self.counters.inc("master/usage_samples", len(rows.samples))
+        self.counters.inc("master/usage_samples_unmatched", rows.unmatched)
+        self.counters.inc("master/usage_samples_rejected", rows.rejected)
+        if rows.samples:
+            self._out.append(RecordUsage(samples=rows.samples))
+    def _lent(self, agent: MasterAgent, message: UsageReport) -> None:
+        """Take in what the agent can lend now (master/revocable.py): rescind the
+        revocable offers it no longer covers, offer more if it grew."""
+        agent.reservation = message.reservation
+        lent = (revocable.lendable(message.revocable, agent.total)
+                if self.config.oversubscription else EMPTY)
+        if lent == agent.revocable:
+            return
+        grew = not lent <= agent.revocable
+        agent.revocable = lent
+        if revocable.overcommitted(agent):
+            for offer_id in sorted(agent.offers):
+                if self.offers[offer_id].revocable:
+                    self._rescind(self.offers[offer_id], notify=True)
+        if grew:
+            self._request_allocation()
 
     def _on_drain_agent(self, peer: str, message: DrainAgent) -> None:
         """The agent is draining (its tasks are being killed): offer nothing more."""
@@ -305,14 +350,16 @@ class AgentHandlers(MasterBooks):
 
     def restore(self, agents: Iterable[AgentInfo], unreachable: Iterable[UnreachableAgent],
                 weights: Mapping[str, float], quotas: Mapping[str, Quota],
-                now: float) -> list[Effect]:
+                now: float, dynamic: Mapping[str, DynamicResources] | None = None) -> list[Effect]:
         """Call once, before any event, with what the registry held. Admitted agents
         become *recovering*: none of their resources are offered until they
         re-register (with their tasks), and those still away after
-        `agent_reregister_timeout` are marked unreachable. Raises `PolicyError`
-        if the weights or quota are invalid."""
+        `agent_reregister_timeout` are marked unreachable; their reservations and
+        volumes (`dynamic`) wait for them. Raises `PolicyError` if the weights or
+        quota are invalid."""
         self._now = now
         self._out = []
+        self.parked_dynamic.update(dynamic or {})
         self._apply_weights(weights)
         self._apply_quota(quotas)
         for entry in unreachable:

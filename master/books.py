@@ -17,10 +17,11 @@ from typing import Any
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerKey
 from dyad.ids import IdGenerator
 from dyad.messages import (
-    AgentInfo, FrameworkInfo, KillTask, MasterInfo, Message, Offer, Rejected, Rescind,
-    ShutdownFramework, Source, TaskState, TaskStatus, Update,
+    AgentInfo, CheckpointResources, FrameworkInfo, KillTask, MasterInfo, Message, Offer,
+    Rejected, Rescind, ShutdownFramework, Source, TaskState, TaskStatus, Update,
 )
 from dyad.resources import UNRESERVED
+from dyad.volumes import DynamicResources
 from master import invariants, views
 from master.allocator import (
     Allocator, HierarchicalAllocator, PolicyError, Quota, check_quotas, parse_weights,
@@ -34,6 +35,7 @@ from master.model import (
     UnreachableAgent, task_counter,
 )
 from master.removals import RemovalLimiter
+from master.usage_rows import RecordUsage, task_event
 
 
 class MasterBooks:
@@ -56,6 +58,9 @@ class MasterBooks:
         self.agent_by_peer: dict[str, str] = {}
         self.unreachable: collections.OrderedDict[str, UnreachableAgent] = collections.OrderedDict()
         self.recovering: dict[str, AgentInfo] = {}  # registry agents not yet back
+        # The dynamic reservations and volumes of agents not registered now
+        # (recovering or unreachable): taken back when they register.
+        self.parked_dynamic: dict[str, DynamicResources] = {}
         self._removals = RemovalLimiter(config.agent_removal_rate)
         self._persist_pending = False  # a PersistRegistry is in this step's effects
         self.offers: dict[str, Offer] = {}
@@ -63,6 +68,8 @@ class MasterBooks:
         # offers), and the agents that are draining (offered nothing more).
         self.cached_uris: dict[str, list[str]] = {}
         self.drained: set[str] = set()
+        # Refuse filters on revocable offers: (framework, agent) -> until.
+        self.revocable_filters: dict[tuple[str, str], float] = {}
         # Operator policy, plain data for the registry: changed only by operator
         # calls (`SetWeights`/`SetQuota`) and `restore`.
         self.weights: dict[str, float] = {}
@@ -91,6 +98,13 @@ class MasterBooks:
         if not self._persist_pending:
             self._persist_pending = True
             self._out.append(PersistRegistry())
+
+    def _set_dynamic(self, agent: MasterAgent, dynamic: DynamicResources) -> None:
+        """The agent's reservations or volumes changed: persist, and tell the agent
+        (before anything that relies on them, such as a task using a volume)."""
+        agent.dynamic = dynamic
+        self._persist()
+        self._send(agent.peer, CheckpointResources(agent_id=agent.id, resources=dynamic))
 
     def _reply_rejected(self, peer: str, reason: str, message_type: str) -> None:
         self.counters.inc("master/messages_rejected")
@@ -197,16 +211,25 @@ class MasterBooks:
         agent = self.agents[offer.agent_id]
         agent.offers.discard(offer.id)
         agent.offered = agent.offered - offer.resources
+        agent.revocable_offered = agent.revocable_offered - offer.revocable
         self._cancel(OfferTimeout(offer.id))
 
     def _return_offer(self, offer: Offer, refuse_seconds: float) -> None:
         """The offer's resources go back whole; filter them for the framework."""
         self._forget_offer(offer)
-        self.allocator.close_offer(offer.framework_id, offer.agent_id, offer.resources)
+        if offer.resources:  # a revocable-only offer is unknown to the allocator
+            self.allocator.close_offer(offer.framework_id, offer.agent_id, offer.resources)
         if refuse_seconds > 0:
             self.allocator.add_filter(offer.framework_id, offer.agent_id,
                                        self._now + refuse_seconds)
+            if offer.revocable:
+                self._filter_revocable(offer.framework_id, offer.agent_id, refuse_seconds)
         self._request_allocation()
+
+    def _filter_revocable(self, framework_id: str, agent_id: str, refuse_seconds: float) -> None:
+        key = (framework_id, agent_id)
+        self.revocable_filters[key] = max(self.revocable_filters.get(key, 0.0),
+                                          self._now + refuse_seconds)
 
     def _rescind(self, offer: Offer, notify: bool, refuse_seconds: float = 0.0) -> None:
         self._return_offer(offer, refuse_seconds)
@@ -226,6 +249,11 @@ class MasterBooks:
         self.events.record(self._now, "task_state", framework_id=framework.id,
                            task_id=task_id, state=state.name, agent_id=agent_id,
                            source="master", reason=reason, message=message)
+        if self.config.record_usage:
+            task = (framework.tasks.get(task_id) or framework.unreachable_tasks.get(task_id)
+                    or framework.completed.get(task_id))
+            self._record_event(framework, task_id, task, state, "master", reason, message,
+                               agent_id)
         self._to_framework(framework, Update(status=TaskStatus(
             task_id=task_id, state=state, reason=reason, message=message,
             source=Source.MASTER, agent_id=agent_id, executor_id=executor_id,
@@ -234,11 +262,32 @@ class MasterBooks:
     def _note(self, task: MasterTask, text: str) -> None:
         task.story.append(f"{self._now:.3f} {text}")
 
-    def _task_event(self, task: MasterTask, source: str, reason: str = "") -> None:
-        """Log `task`'s current state in the events log."""
+    def _task_event(self, task: MasterTask, source: str, reason: str = "",
+                    message: str = "") -> None:
+        """Log `task`'s current state in the events log (and the usage store)."""
         self.events.record(self._now, "task_state", framework_id=task.framework_id,
                            task_id=task.task_id, state=task.state.name,
                            agent_id=task.agent_id, source=source, reason=reason)
+        framework = self.frameworks.get(task.framework_id)
+        if self.config.record_usage and framework is not None:
+            self._record_event(framework, task.task_id, task, task.state, source, reason,
+                               message, task.agent_id)
+
+    def _record_event(self, framework: MasterFramework, task_id: str,
+                      task: MasterTask | None, state: TaskState, source: str, reason: str,
+                      message: str, agent_id: str) -> None:
+        self.counters.inc("master/usage_events")
+        self._out.append(RecordUsage(events=(task_event(
+            task_id, framework, self.agents.get(agent_id), task,
+            self._role_of(framework, agent_id), state.name, self._now, reason=reason,
+            message=message, source=source, healthy=task.healthy if task else None),)))
+
+    def _role_of(self, framework: MasterFramework, agent_id: str) -> str:
+        """The role the framework's resources on the agent are charged to (its
+        first role when it holds nothing there any more)."""
+        role = (self.allocator.allocation_role(agent_id, framework.id)
+                if agent_id in self.agents else None)
+        return role or framework.info.roles[0]
 
     def _end_task(self, framework: MasterFramework, task: MasterTask, state: TaskState,
                   timestamp: float = 0.0) -> None:
@@ -250,8 +299,11 @@ class MasterBooks:
         del framework.tasks[task.task_id]
         agent = self.agents[task.agent_id]
         agent.tasks.discard((framework.id, task.task_id))
-        agent.used = agent.used - task.resources
-        self.allocator.release(agent.id, framework.id, task.resources)
+        if task.revocable:  # lent: never in `used` or the allocator
+            agent.revocable_used = agent.revocable_used - task.resources
+        else:
+            agent.used = agent.used - task.resources
+            self.allocator.release(agent.id, framework.id, task.resources)
         self._complete(framework, task)
         self._request_allocation()
 
@@ -306,6 +358,15 @@ class MasterBooks:
 
     def unreachable_agents(self) -> list[UnreachableAgent]:
         return list(self.unreachable.values())
+
+    def dynamic_resources(self) -> dict[str, DynamicResources]:
+        """The registry's dynamic reservations and volumes, by agent: those of
+        admitted and unreachable agents that offer operations ever changed."""
+        kept = {**self.parked_dynamic,
+                **{agent_id: agent.dynamic for agent_id, agent in self.agents.items()}}
+        known = set(self.agents) | set(self.recovering) | set(self.unreachable)
+        return {agent_id: dynamic for agent_id, dynamic in sorted(kept.items())
+                if agent_id in known and dynamic.version}
 
     def validate(self) -> None:
         """Check every invariant (master/invariants.py); raise `InvariantError`

@@ -8,6 +8,7 @@ Prometheus text); `/events?since=N` the events log (master/events.py);
 `POST /tasks/kill`, `PUT /weights`, `PUT /quota`, `POST /machine/drain` and
 `POST /teardown` operator calls (each an event for the core, master/operator.py);
 `/health` a liveness probe (503 when a loop of the master is not running);
+`POST /usage/query` and `GET /usage/tables` the usage store (master/usage_api.py);
 `/redirect` (alias `/master/redirect`) a 307 to the leading master.
 
 A standby master (HA mode, not elected) answers `/health`, `/state` (which says it
@@ -31,16 +32,18 @@ from typing import Any, Protocol
 import aiohttp
 from aiohttp import web
 
-from dyad import bounded_json, prometheus
+from dyad import bounded_json, prometheus, security
+from dyad.auth import ClientCredentials, request_principal
 from dyad.codec import to_json
 from dyad.messages import MasterInfo
 from master.allocator import PolicyError, parse_quota, parse_weights
 from master.metrics import COUNTERS, GAUGES, HISTOGRAMS, Histogram
 from master.operator import (
-    CONFLICT, INTERNAL, INVALID, NOT_FOUND, DrainMachine, KillLiveTask, MalformedCall, Reply,
+    CONFLICT, FORBIDDEN, INTERNAL, INVALID, NOT_FOUND, DrainMachine, KillLiveTask, MalformedCall, Reply,
     Request, SetQuota, SetWeights, TeardownFramework,
 )
 from master.state import MasterState
+from master.usage_api import UsageService, routes as usage_routes
 
 
 class MasterView(Protocol):
@@ -70,13 +73,18 @@ class MasterView(Protocol):
     def count_internal_error(self) -> None:
         """Count a bug outside the core (a handler raised); it has been logged."""
 
-    async def call(self, request: Request) -> Reply:
-        """Hand an operator request to the leader's core, in turn with every other
-        event, and wait for its answer (`asyncio.TimeoutError` if none comes)."""
+    async def call(self, request: Request, principal: str | None = None) -> Reply:
+        """Hand an operator request (made by `principal`) to the leader's core, in
+        turn with every other event, and wait for its answer
+        (`asyncio.TimeoutError` if none comes)."""
 
     @property
     def state(self) -> MasterState:
         """The leader's core, for reading views only: changes go through `call`."""
+
+    @property
+    def usage(self) -> UsageService | None:
+        """The usage store (None: `--usage-store off`)."""
 
 
 class ApiError(Exception):
@@ -89,7 +97,8 @@ class ApiError(Exception):
         self.message = message
 
 
-_REFUSAL_STATUS = {INVALID: 400, NOT_FOUND: 404, CONFLICT: 409, INTERNAL: 500}
+_REFUSAL_STATUS = {INVALID: 400, NOT_FOUND: 404, CONFLICT: 409, FORBIDDEN: 403,
+                   INTERNAL: 500}
 log = logging.getLogger(__name__)
 
 
@@ -126,10 +135,7 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.json_response(request.app[MASTER].metrics())
 
 
-_CATALOGUE = {**{key: prometheus.MetricInfo(prometheus.COUNTER, text)
-                 for key, text in COUNTERS.items()},
-              **{key: prometheus.MetricInfo(prometheus.GAUGE, text)
-                 for key, text in GAUGES.items()}}
+_CATALOGUE = prometheus.catalogue(COUNTERS, GAUGES)
 
 
 async def _prometheus(request: web.Request) -> web.Response:
@@ -183,8 +189,10 @@ async def _operator_call(request: web.Request, parse: Any) -> Reply:
     except (_Malformed, PolicyError) as exc:
         call = MalformedCall(str(exc))
     master = request.app[MASTER]
+    principal = request_principal(request)
     try:
-        reply = await master.call(call)
+        reply = await (master.call(call) if principal is None
+                       else master.call(call, principal=principal))
     except asyncio.TimeoutError:
         raise ApiError(503, "the master did not handle the call in time (is its "
                             "leadership being confirmed?); retry") from None
@@ -229,15 +237,16 @@ async def _teardown(request: web.Request) -> web.Response:
     return web.json_response({"torn_down": True, **reply.result})
 
 
-def _leader_url(master: MasterView) -> str:
+def _leader_url(master: MasterView, secure: bool = False) -> str:
     leader = master.leader
     if leader is None:
         raise ApiError(503, "no master is elected yet; retry shortly")
-    return leader.http_url
+    # Masters of a cluster all speak TLS or none does; MasterInfo names no scheme.
+    return leader.http_url.replace("http://", "https://", 1) if secure else leader.http_url
 
 
 async def _redirect(request: web.Request) -> web.Response:
-    raise web.HTTPTemporaryRedirect(location=_leader_url(request.app[MASTER]))
+    raise web.HTTPTemporaryRedirect(location=_leader_url(request.app[MASTER], request.secure))
 
 
 async def _webui(request: web.Request) -> web.Response:
@@ -284,9 +293,14 @@ async def _machine_drain(request: web.Request) -> web.Response:
     agent kills its tasks (their kill policy applies; frameworks get TASK_KILLED
     with REASON_AGENT_DRAINING) and tells the master, which offers it nothing more."""
     reply = await _operator_call(request, _drain_request)
-    agent_id, url = reply.result["agent_id"], reply.result["url"]
+    agent_id = reply.result["agent_id"]
+    # The master calls the agent as itself: its token, and TLS trusting only the CA.
+    client = request.app.get(security.CLIENT) or ClientCredentials()
+    url = client.base_url(reply.result["url"].removeprefix("http://"))
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session, \
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10),
+                                         **security.client_session_options(client)
+                                         ) as session, \
                 session.post(f"{url}/drain") as response:
             answer = await response.json()
             ok = response.status < 300
@@ -303,7 +317,8 @@ async def _leader_only(request: web.Request, handler: Any) -> web.StreamResponse
     master = request.app[MASTER]
     if master.is_leader or request.path in _STANDBY_PATHS:
         return await handler(request)
-    raise web.HTTPTemporaryRedirect(location=_leader_url(master) + request.path_qs)
+    raise web.HTTPTemporaryRedirect(location=_leader_url(master, request.secure)
+                                    + request.path_qs)
 
 
 @web.middleware
@@ -348,4 +363,5 @@ def make_app(master: MasterView) -> web.Application:
     app.router.add_post("/machine/drain", _machine_drain)
     app.router.add_post("/teardown", _teardown)
     app.router.add_post("/master/teardown", _teardown)
+    app.add_routes(usage_routes(lambda request: request.app[MASTER].usage))
     return app

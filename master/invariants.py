@@ -60,12 +60,17 @@ def _agent_problems(state: MasterState, agent: MasterAgent) -> list[str]:
         errors.append(f"agent {agent.id} is not reachable through its peer")
     offered: dict[str, Resources] = {}
     used: dict[str, Resources] = {}
+    lent_offered = lent_used = EMPTY
     try:
         for offer_id in agent.offers:
             offer = state.offers[offer_id]
             offered[offer.framework_id] = offered.get(offer.framework_id, EMPTY) + offer.resources
+            lent_offered = lent_offered + offer.revocable
         for framework_id, task_id in agent.tasks:
             task = state.frameworks[framework_id].tasks[task_id]
+            if task.revocable:
+                lent_used = lent_used + task.resources
+                continue
             used[framework_id] = used.get(framework_id, EMPTY) + task.resources
         for (framework_id, _), executor in agent.executors.items():
             used[framework_id] = used.get(framework_id, EMPTY) + executor.resources
@@ -78,6 +83,10 @@ def _agent_problems(state: MasterState, agent: MasterAgent) -> list[str]:
         errors.append(f"agent {agent.id}: offered {agent.offered} but offers sum to {total_offered}")
     if total_used != agent.used:
         errors.append(f"agent {agent.id}: used {agent.used} but tasks and executors sum to {total_used}")
+    if (lent_offered, lent_used) != (agent.revocable_offered, agent.revocable_used):
+        errors.append(f"agent {agent.id}: revocable offered {agent.revocable_offered} and used "
+                      f"{agent.revocable_used}, but offers hold {lent_offered} and tasks "
+                      f"{lent_used}")
     if state.allocator.free(agent.id) != free:
         errors.append(f"agent {agent.id}: allocator has {state.allocator.free(agent.id)} "
                       f"free, master has {free}")

@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import logging
 import pathlib
+import re
 import signal
 import socket
 import sys
@@ -25,11 +26,13 @@ from collections.abc import Sequence
 
 import zmq
 
-from dyad import logs
+from dyad import logs, security
 from dyad.units import parse_duration
 from dyad.zk import ZkAddress, parse_zk_url
 from master.registry import RegistryError
+from master.usage import StoreConfig
 from master.server import DEFAULT_ZK_SESSION_TIMEOUT, MasterServer
+from master.allocator.preemption import PreemptionConfig
 from master.model import MasterConfig
 
 log = logging.getLogger("dyad.master")
@@ -74,6 +77,30 @@ def _rate(text: str) -> tuple[int, float] | None:
     return count, seconds
 
 
+def _max_rows(text: str) -> int | None:
+    return None if text.strip().lower() == "none" else _positive_int(text)
+
+
+def _sample_rate(text: str) -> float:
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = -1.0
+    if not 0 < rate <= 1:
+        raise argparse.ArgumentTypeError(f"a sample rate is in (0, 1], not {text!r}")
+    return rate
+
+
+_MEMORY = re.compile(r"\s*\d+(\.\d+)?\s*([KMGT]i?)?B\s*", re.IGNORECASE)
+
+
+def _memory_limit(text: str) -> str:
+    """DuckDB's own syntax ('1GB', '512MiB'); checked here so a typo fails at start."""
+    if not _MEMORY.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"invalid memory limit {text!r} (try 512MB or 2GB)")
+    return text.strip()
+
+
 def _zk_url(text: str) -> ZkAddress:
     try:
         return parse_zk_url(text)
@@ -107,6 +134,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-agent-ping-timeouts", type=_positive_int, default=5)
     parser.add_argument("--heartbeat-interval", type=_duration, default="5s",
                         help="framework heartbeat interval (both directions)")
+    parser.add_argument("--oversubscription", choices=["on", "off"], default="on",
+                        help="offer what agents lend (revocable resources) to frameworks "
+                             "with REVOCABLE_RESOURCES (docs/oversubscription.md)")
+    parser.add_argument("--preemption", action="store_true",
+                        help="preempt lower-priority tasks for unmet quota guarantees and "
+                             "for frameworks that ask (off by default)")
+    parser.add_argument("--max-preemptions-per-minute", type=_positive_int, default=60)
+    parser.add_argument("--preemption-hold", type=_duration, default="10s",
+                        help="how long agents freed by preemption are kept for the preemptor")
+    parser.add_argument("--preemption-guarantees", choices=["on", "off"], default="on",
+                        help="with --preemption: also preempt, unasked, for unmet guarantees")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="text", choices=logs.FORMATS,
@@ -124,31 +162,66 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--agent-removal-rate-limit", type=_rate, default="1/10s",
                         help="at most N agents marked unreachable per duration "
                              "(N/DURATION, or none)")
+    usage = parser.add_argument_group("usage store (docs/usage-store.md)")
+    usage.add_argument("--usage-store", choices=["on", "off"], default="on",
+                       help="keep tasks' usage samples and events, answerable with SQL")
+    usage.add_argument("--usage-retention", type=_duration, default="24h",
+                       help="how long rows are kept")
+    usage.add_argument("--usage-max-rows", type=_max_rows, default="10000000",
+                       help="rows kept per table at most (oldest go first; none: no limit)")
+    usage.add_argument("--usage-sample-rate", type=_sample_rate, default=1.0,
+                       help="fraction of usage samples kept (aggregates weigh by "
+                            "sample_weight); events are always kept")
+    usage.add_argument("--usage-query-timeout", type=_duration, default="10s",
+                       help="longest a query may run")
+    usage.add_argument("--usage-query-rows", type=_positive_int, default=10_000,
+                       help="most rows a query answers")
+    usage.add_argument("--usage-memory-limit", type=_memory_limit, default="1GB",
+                       help="memory the store's engine may use (DuckDB syntax)")
+    security.add_flags(parser)
     return parser
+
+
+def usage_config_from(args: argparse.Namespace) -> StoreConfig | None:
+    if args.usage_store == "off":
+        return None
+    return StoreConfig(retention=args.usage_retention, max_rows=args.usage_max_rows,
+                       sample_rate=args.usage_sample_rate, query_rows=args.usage_query_rows,
+                       query_timeout=args.usage_query_timeout)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return build_parser().parse_args(argv)
 
 
-def config_from(args: argparse.Namespace) -> MasterConfig:
+def config_from(args: argparse.Namespace,
+                secure: security.ServerSecurity | None = None) -> MasterConfig:
     return MasterConfig(
+        acls=(secure or security.ServerSecurity()).acls,
         offer_timeout=args.offer_timeout, allocation_interval=args.allocation_interval,
         agent_ping_timeout=args.agent_ping_timeout,
         max_agent_ping_timeouts=args.max_agent_ping_timeouts,
         heartbeat_interval=args.heartbeat_interval,
         agent_reregister_timeout=args.agent_reregister_timeout,
-        agent_removal_rate=args.agent_removal_rate_limit)
+        agent_removal_rate=args.agent_removal_rate_limit,
+        oversubscription=args.oversubscription == "on",
+        preemption=PreemptionConfig(enabled=args.preemption,
+                                    max_per_minute=args.max_preemptions_per_minute,
+                                    hold=args.preemption_hold,
+                                    guarantees=args.preemption_guarantees == "on"))
 
 
-async def _serve(args: argparse.Namespace) -> int:
+async def _serve(args: argparse.Namespace, secure: security.ServerSecurity) -> int:
     server = MasterServer(ip=args.ip, hostname=args.hostname, port=args.port,
-                          zmq_port=args.zmq_port, config=config_from(args),
+                          zmq_port=args.zmq_port, config=config_from(args, secure),
                           work_dir=args.work_dir, zk=args.zk,
-                          zk_session_timeout=args.zk_session_timeout)
+                          zk_session_timeout=args.zk_session_timeout,
+                          usage=usage_config_from(args),
+                          usage_memory_limit=args.usage_memory_limit, secure=secure)
     await server.start()
     info = server.info
-    print(f"dyad-master listening on {info.http_url} zmq={info.zmq_endpoint}", flush=True)
+    url = f"{secure.scheme}://{info.ip}:{info.port}"
+    print(f"dyad-master listening on {url} zmq={info.zmq_endpoint}", flush=True)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -170,6 +243,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logs.configure(args.log_level, args.log_format)
     try:
+        secure = security.for_server(args, args.ip)
+    except security.SecurityError as exc:
+        log.error("cannot start the master: %s", exc)
+        return 1
+    try:
         # The registry will live here; creating it now surfaces permission problems
         # at start rather than at the first failover.
         args.work_dir.mkdir(parents=True, exist_ok=True)
@@ -177,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("cannot create work dir %s: %s", args.work_dir, exc)
         return 1
     try:
-        return asyncio.run(_serve(args))
+        return asyncio.run(_serve(args, secure))
     except (OSError, zmq.ZMQError, RegistryError) as exc:  # port or work dir in use
         log.error("cannot start the master: %s", exc)
         return 1

@@ -13,13 +13,17 @@ from typing import Any
 
 import attrs
 
+from dyad.authz import Acls
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired, TimerKey
 from dyad.messages import (
     AgentInfo, ExecutorInfo, FrameworkInfo, Message, MessageError, TaskState,
 )
 from dyad.resources import Resources, is_valid_role
+from dyad.volumes import DynamicResources, total_of
+from master.allocator.preemption import PreemptionConfig
 from master.events import DEFAULT_CAPACITY as DEFAULT_EVENTS
 from master.operator import OperatorCall, Reply
+from master.usage_rows import RecordUsage
 
 EMPTY = Resources()
 VERSION = "0.1.0"
@@ -32,11 +36,11 @@ MAX_STATUSES = 32  # per task; an agent cannot grow a record without bound
 @attrs.frozen
 class PersistRegistry:
     """What the registry holds changed (admitted or unreachable agents, weights,
-    quota): the shell writes `snapshot_of(state)` soon, coalescing a burst of
+    quota, agents' dynamic reservations and volumes): the shell writes `snapshot_of(state)` soon, coalescing a burst of
     these into one write (every write is the whole registry)."""
 
 
-Effect = Send | ArmTimer | CancelTimer | PersistRegistry | Reply
+Effect = Send | ArmTimer | CancelTimer | PersistRegistry | Reply | RecordUsage
 
 
 # --------------------------------------------------------------------- config/events
@@ -66,6 +70,14 @@ class MasterConfig:
     # a partition look alike); None: no limit. dyad-master defaults to 1/10s.
     agent_removal_rate: tuple[int, float] | None = None
     max_events: int = DEFAULT_EVENTS  # entries kept in the events log (GET /events)
+    # Emit `RecordUsage` rows for the usage store (master/usage_rows.py); the shell
+    # sets it when it has a store, so without one the core builds no rows.
+    record_usage: bool = False
+    # Offer what agents lend (master/revocable.py) to frameworks that opt in.
+    oversubscription: bool = True
+    preemption: PreemptionConfig = PreemptionConfig()  # master/preempting.py; off by default
+    # Who may do what (master/authorization.py); open: security is off.
+    acls: Acls = attrs.field(factory=Acls.open)
 
 
 # ------------------------------------------------------------------------ timer keys
@@ -112,6 +124,7 @@ class RemovalDue(TimerKey):
 class Received:
     peer: str
     message: Message
+    principal: str | None = None  # ZAP's name for the sender; None: no authentication
 
 
 @attrs.frozen
@@ -153,6 +166,8 @@ class MasterTask:
     story: collections.deque[str]
     healthy: bool | None = None
     usage: dict[str, Any] | None = None  # latest UsageReport of its executor
+    priority: int = 100  # dyad/priority.py
+    revocable: bool = False  # runs on revocable resources: not in `used`, DRF or quota
 
 
 @attrs.define(eq=False)
@@ -188,10 +203,16 @@ class MasterAgent:
     executors: dict[tuple[str, str], ExecutorInfo] = attrs.field(factory=dict)
     awaiting_pong: bool = False
     missed_pongs: int = 0
-    # Dynamic reservations (RESERVE operations), kept by the master only: the
-    # agent knows its static resources (`info.resources`), and tasks on these are
-    # sent to it as unreserved (see `_for_agent`).
-    reservations: Resources = EMPTY
+    # What offer operations changed (dynamic reservations, persistent volumes);
+    # the registry and the agent's checkpoint keep it too (dyad/volumes.py).
+    dynamic: DynamicResources = attrs.field(factory=DynamicResources)
+    # Oversubscription (master/revocable.py): what the agent lends, and what of it
+    # offers and revocable tasks hold; none of it is in `offered`, `used` or the
+    # allocator. `reservation` is the agent's estimate of what its tasks reserve.
+    revocable: Resources = EMPTY
+    revocable_offered: Resources = EMPTY
+    revocable_used: Resources = EMPTY
+    reservation: Resources = EMPTY
 
     @property
     def id(self) -> str:
@@ -199,11 +220,14 @@ class MasterAgent:
         return self.info.id
 
     @property
+    def reservations(self) -> Resources:
+        """The dynamic reservations, volumes' disk included."""
+        return self.dynamic.reservations
+
+    @property
     def total(self) -> Resources:
         """What the master offers from: static resources with dynamic reservations."""
-        if not self.reservations:
-            return self.info.resources
-        return self.info.resources - self.reservations.flatten() + self.reservations
+        return total_of(self.info.resources, self.dynamic)
 
 
 @attrs.frozen

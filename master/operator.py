@@ -27,6 +27,7 @@ from master.allocator import Quota
 INVALID = "invalid"
 NOT_FOUND = "not_found"
 CONFLICT = "conflict"
+FORBIDDEN = "forbidden"  # the caller's principal may not (master/authorization.py)
 INTERNAL = "internal"
 
 
@@ -85,12 +86,13 @@ class OperatorCall:
 
     call_id: int
     request: Request
+    principal: str | None = None  # who asked (HTTP authentication); None: security off
 
 
 @attrs.frozen
 class Reply:
     """The core's answer to `OperatorCall(call_id)`: `result` when done, or
-    `refusal` (INVALID, NOT_FOUND, CONFLICT, INTERNAL) with `error` saying why."""
+    `refusal` (INVALID, NOT_FOUND, CONFLICT, FORBIDDEN, INTERNAL) with `error` saying why."""
 
     call_id: int
     result: Mapping[str, Any] = attrs.field(factory=dict)

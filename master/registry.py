@@ -4,8 +4,10 @@ Agents report their own tasks when they re-register, and frameworks re-subscribe
 by themselves, so the registry holds only what nobody else remembers: which agents
 were admitted (the new leader waits for them before it calls them gone), which were
 unreachable (so their tasks can be killed if they return after their frameworks
-were told the tasks were lost), and the operator's role weights and quota. Mesos
-keeps the same facts in its replicated-log registry. `snapshot_of(state)` and
+were told the tasks were lost), the operator's role weights and quota, and each
+agent's dynamic reservations and persistent volumes (`dynamic`; the agents
+checkpoint them too, and the newer copy wins: dyad/volumes.py). Mesos keeps
+similar facts in its replicated-log registry. `snapshot_of(state)` and
 `master.restore.restore(state, data, now)` move them between a `MasterState` and
 `RegistryData`.
 
@@ -40,6 +42,7 @@ import attrs
 
 from dyad.codec import CodecError, from_json, to_json
 from dyad.messages import AgentInfo
+from dyad.volumes import DynamicResources
 from dyad.zk import VersionConflict, ZkError, ZkSession
 from master.model import UnreachableAgent
 
@@ -74,6 +77,7 @@ class RegistryData:
     unreachable: list[UnreachableAgent] = attrs.field(factory=list)
     weights: dict[str, float] = attrs.field(factory=dict)
     quota: dict[str, QuotaEntry] = attrs.field(factory=dict)
+    dynamic: dict[str, DynamicResources] = attrs.field(factory=dict)  # by agent id
 
 
 def snapshot_of(state: MasterState) -> RegistryData:
@@ -82,7 +86,8 @@ def snapshot_of(state: MasterState) -> RegistryData:
         agents=state.admitted_agents(), unreachable=state.unreachable_agents(),
         weights=dict(state.weights),
         quota={role: QuotaEntry(guarantee=dict(q.guarantee), limit=dict(q.limit))
-               for role, q in state.quota.items()})
+               for role, q in state.quota.items()},
+        dynamic=state.dynamic_resources())
 
 
 def encode(data: RegistryData) -> bytes:

@@ -12,7 +12,9 @@ import attrs
 
 from dyad.messages import ExecutorInfo, FrameworkInfo, RegisterAgent, Task
 from dyad.resources import ResourcesError
+from dyad.volumes import DynamicResources, total_of
 from master.model import EMPTY, roles_problem
+from master.volumes import adopted
 
 if TYPE_CHECKING:
     from master.state import MasterState
@@ -26,6 +28,10 @@ class ReregistrationPlan:
     tasks: list[Task] = attrs.field(factory=list)
     executors: list[tuple[str, ExecutorInfo]] = attrs.field(factory=list)
     orphaned: set[str] = attrs.field(factory=set)  # torn-down frameworks still running
+    # Reservations and volumes to keep (master/volumes.py `adopted`), and why the
+    # agent's own report of them was ignored, if it was.
+    dynamic: DynamicResources = attrs.field(factory=DynamicResources)
+    ignored_report: str = ""
 
 
 def plan_reregistration(state: MasterState, message: RegisterAgent) -> ReregistrationPlan | str:
@@ -44,6 +50,11 @@ def plan_reregistration(state: MasterState, message: RegisterAgent) -> Reregistr
             return f"framework {framework_info.id}: {problem}"
         infos[framework_info.id] = framework_info
     plan = ReregistrationPlan(infos=infos)
+    if agent is not None:  # registered here: this master's record is the newest
+        plan.dynamic = agent.dynamic
+    else:
+        plan.dynamic, plan.ignored_report = adopted(
+            info.resources, state.parked_dynamic.get(agent_id), message.dynamic)
     seen: set[tuple[str, str]] = set()
     for task in message.tasks:
         key = (task.framework_id, task.task_id)
@@ -79,12 +90,14 @@ def plan_reregistration(state: MasterState, message: RegisterAgent) -> Reregistr
     try:
         needed = agent.used if agent is not None else EMPTY
         for task in plan.tasks:
-            needed = needed + task.resources
+            if not task.revocable:  # lent resources are not the agent's own
+                needed = needed + task.resources
         for _, executor in plan.executors:
             needed = needed + executor.resources
     except ResourcesError as exc:
         return f"reported tasks and executors overlap: {exc}"
-    if not needed <= (agent.total if agent is not None else info.resources):
+    total = total_of(info.resources, plan.dynamic)
+    if not needed <= total:
         return (f"reported tasks and executors use {needed}, more than the agent's "
-                f"{info.resources}")
+                f"{total}")
     return plan

@@ -1,19 +1,16 @@
-"""Dynamic reservations (RESERVE and UNRESERVE operations in an accept), pure.
+"""Dynamic reservations (RESERVE and UNRESERVE operations in an accept): when
+one can apply, pure. master/volumes.py plans them with CREATE and DESTROY.
 
-The master alone keeps them (`MasterAgent.reservations`): the agent knows only
-its static reservations (from `--resources`), so a task on dynamically reserved
-resources is sent to its agent as unreserved (`for_agent`). That is also why a
-(resource, role) an agent reserves statically cannot be reserved dynamically
-too: the agent could not tell the two apart. Reservations are not in the
-registry; after a failover agents re-register with their static resources only
-(docs/operations.md names this limit).
+The master keeps them per agent (`MasterAgent.dynamic`), in its registry, and
+sends them to the agent, which checkpoints them and reports them when it
+re-registers (dyad/volumes.py), so they survive master failover and agent
+restarts, and tasks reach the agent with their reserved resources as offered.
+A (resource, role) an agent reserves statically cannot also be reserved
+dynamically: UNRESERVE could not tell which part it may release.
 """
 
 from __future__ import annotations
 
-import attrs
-
-from dyad.messages import TaskInfo
 from dyad.resources import UNRESERVED, Resources
 from master.allocator import allowed_roles
 from master.model import MasterAgent
@@ -53,24 +50,3 @@ def reservation_problem(offer_role: str | None, agent: MasterAgent, resources: R
         return f"{resources} is not dynamically reserved (static reservations stay)"
     return ""
 
-
-def for_agent(agent: MasterAgent, task: TaskInfo) -> TaskInfo:
-    """The task as its agent must see it: dynamically reserved amounts go to it as
-    unreserved (the master alone keeps the roles of those)."""
-    if not agent.reservations:
-        return task
-    dynamic = agent.reservations.roles()
-
-    def strip(resources: Resources) -> Resources:
-        moved = Resources()
-        for role in dynamic & resources.roles():
-            part = resources.reserved(role)
-            keep = part.names() & agent.info.resources.reserved(role).names()
-            for name in part.names() - keep:
-                moved = moved + Resources.scalar_milli(name, part.get_milli(name), role)
-        return resources - moved + moved.flatten() if moved else resources
-
-    executor = task.executor
-    if executor is not None:
-        executor = attrs.evolve(executor, resources=strip(executor.resources))
-    return attrs.evolve(task, resources=strip(task.resources), executor=executor)

@@ -1,5 +1,6 @@
 """Registry -> state: a new leader's fresh `MasterState` gets what the registry
-held (admitted and unreachable agents, weights, quota) before any event. The
+held (admitted and unreachable agents, weights, quota, agents' reservations and
+volumes) before any event. The
 other direction is `master.registry.snapshot_of`. Used by the shell (it imports
 the registry module, so the pure core does not import this one).
 """
@@ -22,6 +23,7 @@ def restore(state: MasterState, data: RegistryData, now: float) -> list[Effect]:
     try:
         return state.restore(data.agents, data.unreachable, data.weights,
                              {role: Quota(guarantee=entry.guarantee, limit=entry.limit)
-                              for role, entry in data.quota.items()}, now)
+                              for role, entry in data.quota.items()}, now,
+                             dynamic=data.dynamic)
     except PolicyError as exc:
         raise RegistryError(f"the registry's weights or quota are invalid: {exc}") from None

@@ -33,34 +33,40 @@ from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import zmq
 import zmq.asyncio
 from aiohttp import web
 
+from dyad import security
 from dyad.clock import Clock, SystemClock
 from dyad.codec import to_json
 from dyad.effects import Send, TimerFired
 from dyad.ids import IdGenerator
 from dyad.timers import TimerTable
 from dyad.messages import Address, MasterInfo
+from dyad.supervision import LogLimiter, Supervisor
 from dyad.transport import Inbound, Router
 from dyad.zk import (
     CONNECTED, LOST, SUSPENDED, LeaderWatch, Lease, SessionState, ZkAddress, ZkError,
     ZkSession, create_contender,
 )
+from master.api_v1 import SchedulerStreams, add_routes as add_v1_routes
 from master.http import make_app
 from master.registry import (
     FileRegistry, Registry, RegistryData, RegistryError, ZooKeeperRegistry, snapshot_of,
 )
 from master.restore import restore
 from master.metrics import LATENCY_BOUNDS, Histogram
-from master.supervision import LogLimiter, Supervisor
 from master.operator import INTERNAL, OperatorCall, Reply, Request
 from master.model import (
     VERSION, Allocate, AllocationTimed, Effect, Event, InvalidFrame, MasterConfig,
     PersistRegistry, Received,
 )
 from master.state import MasterState
+from master.usage import StoreConfig
+from master.usage_api import UsageService
+from master.usage_rows import RecordUsage
 
 log = logging.getLogger(__name__)
 
@@ -97,10 +103,16 @@ class MasterServer:
                  clock: Clock | None = None, ids: IdGenerator | None = None,
                  context: zmq.asyncio.Context | None = None, work_dir: Path | None = None,
                  zk: ZkAddress | None = None,
-                 zk_session_timeout: float = DEFAULT_ZK_SESSION_TIMEOUT) -> None:
+                 zk_session_timeout: float = DEFAULT_ZK_SESSION_TIMEOUT,
+                 usage: StoreConfig | None = None, usage_memory_limit: str = "1GB",
+                 secure: security.ServerSecurity | None = None) -> None:
         self.ip = ip
         self.hostname = hostname or socket.gethostname()
-        self.config = config or MasterConfig()
+        # The core builds usage rows exactly when there is a store to take them.
+        self.config = attrs.evolve(config or MasterConfig(), record_usage=usage is not None)
+        self._usage_config = usage
+        self._usage_memory_limit = usage_memory_limit
+        self.usage: UsageService | None = None
         self._port = port
         self._zmq_port = zmq_port
         self._clock = clock or SystemClock()
@@ -109,6 +121,9 @@ class MasterServer:
         self._work_dir = work_dir
         self._zk = zk
         self._zk_session_timeout = zk_session_timeout
+        self.security = secure or security.ServerSecurity()
+        self._refusals = security.Refusals("master", log)
+        self._zap: security.Zap | None = None
         self._info: MasterInfo | None = None
         self._state: MasterState | None = None
         self._router: Router | None = None
@@ -116,9 +131,10 @@ class MasterServer:
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self._timers = TimerTable(self._clock.now, self._fire)
         self._internal_errors = 0
-        self._supervisor = Supervisor(on_fatal=self._give_up, count=self._count_internal_error)
-        self._log_limiter = LogLimiter()
+        self._supervisor = Supervisor(self._give_up, self._count_internal_error, logger=log)
+        self._log_limiter = LogLimiter(log)
         self._dropped_sends = 0
+        self.v1_streams = SchedulerStreams()  # Mesos v1 HTTP subscribers (master/api_v1.py)
         # Election and registry.
         self.leader: MasterInfo | None = None
         self._session: ZkSession | None = None
@@ -144,7 +160,12 @@ class MasterServer:
         `RegistryError` (another master holds the work dir) is raised from here.
         With ZooKeeper: enter the election and return as a standby."""
         self._lost = asyncio.get_running_loop().create_future()
-        router = Router(self._context)
+        if self.security.curve is not None and self.security.credentials is not None:
+            self._zap = security.Zap(self.security.credentials, self._refusals)
+        router = Router(self._zap.context if self._zap else self._context,
+                        curve=self.security.curve)
+        if self._zap is not None:
+            self._zap.watch(router.socket)
         try:
             zmq_port = router.bind(self.ip, self._zmq_port)
             http_socket = socket.create_server((self.ip, self._port))
@@ -157,9 +178,16 @@ class MasterServer:
             zmq_port=zmq_port, version=VERSION,
             address=Address(hostname=self.hostname, ip=self.ip, port=port))
         self._router = router
-        self._runner = web.AppRunner(make_app(self), access_log=None)
+        if self._usage_config is not None:
+            self.usage = UsageService(self._usage_config, self._usage_memory_limit,
+                                      self._clock.now)
+            self.usage.start()
+        app = make_app(self)
+        add_v1_routes(app, self)
+        security.protect(app, self.security, self._refusals)
+        self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        await web.SockSite(self._runner, http_socket).start()
+        await web.SockSite(self._runner, http_socket, ssl_context=self.security.tls).start()
         self._supervisor.loop("master-receive", self._receive)
         if self._zk is None:
             registry = FileRegistry(self._work_dir) if self._work_dir is not None else None
@@ -188,6 +216,12 @@ class MasterServer:
         if self._router is not None:
             self._router.close()
             self._router = None
+        if self.usage is not None:
+            await self.usage.close()
+            self.usage = None
+        if self._zap is not None:
+            await self._zap.stop()
+            self._zap = None
         if self._registry is not None:
             await self._registry.close()
         if self._session is not None:
@@ -223,10 +257,7 @@ class MasterServer:
     def _log_limited(self, key: str, level: int, text: str, *args: Any,
                      exc_info: bool = False) -> None:
         """Log at most once per `key` (a peer) per interval."""
-        held = self._log_limiter.allow(key)
-        if held is not None:
-            suffix = f" ({held} more since the last report)" if held else ""
-            log.log(level, text + suffix, *args, exc_info=exc_info)
+        self._log_limiter.log(key, level, text, *args, exc_info=exc_info)
 
     # --------------------------------------------------------------- HTTP view
 
@@ -263,7 +294,8 @@ class MasterServer:
         """Queue an event for the core, in turn with the messages and timers."""
         self._events.put_nowait(event)
 
-    async def call(self, request: Request, timeout: float = OPERATOR_CALL_TIMEOUT) -> Reply:
+    async def call(self, request: Request, timeout: float = OPERATOR_CALL_TIMEOUT,
+                   principal: str | None = None) -> Reply:
         """Hand an operator request to the core through the event queue and wait
         for its `Reply`. `asyncio.TimeoutError` if the core does not answer in
         `timeout` seconds (its lease is unconfirmed, or it is stepping down)."""
@@ -272,7 +304,7 @@ class MasterServer:
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._calls[call_id] = future
         try:
-            self.submit(OperatorCall(call_id, request))
+            self.submit(OperatorCall(call_id, request, principal))
             return await asyncio.wait_for(future, timeout)
         finally:
             self._calls.pop(call_id, None)
@@ -286,6 +318,13 @@ class MasterServer:
         result["master/messages_received_as_standby"] = self._counts["received_as_standby"]
         result["master/leadership_pauses"] = self._counts["paused"]
         result["master/loop_restarts"] = self._supervisor.restarts
+        if self.usage is not None:
+            result.update(self.usage.metrics())
+        result.update(self.v1_streams.metrics())
+        for key, count in self._refusals.counts.items():  # the core counts forbidden too
+            result[key] = result.get(key, 0) + count
+        if self._router is not None and self._router.principal_changes:
+            result["master/auth_failures/principal_changed"] = self._router.principal_changes
         return result
 
     def histograms(self) -> dict[str, Histogram]:
@@ -297,7 +336,8 @@ class MasterServer:
 
     async def _campaign(self, zk: ZkAddress) -> None:
         """Enter the election and follow it; `_leader_changed` takes over from here."""
-        self._session = ZkSession(zk.hosts, self._zk_session_timeout, self._session_state)
+        self._session = ZkSession(zk.hosts, self._zk_session_timeout, self._session_state,
+                                  digest=self.security.zk_digest, leader_root=zk.root)
         try:
             await self._session.start()
             self._contender = await create_contender(self._session, zk.root, self.info)
@@ -441,7 +481,7 @@ class MasterServer:
         """Queue one received frame for the core (or keep it, as a standby)."""
         peer = inbound.identity.hex()
         if inbound.message is not None:
-            event: Event = Received(peer, inbound.message)
+            event: Event = Received(peer, inbound.message, inbound.principal)
         elif inbound.error is not None:
             self._log_limited(peer, logging.INFO, "bad frame from %s: %s", peer,
                               inbound.error.reason)
@@ -492,7 +532,12 @@ class MasterServer:
             self._registry_dirty.set()  # no registry (tests): nothing persists
         elif isinstance(effect, Reply):
             self._answer(effect)
+        elif isinstance(effect, RecordUsage):
+            if self.usage is not None:  # None only while stopping
+                self.usage.store.submit(effect.samples, effect.events)
         elif isinstance(effect, Send):
+            if self.v1_streams.deliver(effect.to, effect.message):
+                return  # an HTTP subscriber's: queued for its event stream
             sent = False
             if self._router is not None:
                 try:

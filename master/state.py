@@ -3,8 +3,8 @@
 Rooms: master/model.py (config, events, effects, timer keys, records),
 master/books.py (the records and shared bookkeeping), master/agents.py (the agent
 half), this module (the one way in, the framework half, offers and operator
-calls); pure helpers in master/tasks.py, reservations.py, removals.py,
-restore.py; views.py and invariants.py read the books.
+calls); pure helpers in master/tasks.py, reservations.py, volumes.py (offer
+operations), removals.py, restore.py; views.py and invariants.py read the books.
 
 Theory of operation
 -------------------
@@ -60,32 +60,38 @@ from dyad.ids import IdGenerator
 from dyad.messages import (
     Accept, Acknowledge, Decline, DrainAgent, Error, ExecutorExited, ExecutorToFramework,
     FrameworkInfo, FrameworkToExecutor, Heartbeat, Kill, KillTask, MasterInfo, Message,
-    Offer, Offers, OperationType, Pong, Reason, Reconcile, RegisterAgent, Revive, RunTask,
-    SchedulerHeartbeat, StatusUpdate, StatusUpdateAck, Subscribe, Subscribed, Suppress,
-    TaskInfo, TaskState, TaskStatus, Teardown, Unsubscribe, Update, UsageReport,
+    Offer, Offers, OperationType, Pong, Preempt, Reason, Reconcile, RegisterAgent, Rejected,
+    Revive, RunTask, SchedulerHeartbeat, StatusUpdate, StatusUpdateAck, Subscribe, Subscribed,
+    Suppress, TaskInfo, TaskState, TaskStatus, Teardown, Unsubscribe, Update, UsageReport,
 )
 from dyad.resources import Resources
+from master import revocable
 from master.agents import AgentHandlers
+from master.preempting import PreemptionHandlers
 from master.allocator import Allocator, PolicyError
+from master.authorization import FORBIDDEN_COUNTER, Authorizer
 from master.model import (
     EMPTY, Allocate, AllocationTimed, Effect, Event, FailoverTimeout, HeartbeatDue,
     InvalidFrame, MasterAgent, MasterConfig, MasterFramework, OfferTimeout, PingDue,
     Received, RemovalDue, ReregisterTimeout, roles_problem,
 )
 from master.operator import (
-    CONFLICT, INVALID, NOT_FOUND, DrainMachine, KillLiveTask, MalformedCall, OperatorCall,
+    CONFLICT, FORBIDDEN, INVALID, NOT_FOUND, DrainMachine, KillLiveTask, MalformedCall, OperatorCall,
     Reply, Request, SetQuota, SetWeights, TeardownFramework,
 )
-from master.reservations import for_agent, reservation_problem
+from master.volumes import (
+    COUNTERS, offered_volumes, plan_operation, task_volume_problem, volume_users,
+)
 from master.tasks import claim_offers, launched, reconciled, status_of, task_problem
 
 
-class MasterState(AgentHandlers):
+class MasterState(PreemptionHandlers, AgentHandlers):
     """The master as a pure state machine; see the module docstring."""
 
     def __init__(self, config: MasterConfig, info: MasterInfo, ids: IdGenerator,
                  start_time: float = 0.0, allocator: Allocator | None = None) -> None:
         super().__init__(config, info, ids, start_time, allocator)
+        self.authorizer = Authorizer(config.acls)
         self._handlers: dict[type, Callable[[str, Any], None]] = {
             Subscribe: self._on_subscribe,
             Unsubscribe: self._on_unsubscribe,
@@ -106,6 +112,7 @@ class MasterState(AgentHandlers):
             ExecutorExited: self._on_executor_exited,
             UsageReport: self._on_usage_report,
             DrainAgent: self._on_drain_agent,
+            Preempt: self._on_preempt,
         }
 
     def handle(self, event: Event, now: float) -> list[Effect]:
@@ -116,18 +123,32 @@ class MasterState(AgentHandlers):
         if self._allocate_at is None:
             self._arm_allocation(now + self.config.allocation_interval)
         if isinstance(event, Received):
-            self._received(event.peer, event.message)
+            admitted = self.authorizer.admit(self, event)
+            if isinstance(admitted, str):
+                self.counters.inc("master/messages_received")
+                self.counters.inc(FORBIDDEN_COUNTER)
+                self._refuse(event.peer, event.message, admitted)
+            else:
+                self._received(event.peer, admitted)
+                self.authorizer.admitted(self, event)
         elif isinstance(event, InvalidFrame):
             self.counters.inc("master/messages_received")
             self.counters.inc("master/messages_invalid")
-            self._reply_rejected(event.peer, event.error.reason, event.error.type_name)
+            # Never answer a broken rejection with one: two peers could loop forever.
+            if event.error.type_name != Rejected.TYPE:
+                self._reply_rejected(event.peer, event.error.reason, event.error.type_name)
         elif isinstance(event, TimerFired):
             self._timer(event.key)
         elif isinstance(event, AllocationTimed):
             self.allocation_ms.add(event.seconds * 1000.0)
             self.allocation_seconds.add(event.seconds)
         elif isinstance(event, OperatorCall):
-            self._out.append(self._operator_call(event.call_id, event.request))
+            refusal = self.authorizer.call_refusal(self, event)
+            if refusal is not None:
+                self.counters.inc(FORBIDDEN_COUNTER)
+            self._out.append(self._operator_call(event.call_id, event.request)
+                             if refusal is None else Reply(event.call_id, refusal=FORBIDDEN,
+                                                           error=refusal))
         else:
             raise TypeError(f"MasterState cannot handle {event!r}")
         out, self._out = self._out, []
@@ -247,6 +268,8 @@ class MasterState(AgentHandlers):
         if framework is not None:
             framework.suppressed = False
             self.allocator.revive(framework.id)
+            for key in [k for k in self.revocable_filters if k[0] == framework.id]:
+                del self.revocable_filters[key]
             self._request_allocation()
 
     def _on_suppress(self, peer: str, message: Suppress) -> None:
@@ -311,28 +334,64 @@ class MasterState(AgentHandlers):
         self._arm_allocation(self._now + self.config.allocation_interval)
         self.counters.inc("allocator/allocation_runs")
         batches: dict[str, list[Offer]] = {}
+        allocations = []
         for framework_id, agent_id, resources in self.allocator.allocate(self._now):
             if agent_id in self.drained:
                 # A draining agent is offered nothing: its resources go straight back.
                 self.allocator.close_offer(framework_id, agent_id, resources)
-                continue
-            framework = self.frameworks[framework_id]
-            agent = self.agents[agent_id]
-            offer = Offer(
-                id=self._ids.next("O"), framework_id=framework_id, agent_id=agent_id,
-                hostname=agent.info.hostname, resources=resources,
-                attributes=dict(agent.info.attributes),
-                executor_ids=sorted(eid for fid, eid in agent.executors if fid == framework_id),
-                url=agent.info.url, cached_uris=list(self.cached_uris.get(agent_id, ())))
-            self.offers[offer.id] = offer
-            framework.offers.add(offer.id)
-            agent.offers.add(offer.id)
-            agent.offered = agent.offered + resources
-            self._arm(OfferTimeout(offer.id), self._now + self.config.offer_timeout)
-            batches.setdefault(framework_id, []).append(offer)
+            else:
+                allocations.append((framework_id, agent_id, resources))
+                held = self.agents[agent_id].offers & self.frameworks[framework_id].offers
+                for offer_id in sorted(held):  # revocable-only: remade with the new one
+                    self._rescind(self.offers[offer_id], notify=True)
+        lent = self._revocable_plan()
+        for framework_id, agent_id, resources in allocations:
+            taker, extra = lent.get(agent_id, ("", EMPTY))
+            if taker == framework_id:
+                del lent[agent_id]
+            self._offer(framework_id, agent_id, resources, extra if taker == framework_id
+                        else EMPTY, batches)
+        for agent_id, (framework_id, extra) in lent.items():
+            self._offer(framework_id, agent_id, EMPTY, extra, batches)
         for framework_id, offers in batches.items():
             self.counters.inc("master/offers_sent", len(offers))
             self._to_framework(self.frameworks[framework_id], Offers(offers=offers))
+        self._guarantee_preemption()
+
+    def _offer(self, framework_id: str, agent_id: str, resources: Resources,
+               lent: Resources, batches: dict[str, list[Offer]]) -> None:
+        framework = self.frameworks[framework_id]
+        agent = self.agents[agent_id]
+        offer = Offer(
+            id=self._ids.next("O"), framework_id=framework_id, agent_id=agent_id,
+            hostname=agent.info.hostname, resources=resources,
+            attributes=dict(agent.info.attributes),
+            executor_ids=sorted(eid for fid, eid in agent.executors if fid == framework_id),
+            url=agent.info.url, cached_uris=list(self.cached_uris.get(agent_id, ())),
+            revocable=lent, volumes=offered_volumes(agent, resources))
+        self.offers[offer.id] = offer
+        framework.offers.add(offer.id)
+        agent.offers.add(offer.id)
+        agent.offered = agent.offered + resources
+        agent.revocable_offered = agent.revocable_offered + lent
+        if lent:
+            self.counters.inc("master/revocable_offers_sent")
+        self._arm(OfferTimeout(offer.id), self._now + self.config.offer_timeout)
+        batches.setdefault(framework_id, []).append(offer)
+
+    def _revocable_plan(self) -> dict[str, tuple[str, Resources]]:
+        """Who is offered what agents lend in this pass (master/revocable.py)."""
+        if not self.config.oversubscription:
+            return {}
+        now = self._now
+        for key in [k for k, until in self.revocable_filters.items() if until <= now]:
+            del self.revocable_filters[key]
+        agents = {aid: agent for aid, agent in self.agents.items()
+                  if agent.revocable and aid not in self.drained}
+        return revocable.plan(
+            agents, self.frameworks.values(), self.allocator.share,
+            lambda fid, aid: (fid, aid) in self.revocable_filters,
+            (self.config.min_allocatable_cpus, self.config.min_allocatable_mem))
 
     def _offer_expired(self, offer_id: str) -> None:
         offer = self.offers.get(offer_id)
@@ -365,54 +424,65 @@ class MasterState(AgentHandlers):
                                     Reason.INVALID_OFFERS, problem, task.agent_id)
             return
         agent = self.agents[offers[0].agent_id]
-        remaining = EMPTY
+        remaining = lent = EMPTY
         for offer in offers:
             remaining = remaining + offer.resources
+            lent = lent + offer.revocable
             self._forget_offer(offer)
         self.counters.inc("master/offers_accepted", len(offers))
         seen: set[str] = set()
         for op in message.operations:
             if op.type != OperationType.LAUNCH:
-                remaining = self._reservation(peer, message, framework, agent, op, remaining)
+                remaining = self._operation(peer, message, framework, agent, op, remaining)
                 continue
             for task in op.tasks:
-                remaining = self._launch(framework, agent, task, seen, remaining)
-        self.allocator.close_offer(framework.id, agent.id, remaining)
-        if not remaining.is_empty():
+                remaining, lent = self._launch(framework, agent, task, seen, remaining, lent)
+        if any(offer.resources for offer in offers):  # else the allocator never knew
+            self.allocator.close_offer(framework.id, agent.id, remaining)
+        if not (remaining.is_empty() and lent.is_empty()):
             if message.filters.refuse_seconds > 0:
                 self.allocator.add_filter(framework.id, agent.id,
                                            self._now + message.filters.refuse_seconds)
+                if lent:
+                    self._filter_revocable(framework.id, agent.id,
+                                           message.filters.refuse_seconds)
             self._request_allocation()
 
-    def _reservation(self, peer: str, message: Accept, framework: MasterFramework,
-                     agent: MasterAgent, op: Any, remaining: Resources) -> Resources:
-        """Apply a RESERVE or UNRESERVE to the accepted offer's resources; return
-        what remains of them. An invalid one is refused and changes nothing."""
-        reserve = op.type == OperationType.RESERVE
-        problem = reservation_problem(self.allocator.allocation_role(agent.id, framework.id),
-                                      agent, op.resources, remaining, reserve)
-        if problem:
-            self._refuse(peer, message, f"{op.type} refused: {problem}")
+    def _operation(self, peer: str, message: Accept, framework: MasterFramework,
+                   agent: MasterAgent, op: Any, remaining: Resources) -> Resources:
+        """Apply a RESERVE, UNRESERVE, CREATE or DESTROY (master/volumes.py) to the
+        accepted offer's resources; return what remains of them. A refused one
+        changes nothing."""
+        plan = plan_operation(op, self.allocator.allocation_role(agent.id, framework.id),
+                              agent, framework.info.principal, remaining,
+                              volume_users(agent, self.frameworks))
+        if isinstance(plan, str):
+            self._refuse(peer, message, f"{op.type} refused: {plan}")
             return remaining
-        flat = op.resources.flatten()
-        consumed, produced = (flat, op.resources) if reserve else (op.resources, flat)
-        self.allocator.transform(agent.id, framework.id, consumed, produced)
-        agent.reservations = (agent.reservations + op.resources if reserve
-                              else agent.reservations - op.resources)
-        self.counters.inc("master/operations_reserve" if reserve else "master/operations_unreserve")
-        return remaining - consumed + produced
+        self.allocator.transform(agent.id, framework.id, plan.consumed, plan.produced)
+        self._set_dynamic(agent, plan.dynamic)
+        self.counters.inc(COUNTERS[op.type])
+        return remaining - plan.consumed + plan.produced
 
     # ============================================================= tasks
 
     def _launch(self, framework: MasterFramework, agent: MasterAgent, task: TaskInfo,
-                seen: set[str], remaining: Resources) -> Resources:
-        """Validate one task (protocol order) and start it; return what remains."""
-        problem, needed = task_problem(framework, agent, task, seen, remaining)
+                seen: set[str], remaining: Resources,
+                lent: Resources) -> tuple[Resources, Resources]:
+        """Validate one task (protocol order) and start it; return what remains of
+        the offers' resources and of their revocable resources."""
+        borrowed = EMPTY
+        if task.revocable:
+            problem, needed, borrowed = revocable.launch_problem(
+                framework, agent, task, seen, remaining, lent)
+        else:
+            problem, needed = task_problem(framework, agent, task, seen, remaining)
+        problem = task_volume_problem(agent, task) or problem  # the more precise one
         seen.add(task.task_id)
         if problem:
             self._master_update(framework, task.task_id, TaskState.TASK_ERROR,
                                 Reason.TASK_INVALID, problem, agent.id)
-            return remaining
+            return remaining, lent
         executor_id = task.task_id
         if task.executor is not None:
             executor_id = task.executor.executor_id
@@ -424,8 +494,9 @@ class MasterState(AgentHandlers):
         framework.tasks[task.task_id] = record
         agent.tasks.add((framework.id, task.task_id))
         agent.used = agent.used + needed
-        self._send(agent.peer, RunTask(framework=framework.info, task=for_agent(agent, task)))
-        return remaining - needed
+        agent.revocable_used = agent.revocable_used + borrowed
+        self._send(agent.peer, RunTask(framework=framework.info, task=task))
+        return remaining - needed, lent - borrowed
 
     def _on_kill(self, peer: str, message: Kill) -> None:
         framework = self._owned_framework(peer, message)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Collection, Mapping
 
+from dyad.containers import problems as container_problems
 from dyad.messages import Offer, Reason, Source, Task, TaskInfo, TaskState, TaskStatus
 from dyad.resources import Resources, ResourcesError
 from master.model import EMPTY, MAX_STATUSES, MasterAgent, MasterFramework, MasterTask
@@ -22,7 +23,8 @@ def launched(framework_id: str, agent_id: str, executor_id: str, task: TaskInfo,
         state=TaskState.TASK_STAGING, labels=dict(task.labels),
         kill_grace_period=task.kill_grace_period,
         statuses=collections.deque([(TaskState.TASK_STAGING, now)], maxlen=MAX_STATUSES),
-        story=collections.deque(maxlen=story))
+        story=collections.deque(maxlen=story), priority=task.priority,
+        revocable=task.revocable)
 
 
 def record_from_report(task: Task, story: int, now: float) -> MasterTask:
@@ -32,7 +34,8 @@ def record_from_report(task: Task, story: int, now: float) -> MasterTask:
         executor_id=task.executor_id, name=task.name, resources=task.resources,
         state=task.state, labels=dict(task.labels), kill_grace_period=None,
         statuses=collections.deque([(task.state, now)], maxlen=MAX_STATUSES),
-        story=collections.deque(maxlen=story))
+        story=collections.deque(maxlen=story), priority=task.priority,
+        revocable=task.revocable)
 
 
 def claim_offers(outstanding: Mapping[str, Offer], framework: MasterFramework,
@@ -73,6 +76,9 @@ def task_problem(framework: MasterFramework, agent: MasterAgent, task: TaskInfo,
         return "a task needs exactly one of command or executor", EMPTY
     if task.resources.is_empty():
         return "task resources are empty", EMPTY
+    found = _container_problems(task)
+    if found:
+        return "; ".join(found), EMPTY
     needed = task.resources
     if task.executor is not None:
         executor = task.executor
@@ -93,6 +99,19 @@ def task_problem(framework: MasterFramework, agent: MasterAgent, task: TaskInfo,
                 "of the offered resources"), EMPTY
     return "", needed
 
+
+def _container_problems(task: TaskInfo) -> list[str]:
+    """What is wrong with the task's (or its executor's) container, each reason
+    naming its field (docs/containers.md)."""
+    found = []
+    if task.container is not None:
+        if task.executor is not None:
+            found.append("container is for command tasks: put it on the executor instead")
+        found += container_problems(task.container, task.resources)
+    if task.executor is not None and task.executor.container is not None:
+        found += [f"executor.{problem}" for problem in
+                  container_problems(task.executor.container, task.executor.resources)]
+    return found
 
 
 def reconciled(framework: MasterFramework, task_id: str, agent_id: str | None,

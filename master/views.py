@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING, Any
 
+from dyad import priority
 from dyad.codec import to_json
 from dyad.messages import TaskState
 from dyad.resources import SHARE_KINDS, UNRESERVED, Resources
@@ -73,6 +74,14 @@ def _agent_json(state: MasterState, agent: MasterAgent) -> dict[str, Any]:
         "reserved_resources": {role: resources_json(agent.total.reserved(role))
                                for role in sorted(agent.total.roles() - {UNRESERVED})},
         "dynamic_reservations": str(agent.reservations),
+        "volumes": [to_json(volume) for volume in agent.dynamic.volumes],
+        # Oversubscription (docs/oversubscription.md): measured use, the agent's
+        # estimate of what its tasks reserve, and what it lends.
+        "measured_usage": _measured(state, agent),
+        "reservation_estimate": resources_json(agent.reservation),
+        "revocable_resources": resources_json(agent.revocable),
+        "revocable_offered": resources_json(agent.revocable_offered),
+        "revocable_used": resources_json(agent.revocable_used),
         "attributes": dict(agent.info.attributes),
         "registered_time": agent.registered_time,
         "reregistered_time": agent.reregistered_time,
@@ -109,7 +118,8 @@ def _framework_json(state: MasterState, framework: MasterFramework) -> dict[str,
         "unreachable_tasks": [_task_json(t) for t in framework.unreachable_tasks.values()],
         "completed_tasks": [_task_json(t) for t in framework.completed.values()],
         "offers": [{"id": o.id, "framework_id": o.framework_id, "agent_id": o.agent_id,
-                    "hostname": o.hostname, "resources": resources_json(o.resources)}
+                    "hostname": o.hostname, "resources": resources_json(o.resources),
+                    "revocable": resources_json(o.revocable)}
                    for o in offers],
         "executors": executors,
     }
@@ -129,6 +139,10 @@ def metrics(state: MasterState) -> dict[str, float]:
                        TaskState.TASK_RUNNING, TaskState.TASK_KILLING):
         result[task_counter(task_state)] = live[task_state]
     result["master/tasks_unreachable"] = unreachable
+    for kind in ("cpus", "mem"):
+        for name in ("revocable", "revocable_offered", "revocable_used"):
+            result[f"master/{kind}_{name}"] = sum(getattr(a, name).get(kind)
+                                                  for a in state.agents.values())
     for kind in SHARE_KINDS:
         result[f"master/{kind}_total"] = sum(a.total.get(kind) for a in state.agents.values())
         result[f"master/{kind}_used"] = sum(a.used.get(kind) for a in state.agents.values())
@@ -155,6 +169,18 @@ def metrics(state: MasterState) -> dict[str, float]:
 
 
 
+
+
+def _measured(state: MasterState, agent: MasterAgent) -> dict[str, float]:
+    """What the agent's runs were last measured to use (cpus, MB), summed once
+    per executor (the tasks of one executor share its measurement)."""
+    seen: dict[tuple[str, str], dict[str, Any]] = {}
+    for framework_id, task_id in agent.tasks:
+        usage = state.frameworks[framework_id].tasks[task_id].usage
+        if usage is not None:
+            seen[(framework_id, usage["executor_id"])] = usage
+    return {"cpus": round(sum(u["cpus_used"] for u in seen.values()), 3),
+            "mem": round(sum(u["mem_rss_mb"] for u in seen.values()), 1)}
 
 
 def resources_json(*parts: Resources) -> dict[str, float | str]:
@@ -209,4 +235,6 @@ def _task_json(task: MasterTask) -> dict[str, Any]:
         "labels": dict(task.labels),
         "statuses": [{"state": s.name, "timestamp": t} for s, t in task.statuses],
         "healthy": task.healthy, "usage": task.usage,
+        "priority": task.priority, "band": priority.band(task.priority),
+        "revocable": task.revocable,
     }

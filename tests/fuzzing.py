@@ -172,9 +172,7 @@ class ZmqTarget:
         kind = classify(frame)
         if kind == "skip":
             return
-        if kind == "silent":
-            kind = "junk"
-        self.sockets[kind].send(frame)
+        self.sockets["junk" if kind == "silent" else kind].send(frame)
         self.sent[kind] += 1
         tally.tried[f"{self.name} zmq"] += 1
         self.drain()
@@ -220,7 +218,7 @@ MASTER_ROUTES = [Route(m, p) for m, p in [
 ]]
 AGENT_ROUTES = [Route(m, p) for m, p in [
     ("GET", "/state"), ("GET", "/health"), ("GET", "/metrics/snapshot"), ("GET", "/metrics"),
-    ("GET", "/monitor/statistics"), ("POST", "/drain"), ("GET", "/files/browse?path={}"),
+    ("GET", "/monitor/statistics"), ("PUT", "/drain"), ("GET", "/files/browse?path={}"),
     ("GET", "/files/read?path={}&offset={}&length={}"), ("GET", "/files/download?path={}"),
     ("GET", "/{}"),
 ]]
@@ -232,6 +230,11 @@ SERVICE_ROUTES = [Route(m, p) for m, p in [
     ("DELETE", "/v2/apps/{}?force={}"), ("GET", "/v2/tasks"), ("GET", "/v2/deployments"),
     ("DELETE", "/v2/deployments/{}"), ("GET", "/v2/queue"), ("DELETE", "/v2/queue/{}/delay"),
 ]]
+
+NEVER_SENT = {("POST", "/drain")}
+"""The agent drains itself on any POST /drain (that is its API, and it takes no
+body), after which no honest task could run; its bad input is covered in
+tests/integration/test_agent_shell.py."""
 
 _param_bytes = st.one_of(
     st.binary(max_size=20), st.text(max_size=20).map(lambda t: t.encode("utf-8", "surrogatepass")),
@@ -269,6 +272,8 @@ def requests(draw: st.DrawFn, routes: list[Route]) -> tuple[str, str, bytes | No
     path = route.path
     while "{}" in path:
         path = path.replace("{}", urllib.parse.quote(draw(_param_bytes), safe=""), 1)
+    if (method, path) in NEVER_SENT:
+        method = "PUT"
     return method, path, draw(bodies)
 
 
@@ -314,9 +319,13 @@ class HttpTarget:
             return
 
     def get_json(self, path: str) -> tuple[int, Any]:
+        return self.call("GET", path)
+
+    def call(self, method: str, path: str, body: bytes | None = None) -> tuple[int, Any]:
+        """One request on a fresh connection; (status, JSON or text)."""
         conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         try:
-            conn.request("GET", path)
+            conn.request(method, path, body=body)
             response = conn.getresponse()
             raw = response.read()
             try:
@@ -383,8 +392,9 @@ class FuzzCluster:
         deadline = time.monotonic() + 30
         url = None
         while url is None:
-            found = re.findall(r"listening on (http://\S+)", log_path.read_text())
-            url = found[-1] if found else None
+            text = log_path.read_text()
+            found = re.findall(r"listening on (http://\S+)", text)
+            url = found[-1] if found and "dyad-service leading" in text else None
             assert self.service.poll() is None, log_path.read_text()[-3000:]
             assert time.monotonic() < deadline, "dyad-service did not start"
             time.sleep(0.05)
@@ -435,24 +445,40 @@ class FuzzCluster:
             tally.dead_loops.append("service /ping does not answer 200")
         counts = self.invalid_counts()
         for target in self.zmq:
-            expected = target.answers["counted"] + target.answers["junk"]
+            expected = target.answers["counted"] + target.answers["junk"] + target.sent["silent"]
             seen = counts[target.name] - self._invalid_before[target.name]
             # Bad frames are counted by the receiver; every refusal it answered
-            # with a `Rejected` counted too, and nothing else did.
+            # with a `Rejected` counted too, and so did each broken `rejected`
+            # frame (refused without an answer).
             if seen < expected:
                 tally.dead_loops.append(f"{target.name} counted {seen:.0f} invalid frames, "
                                         f"answered {expected}")
             tally.rejected[f"{target.name} zmq"] = target.answers["counted"] + \
                 target.answers["junk"]
         if honest_task:
+            self.undo_valid_changes()
             self.run_honest_task(tally)
 
     def exact_counts(self) -> dict[str, tuple[float, int, int]]:
         """Per ZMQ target: (invalid counted by the receiver, refused frames sent,
-        Rejected answers received)."""
+        refusals seen: Rejected answers plus broken `rejected` frames, which are
+        refused without an answer)."""
         counts = self.invalid_counts()
-        return {t.name: (counts[t.name] - self._invalid_before[t.name], t.sent["counted"],
-                         t.answers["counted"] + t.answers["junk"]) for t in self.zmq}
+        return {t.name: (counts[t.name] - self._invalid_before[t.name],
+                         t.sent["counted"] + t.sent["silent"],
+                         t.answers["counted"] + t.answers["junk"] + t.sent["silent"])
+                for t in self.zmq}
+
+    def undo_valid_changes(self) -> None:
+        """Some fuzzed requests are valid and change the cluster as they should (an
+        app created, a role given quota); an operator would undo them, and so do
+        we, so that the honest task measures liveness, not the fuzzer's apps."""
+        service = self.http["service"]
+        for app in service.get_json("/v2/apps")[1].get("apps", []):
+            service.call("DELETE", f"/v2/apps/{urllib.parse.quote(app['id'])}?force=true")
+        master = self.http["master"]
+        for quota in master.get_json("/quota")[1].get("quota", []):
+            master.call("PUT", "/quota", json.dumps({"role": quota["role"]}).encode())
 
     def run_honest_task(self, tally: Tally) -> None:
         hello = subprocess.run(

@@ -40,3 +40,20 @@ async def running(driver: _Driver) -> AsyncIterator[asyncio.Task[Any]]:
         if not task.done():
             driver.abort()
         await asyncio.wait_for(task, 5)
+
+
+def compat_client(module: str) -> Any:
+    """Import a real Mesos/Marathon client from the `compat` extra: skip, saying
+    why, where it is not installed, unless DYAD_COMPAT_REQUIRED is set (.ci/run
+    sets it), where its absence fails."""
+    import importlib
+    import os
+
+    import pytest
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        if os.environ.get("DYAD_COMPAT_REQUIRED"):
+            raise
+        pytest.skip(f"{module} is not installed: pip install -e '.[compat]' as .ci/run does",
+                    allow_module_level=True)

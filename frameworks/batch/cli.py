@@ -24,6 +24,7 @@ import signal
 import sys
 from pathlib import Path
 
+from dyad import priority as priorities
 from dyad.units import parse_duration
 from frameworks.batch.job import DEFAULT_SPLIT_SIZE, Job, JobError
 from frameworks.batch.scheduler import run_job
@@ -42,6 +43,13 @@ def parse_size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid size {text!r} (try 32MiB, 512k)")
     unit = (match.group(2) or "").lower()[:1]
     return max(1, int(float(match.group(1)) * _SIZE_UNITS[unit]))
+
+
+def _priority(text: str) -> int:
+    try:
+        return priorities.check_priority(text)
+    except priorities.PriorityError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _duration(text: str) -> float:
@@ -77,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--executor-cpus", type=float, default=0.1)
     submit.add_argument("--executor-mem", type=float, default=64.0, help="MB")
     submit.add_argument("--max-attempts", type=int, default=4)
+    submit.add_argument("--priority", type=_priority, default=priorities.DEFAULT_BATCH,
+                        help="task priority, an integer or a band name (default 100, "
+                             "the batch band; see docs/oversubscription.md)")
     submit.add_argument("--locality-wait", type=_duration, default=1.0,
                         help="how long maps wait for a data-local offer (default 1s; 0: off)")
     submit.add_argument("--speculative", action="store_true",
@@ -104,7 +115,7 @@ def _job(args: argparse.Namespace) -> Job:
                executor_cpus=args.executor_cpus, executor_mem=args.executor_mem,
                max_attempts=args.max_attempts, locality_wait=args.locality_wait,
                speculative=args.speculative, split_size=args.split_size,
-               output_format=args.format)
+               output_format=args.format, priority=args.priority)
 
 
 def submit(args: argparse.Namespace) -> int:

@@ -50,6 +50,7 @@ class CoreConfig:
     speculative: bool = False
     refuse_seconds: float = 5.0
     starvation_timeout: float = 60.0
+    priority: int = 100  # every task's TaskInfo.priority (dyad/priority.py)
 
     def __attrs_post_init__(self) -> None:
         if not self.splits:

@@ -439,7 +439,8 @@ class BatchCore:
         self._too_small = None
         return TaskInfo(task_id=task_id, name=f"dyad-batch {task.kind} {task.index}",
                         agent_id=offer.agent_id, resources=self._resources(task.kind),
-                        executor=self.config.executor, data=self._task_data(task, task_id))
+                        executor=self.config.executor, data=self._task_data(task, task_id),
+                        priority=self.config.priority)
 
     def _task_data(self, task: _Task, task_id: str) -> bytes:
         spec: dict[str, Any] = {"type": task.kind, "index": task.index, "task_id": task_id,

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import attrs
 
+from dyad import priority as priorities
 from dyad.messages import CommandInfo, ExecutorInfo
 from dyad.resources import Resources
 from frameworks.batch.config import CoreConfig, Split
@@ -82,6 +83,7 @@ class Job:
     split_size: int = DEFAULT_SPLIT_SIZE
     output_format: str = TEXT
     starvation_timeout: float = 60.0
+    priority: int = priorities.DEFAULT_BATCH  # dyad/priority.py: the batch band
 
 
 @attrs.frozen
@@ -103,7 +105,7 @@ class PreparedJob:
             reduce_resources=Resources.of(cpus=job.reduce_cpus, mem=job.reduce_mem),
             job_payload=self.payload, output=self.output, max_attempts=job.max_attempts,
             locality_wait=job.locality_wait, speculative=job.speculative,
-            starvation_timeout=job.starvation_timeout)
+            starvation_timeout=job.starvation_timeout, priority=job.priority)
 
 
 def executor_info(job: Job) -> ExecutorInfo:
@@ -113,7 +115,19 @@ def executor_info(job: Job) -> ExecutorInfo:
     return ExecutorInfo(
         executor_id=EXECUTOR_ID, name="dyad-batch executor",
         resources=Resources.of(cpus=job.executor_cpus, mem=job.executor_mem),
-        command=CommandInfo(argv=[sys.executable, "-m", "frameworks.batch.executor"]))
+        command=CommandInfo(argv=[sys.executable, "-m", "frameworks.batch.executor"],
+                            environment=_shuffle_credentials()))
+
+
+def _shuffle_credentials() -> dict[str, str]:
+    """On a secured cluster reducers read map outputs from other agents' /files
+    as this framework: they get its token (an executor's environment is private
+    to it; docs/security.md)."""
+    if not (os.environ.get("DYAD_TOKEN") or os.environ.get("DYAD_TOKEN_FILE")):
+        return {}
+    from dyad.auth import client_token
+    token = client_token()
+    return {"DYAD_TOKEN": token} if token else {}
 
 
 # -------------------------------------------------------------------- checks
@@ -143,6 +157,10 @@ def _check_numbers(job: Job) -> None:
         problems.append("reducers must be at least 1")
     if job.max_attempts < 1:
         problems.append("max_attempts must be at least 1")
+    try:
+        priorities.check_priority(job.priority)
+    except priorities.PriorityError as exc:
+        problems.append(str(exc))
     if min(job.map_cpus, job.map_mem, job.reduce_cpus, job.reduce_mem) <= 0:
         problems.append("task cpus and mem must be positive")
     if job.executor_cpus < 0 or job.executor_mem < 0:

@@ -399,9 +399,14 @@ def local_input(path: str, sandbox: str) -> tuple[str, bool]:
 def http_fetch(url: str, path: str, destination: str) -> None:
     """Copy a file from an agent's sandboxes through its ``/files/download`` API."""
     query = urllib.parse.urlencode({"path": path})
-    with urllib.request.urlopen(f"{url}/files/download?{query}",
-                                timeout=FETCH_TIMEOUT) as response, \
-            open(destination, "wb") as handle:
+    if os.environ.get("DYAD_CA") or os.environ.get("DYAD_TOKEN"):  # a secured cluster
+        from dyad.auth import ClientCredentials
+        client = ClientCredentials.from_env()
+        opened = client.urlopen(f"{client.base_url(url.split('://', 1)[-1])}/files/download?"
+                                f"{query}", FETCH_TIMEOUT)
+    else:
+        opened = urllib.request.urlopen(f"{url}/files/download?{query}", timeout=FETCH_TIMEOUT)
+    with opened as response, open(destination, "wb") as handle:
         shutil.copyfileobj(response, handle)
 
 

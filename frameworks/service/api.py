@@ -26,11 +26,12 @@ from typing import Any
 from aiohttp import web
 
 from dyad import bounded_json
-from frameworks.service import views
+from frameworks.service import marathon_shape, views
 from frameworks.service.appdef import AppInvalid, normalize_app_id, parse_app
 from frameworks.service.core import (
     CancelDeployment, Conflict, DeleteApp, KillTasks, NotFound, PutApp, ResetDelay,
     RestartApp, ServiceError)
+from frameworks.service.rightsizing import recommendation_json
 from frameworks.service.runtime import ServiceRuntime
 from frameworks.service.store import StoreError
 
@@ -74,6 +75,23 @@ async def _json_body(request: web.Request) -> Any:
         raise BadRequest(f"Invalid JSON: {exc.reason}") from None
 
 
+def _dyad(request: web.Request) -> bool:
+    """``?dyad=true``: answer with Dyad's extra fields (frameworks/service/marathon_shape.py)."""
+    return _flag(request, "dyad")
+
+
+Shape = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def _as_is(body: dict[str, Any]) -> dict[str, Any]:
+    return body
+
+
+def _shape(request: web.Request, marathon: Shape) -> Shape:
+    """How to render one object: Marathon's shape, or with ``?dyad=true`` as is."""
+    return _as_is if _dyad(request) else marathon
+
+
 def _deployment_answer(outcome: Any, status: int = 200) -> web.Response:
     return web.json_response({"version": outcome.version, "deploymentId": outcome.deployment_id},
                              status=status, headers={"Marathon-Deployment-Id": outcome.deployment_id or ""})
@@ -87,8 +105,10 @@ class ServiceApi:
                  name: str = "dyad-service") -> None:
         self.runtime: ServiceRuntime | None = None
         self.leader = leader
+        self.advertised: str | None = None  # this instance's address, once bound
         self.name = name
         self.counters: Counter[str] = Counter()
+        self.settings: dict[str, Any] = {}  # options /v2/info reports (set by main)
         self.app = web.Application(client_max_size=MAX_BODY_BYTES)
         # Every path, even one with a newline in it (`.` would not match that), gets
         # our JSON answers rather than aiohttp's plain-text 404.
@@ -107,10 +127,12 @@ class ServiceApi:
                 ("DELETE", f"/v2/apps{a}/tasks", self._kill_app_tasks, True),
                 ("DELETE", f"/v2/apps{a}/tasks/(?P<task>[^/]+)", self._kill_task, True),
                 ("POST", f"/v2/apps{a}/restart", self._restart_app, True),
+                ("GET", f"/v2/apps{a}/recommendation", self._recommendation, True),
                 ("GET", f"/v2/apps{a}", self._show_app, True),
                 ("PUT", f"/v2/apps{a}", self._update_app, True),
                 ("DELETE", f"/v2/apps{a}", self._delete_app, True),
                 ("GET", "/v2/tasks", self._all_tasks, True),
+                ("POST", "/v2/tasks/delete", self._delete_tasks, True),
                 ("GET", "/v2/deployments", self._deployments, True),
                 ("DELETE", "/v2/deployments/(?P<id>[^/]+)", self._cancel_deployment, True),
                 ("GET", "/v2/queue", self._queue, True),
@@ -142,6 +164,9 @@ class ServiceApi:
                 continue
             if leader_only and self.runtime is None:
                 leader = await self.leader()
+                if leader is not None and leader == self.advertised:
+                    return _error(503, "this instance leads but is still loading its state; "
+                                  "retry in a moment", leader=leader)
                 return _error(503, f"this instance is a standby; the leader is {leader or 'not elected yet'}",
                               leader=leader)
             try:
@@ -189,11 +214,14 @@ class ServiceApi:
 
     async def _info(self, request: web.Request, match: dict[str, str]) -> web.Response:
         runtime = self.runtime
-        return web.json_response({
+        body = {
             "name": self.name, "version": VERSION, "elected": runtime is not None,
             "leader": await self.leader(),
             "frameworkId": runtime.core.framework_id if runtime else None,
-            "connected": runtime.core.connected if runtime else False})
+            "connected": runtime.core.connected if runtime else False}
+        if _dyad(request):
+            return web.json_response(body)
+        return web.json_response(marathon_shape.info(body, **self.settings))
 
     async def _leader(self, request: web.Request, match: dict[str, str]) -> web.Response:
         leader = await self.leader()
@@ -207,6 +235,7 @@ class ServiceApi:
         if self.runtime is not None:
             core = self.runtime.core
             counters.update(core.counters)
+            counters.update(self.runtime.rightsizing.counters)
             gauges = {"leader": 1, "apps": len(core.apps), "tasks": len(core.tasks),
                       "deployments": len(core.deployments),
                       "connected": int(core.connected)}
@@ -216,8 +245,10 @@ class ServiceApi:
 
     async def _list_apps(self, request: web.Request, match: dict[str, str]) -> web.Response:
         core, now = self._runtime().core, self._runtime().clock.now()
-        embed = "apps.tasks" in request.query.getall("embed", [])
-        return web.json_response({"apps": [views.app_json(core, core.apps[a], now, embed)
+        # Marathon reads `apps.tasks`; its clients also send `app.tasks`.
+        embed = bool({"apps.tasks", "app.tasks"} & set(request.query.getall("embed", [])))
+        shape = _shape(request, marathon_shape.app)
+        return web.json_response({"apps": [shape(views.app_json(core, core.apps[a], now, embed))
                                            for a in sorted(core.apps)]})
 
     async def _show_app(self, request: web.Request, match: dict[str, str]) -> web.Response:
@@ -226,16 +257,17 @@ class ServiceApi:
         app = runtime.core.apps.get(app_id)
         if app is None:
             raise NotFound(f"App '{app_id}' does not exist")
-        return web.json_response({"app": views.app_json(runtime.core, app, runtime.clock.now(),
-                                                        embed_tasks=True)})
+        return web.json_response({"app": _shape(request, marathon_shape.app)(views.app_json(
+            runtime.core, app, runtime.clock.now(), embed_tasks=True))})
 
     async def _create_app(self, request: web.Request, match: dict[str, str]) -> web.Response:
         runtime = self._runtime()
         app = parse_app(await _json_body(request))
         outcome = runtime.execute(PutApp(app, force=_flag(request, "force"), create_only=True))
         created = runtime.core.apps[app.id]
+        shape = _shape(request, marathon_shape.app)
         return web.json_response(
-            views.app_json(runtime.core, created, runtime.clock.now()), status=201,
+            shape(views.app_json(runtime.core, created, runtime.clock.now())), status=201,
             headers={"Location": f"/v2/apps{app.id}",
                      "Marathon-Deployment-Id": outcome.deployment_id or ""})
 
@@ -258,6 +290,18 @@ class ServiceApi:
                                                      force=_flag(request, "force")))
         return _deployment_answer(outcome)
 
+    async def _recommendation(self, request: web.Request,
+                              match: dict[str, str]) -> web.Response:
+        """The autopilot's current recommendation for the app (null when its
+        autopilot is off), with the evidence and reasons (docs/autopilot.md)."""
+        runtime = self._runtime()
+        app_id = self._app_id(match["app"])
+        app = runtime.core.apps.get(app_id)
+        if app is None:
+            raise NotFound(f"App '{app_id}' does not exist")
+        return web.json_response(recommendation_json(
+            app, runtime.rightsizing.pilot.recommendation(app_id)))
+
     # ----------------------------------------------------------------- tasks
 
     async def _app_tasks(self, request: web.Request, match: dict[str, str]) -> web.Response:
@@ -265,7 +309,9 @@ class ServiceApi:
         app_id = self._app_id(match["app"])
         if app_id not in core.apps:
             raise NotFound(f"App '{app_id}' does not exist")
-        return web.json_response({"tasks": [views.task_json(t) for t in core.tasks_of(app_id)]})
+        shape = _shape(request, marathon_shape.task)
+        return web.json_response({"tasks": [shape(views.task_json(t))
+                                            for t in core.tasks_of(app_id)]})
 
     async def _all_tasks(self, request: web.Request, match: dict[str, str]) -> web.Response:
         core = self._runtime().core
@@ -275,7 +321,29 @@ class ServiceApi:
         if fmt != "json":
             raise BadRequest(f"format must be json or txt, not {fmt!r}")
         tasks = sorted(core.tasks.values(), key=lambda t: (t.app_id, t.staged_at, t.task_id))
-        return web.json_response({"tasks": [views.task_json(t) for t in tasks]})
+        shape = _shape(request, marathon_shape.task)
+        return web.json_response({"tasks": [shape(views.task_json(t)) for t in tasks]})
+
+    async def _delete_tasks(self, request: web.Request, match: dict[str, str]) -> web.Response:
+        """Marathon's ``POST /v2/tasks/delete`` with ``{"ids": [...]}``: the tasks
+        are killed app by app (with ``?scale=true`` each app shrinks by them)."""
+        body = await _json_body(request)
+        ids = body.get("ids") if isinstance(body, dict) else None
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise BadRequest('the body must be {"ids": ["<task id>", ...]}')
+        core = self._runtime().core
+        by_app: dict[str, list[str]] = {}
+        for task_id in dict.fromkeys(ids):
+            task = core.tasks.get(task_id)
+            if task is None:
+                raise NotFound(f"Task '{task_id}' does not exist")
+            by_app.setdefault(task.app_id, []).append(task_id)
+        outcomes = [self._runtime().execute(KillTasks(
+            app_id, tuple(task_ids), scale=_flag(request, "scale"),
+            force=_flag(request, "force"))) for app_id, task_ids in sorted(by_app.items())]
+        if _flag(request, "scale"):
+            return _deployment_answer(outcomes[-1]) if outcomes else web.json_response({})
+        return web.json_response({})
 
     async def _kill_task(self, request: web.Request, match: dict[str, str]) -> web.Response:
         return await self._kill(request, self._app_id(match["app"]), [match["task"]],
@@ -297,15 +365,17 @@ class ServiceApi:
                                             force=_flag(request, "force")))
         if scale:
             return _deployment_answer(outcome)
+        shape = _shape(request, marathon_shape.task)
         if single:
-            return web.json_response({"task": views.task_json(tasks[0])})
-        return web.json_response({"tasks": [views.task_json(t) for t in tasks]})
+            return web.json_response({"task": shape(views.task_json(tasks[0]))})
+        return web.json_response({"tasks": [shape(views.task_json(t)) for t in tasks]})
 
     # ----------------------------------------------------------- deployments
 
     async def _deployments(self, request: web.Request, match: dict[str, str]) -> web.Response:
         core = self._runtime().core
-        return web.json_response([views.deployment_json(core, d)
+        shape = _shape(request, marathon_shape.deployment)
+        return web.json_response([shape(views.deployment_json(core, d))
                                   for d in sorted(core.deployments.values(),
                                                   key=lambda d: (d.started_at, d.id))])
 
@@ -318,7 +388,11 @@ class ServiceApi:
 
     async def _queue(self, request: web.Request, match: dict[str, str]) -> web.Response:
         runtime = self._runtime()
-        return web.json_response(views.queue_json(runtime.core, runtime.clock.now()))
+        body = views.queue_json(runtime.core, runtime.clock.now())
+        if _dyad(request):
+            return web.json_response(body)
+        unused = "lastUnusedOffers" in request.query.getall("embed", [])
+        return web.json_response(marathon_shape.queue(body, embed_unused_offers=unused))
 
     async def _reset_delay(self, request: web.Request, match: dict[str, str]) -> web.Response:
         self._runtime().execute(ResetDelay(self._app_id(match["app"])))

@@ -21,12 +21,19 @@ from typing import Any
 
 import attrs
 
+from dyad import priority as priorities
 from dyad.messages import CommandInfo, HealthCheck, HealthCheckType
+from frameworks.autopilot.spec import AutopilotSpec, SpecInvalid, parse_spec, unparse_spec
+from frameworks.service.app_container import (
+    AppContainer, ContainerInvalid, container_to_json, parse_container)
+from frameworks.service.resident import (
+    PersistentSpec, Residency, ResidentInvalid, parse_residency, residency_json,
+)
 from frameworks.service.constraints import (
     Constraint, ConstraintError, check_satisfiable, parse_constraint)
 
 _SEGMENT = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?")
-RESERVED_SEGMENTS = frozenset({"tasks", "restart", "versions", "delay"})
+RESERVED_SEGMENTS = frozenset({"tasks", "restart", "versions", "delay", "recommendation"})
 """Last segments that would make an app's URL ambiguous with its sub-resources."""
 MAX_ID_LENGTH = 200
 MAX_INSTANCES = 10_000
@@ -132,8 +139,26 @@ class AppDefinition:
     kill_selection: str = YOUNGEST_FIRST
     task_kill_grace_period_seconds: float | None = None
     user: str = ""
+    autopilot: AutopilotSpec = AutopilotSpec()  # right-sizing (docs/autopilot.md)
+    container: AppContainer | None = None  # a Docker image (frameworks/service/app_container)
+    residency: Residency | None = None  # persistent volumes (frameworks/service/resident)
+    priority: int = priorities.DEFAULT_PRODUCTION  # a service is production by default
     version: str = ""
     config_version: str = ""
+
+    @property
+    def host_ports(self) -> list[int]:
+        """The host ports a task asks for (0: any): its bridged port mappings', or
+        its port definitions'."""
+        if self.container is not None and self.container.bridged_ports:
+            return [m.host_port for m in self.container.port_mappings]
+        return [p.port for p in self.ports]
+
+    @property
+    def persistent(self) -> PersistentSpec | None:
+        """The app's persistent volume, if it is resident."""
+        return self.container.persistent[0] if self.container and self.container.persistent \
+            else None
 
     @property
     def key(self) -> str:
@@ -142,9 +167,11 @@ class AppDefinition:
         return self.id.strip("/").replace("/", "_")
 
     def same_config(self, other: AppDefinition) -> bool:
-        """True when only `instances` (or versions) differ: a scale, not an upgrade."""
+        """True when only `instances`, `autopilot` (or versions) differ: nothing the
+        tasks run with, so a scale, not an upgrade."""
         def blank(app: AppDefinition) -> AppDefinition:
-            return attrs.evolve(app, instances=0, version="", config_version="")
+            return attrs.evolve(app, instances=0, autopilot=AutopilotSpec(), version="",
+                                config_version="")
         return blank(self) == blank(other)
 
 
@@ -350,6 +377,27 @@ def _kill_selection(value: Any) -> str:
     return str(value)
 
 
+def _residency(value: Any) -> Residency:
+    try:
+        return parse_residency(value)
+    except ResidentInvalid as exc:
+        raise _Bad(str(exc)) from None
+
+
+def _container(value: Any) -> AppContainer:
+    try:
+        return parse_container(value)
+    except ContainerInvalid as exc:
+        raise _Bad(str(exc)) from None
+
+
+def _priority(value: Any) -> int:
+    try:
+        return priorities.check_priority(value)
+    except priorities.PriorityError as exc:
+        raise _Bad(str(exc)) from None
+
+
 def _optional_cmd(value: Any) -> str:
     text = _string(value)
     if not text.strip():
@@ -377,6 +425,10 @@ _FIELDS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "killSelection": ("kill_selection", _kill_selection),
     "taskKillGracePeriodSeconds": ("task_kill_grace_period_seconds", _number(0, 3600)),
     "user": ("user", _string),
+    "autopilot": ("autopilot", parse_spec),
+    "container": ("container", _container),
+    "residency": ("residency", _residency),
+    "priority": ("priority", _priority),
 }
 
 
@@ -407,8 +459,15 @@ def parse_app(body: Any, *, app_id: str | None = None,
             details.append((f"/{key}", "unknown field (not supported by Dyad)"))
             continue
         name, parse = spec
-        if raw is None and name in ("cmd", "args", "task_kill_grace_period_seconds"):
+        if raw is None and name in ("cmd", "args", "task_kill_grace_period_seconds",
+                                    "container", "residency"):
             fields[name] = None
+            continue
+        if name == "autopilot":  # its parser names every problem with its own path
+            try:
+                fields[name] = parse_spec(raw)
+            except SpecInvalid as exc:
+                details.extend(exc.details)
             continue
         try:
             fields[name] = parse(raw)
@@ -428,6 +487,8 @@ def parse_app(body: Any, *, app_id: str | None = None,
                 if k not in ("id", "version", "config_version")}
         fields = {**kept, **fields}
     app = AppDefinition(id=the_id or "", **fields)
+    if app.persistent is not None and app.residency is None:
+        app = attrs.evolve(app, residency=Residency())  # as Marathon does
     _check_whole(app, details)
     if details:
         raise AppInvalid(details)
@@ -468,10 +529,16 @@ def _check_whole(app: AppDefinition, details: list[tuple[str, str]]) -> None:
     fixed = [p.port for p in app.ports if p.port]
     if len(fixed) != len(set(fixed)):
         details.append(("/ports", "a host port is listed twice"))
+    if app.container is not None and len(app.container.persistent) > 1:
+        details.append(("/container/volumes", "one persistent volume per app (Dyad's limit)"))
+    if app.residency is not None and app.persistent is None:
+        details.append(("/residency", "residency needs a persistent volume in the container"))
+    if app.container is not None and app.container.bridged_ports and app.ports:
+        details.append(("/container", "give portMappings or portDefinitions, not both"))
     for check in app.health_checks:
-        if check.protocol != "COMMAND" and check.port_index >= len(app.ports):
+        if check.protocol != "COMMAND" and check.port_index >= len(app.host_ports):
             details.append(("/healthChecks", f"portIndex {check.port_index} but the app "
-                            f"has {len(app.ports)} port(s)"))
+                            f"has {len(app.host_ports)} port(s)"))
     try:
         check_satisfiable(app.constraints, app.instances)
     except ConstraintError as exc:
@@ -503,8 +570,12 @@ def app_to_json(app: AppDefinition) -> dict[str, Any]:
         "maxLaunchDelaySeconds": app.max_launch_delay_seconds,
         "killSelection": app.kill_selection,
         "taskKillGracePeriodSeconds": app.task_kill_grace_period_seconds,
-        "user": app.user,
+        "user": app.user, "priority": app.priority, "autopilot": unparse_spec(app.autopilot),
     })
+    if app.container is not None:
+        body["container"] = container_to_json(app.container)
+    if app.residency is not None:
+        body["residency"] = residency_json(app.residency)
     return body
 
 

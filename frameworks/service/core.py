@@ -46,14 +46,16 @@ from typing import Any
 import attrs
 
 from dyad.effects import ArmTimer, CancelTimer, TimerFired, TimerKey, UnknownTimer
-from dyad.messages import Offer, TaskInfo, TaskState, TaskStatus
+from dyad.messages import Offer, Operation, OperationType, TaskInfo, TaskState, TaskStatus
 from dyad.resources import Resources
 from frameworks.effects import (
-    DeclineOffers, DriverEffect, LaunchTasks, ReconcileTasks, RequestKill, ReviveOffers,
-    SuppressOffers)
+    AcceptOffer, DeclineOffers, DriverEffect, LaunchTasks, ReconcileTasks, RequestKill,
+    ReviveOffers, SuppressOffers)
 from frameworks.service.appdef import AppDefinition, app_from_stored, stored_app
 from frameworks.service.deployment import plan_deployment, plan_steady
-from frameworks.service.placement import Fit, Spread, Unfit, agent_ip, fit, task_info
+from frameworks.service.placement import (
+    Fit, Spread, Unfit, agent_ip, fit, resident_fit, task_info,
+)
 from frameworks.service.records import (
     AUTO_ROLLBACK_KINDS, CREATE, DELETE, RESTART, ROLLBACK, SCALE, UPGRADE, AppTask,
     Deployment, iso_time)
@@ -216,6 +218,9 @@ class ServiceConfig:
     """Tasks whose reconciliation got no answer in this long are asked about again."""
     backoff_reset_after: float = 60.0
     """A task that ran this long before failing restarts the failure count."""
+    role: str = "*"
+    """The framework's role: what resident apps reserve their resources to."""
+    principal: str = ""
 
 
 @attrs.define
@@ -259,6 +264,10 @@ class ServiceCore:
             d.id: d for d in map(Deployment.from_json, snapshot.deployments.values())}
         self.tasks: dict[str, AppTask] = {
             t.task_id: t for t in map(AppTask.from_json, snapshot.tasks.values())}
+        # Persistent volumes of resident apps: volume id -> agent id
+        # (frameworks/service/resident.py).
+        self.residents: dict[str, str] = {t.volume: t.agent_id for t in self.tasks.values()
+                                          if t.volume}
         self.connected = False
         self.counters: Counter[str] = Counter()
         self._runtime: dict[str, AppRuntime] = {}
@@ -578,12 +587,14 @@ class ServiceCore:
         self.counters["offers_received"] += len(offers)
         for offer in offers:
             self._agents[offer.agent_id] = (offer.hostname, dict(offer.attributes))
+            self.residents.update({v.id: offer.agent_id for v in offer.volumes})
         demand = {a: n for a in sorted(self._wanted) if (n := self.launchable(a, now)) > 0}
         targets = {a: self._launch_target(a) for a in self._wanted}
         spreads = {a: Spread(app, self._placed(app), self._agents.values())
                    for a, app in targets.items()}
-        left = {offer.id: offer.resources.unreserved() for offer in offers}
+        left = {offer.id: offer.resources for offer in offers}
         launches: dict[str, list[TaskInfo]] = {offer.id: [] for offer in offers}
+        operations: dict[str, list[Operation]] = {offer.id: [] for offer in offers}
         effects: list[Effect] = []
         # Round robin, one task per offer per round, so an app spreads over the
         # offered agents instead of filling the first one.
@@ -597,9 +608,12 @@ class ServiceCore:
                     if isinstance(placement, Unfit):
                         continue
                     info = self._launch(app, offer, placement, now, effects)
+                    operations[offer.id] += placement.operations
+                    if placement.volume:
+                        self.residents[placement.volume] = offer.agent_id
                     spreads[app_id].add(offer.hostname, offer.attributes)
                     launches[offer.id].append(info)
-                    left[offer.id] = left[offer.id] - placement.resources
+                    left[offer.id] = left[offer.id] - placement.taken
                     demand[app_id] -= 1
                     if not demand[app_id]:
                         del demand[app_id]
@@ -608,7 +622,11 @@ class ServiceCore:
         for app_id, app in targets.items():
             self._explain(app, offers, left, demand.get(app_id, 0), spreads[app_id])
         for offer in offers:
-            if launches[offer.id]:
+            if operations[offer.id]:
+                effects.append(AcceptOffer(offer.id, (*operations[offer.id], Operation(
+                    type=OperationType.LAUNCH, tasks=launches[offer.id])),
+                    self.config.refuse_seconds))
+            elif launches[offer.id]:
                 effects.append(LaunchTasks(offer.id, tuple(launches[offer.id]),
                                            self.config.refuse_seconds))
         unused = tuple(offer.id for offer in offers if not launches[offer.id])
@@ -635,7 +653,12 @@ class ServiceCore:
 
     def _place(self, app: AppDefinition, offer: Offer, left: Resources,
                spread: Spread) -> Fit | Unfit:
-        placement = fit(app, left)
+        if app.persistent is not None:
+            busy = {t.volume for t in self.tasks.values() if t.volume}
+            placement = resident_fit(app, self.config.role, self.config.principal, offer,
+                                     left, self.residents, busy)
+        else:
+            placement = fit(app, left.unreserved())
         if isinstance(placement, Unfit) or not app.constraints:
             return placement
         unmet = spread.unmet(offer)
@@ -649,7 +672,7 @@ class ServiceCore:
             agent_id=offer.agent_id, hostname=offer.hostname, staged_at=now,
             ip=agent_ip(offer), ports=list(placement.ports),
             attributes=dict(offer.attributes), health_checked=bool(app.health_checks),
-            kill_grace_period=app.task_kill_grace_period_seconds)
+            kill_grace_period=app.task_kill_grace_period_seconds, volume=placement.volume)
         self.tasks[task_id] = record
         self.counters["tasks_launched"] += 1
         effects.append(Persist("tasks", task_id, record.to_json()))

@@ -31,15 +31,18 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
+from dyad import security, zk_acl
 from dyad.clock import SystemClock
 from dyad.messages import FrameworkInfo
 from dyad.units import parse_duration
+from frameworks.autopilot import Config as AutopilotConfig
 from frameworks.scheduler import SchedulerDriver
 from frameworks.service.api import ServiceApi
 from frameworks.service.core import Persist, ServiceConfig, ServiceCore
 from frameworks.service.leader import Leadership, parse_service_zk_url
 from frameworks.service.runtime import ServiceRuntime, ServiceScheduler
 from frameworks.service.store import FileStore, Store, StoreError, ZkStore
+from frameworks.service.usage_feed import UsageFeed
 
 log = logging.getLogger("dyad-service")
 
@@ -84,17 +87,39 @@ def build_parser() -> argparse.ArgumentParser:
                    help="upgrades with no new task ready for this long roll back")
     p.add_argument("--decline-refuse", type=_duration, default="30s",
                    help="filter on declined offers (new demand revives at once)")
+    p.add_argument("--role", default="*",
+                   help="the framework's role; apps with persistent volumes reserve to it")
+    p.add_argument("--principal", default="", help="the framework's principal")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"])
+    pilot = p.add_argument_group("autopilot (apps with an \"autopilot\" block; "
+                                 "docs/autopilot.md)")
+    pilot.add_argument("--autopilot-step", type=_duration, default="5mins",
+                       help="how often usage is read from the master and apps evaluated")
+    pilot.add_argument("--autopilot-warmup", type=_duration, default="1h",
+                       help="no recommendation before an app has samples this old")
+    pilot.add_argument("--autopilot-min-samples", type=int, default=30,
+                       help="no recommendation on fewer samples")
+    pilot.add_argument("--autopilot-min-interval", type=_duration, default="1h",
+                       help="an app's limits change at most this often (OOM raises excepted)")
+    security.add_flags(p)
     return p
+
+
+def autopilot_config(args: argparse.Namespace) -> AutopilotConfig:
+    return AutopilotConfig(step=args.autopilot_step, warmup=args.autopilot_warmup,
+                           min_samples=args.autopilot_min_samples,
+                           min_interval=args.autopilot_min_interval)
 
 
 class Service:
     """One `dyad-service` process: API, optional election, and (while leading) the
     runtime and driver."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace,
+                 secure: security.ServerSecurity | None = None) -> None:
         self.args = args
+        self.security = secure or security.ServerSecurity()
         self.advertised = ""
         self.stop = asyncio.Event()
         self.zk: KazooClient | None = None
@@ -112,13 +137,20 @@ class Service:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop.set)
+        security.protect(self.api.app, self.security, security.Refusals("service", log))
         runner = web.AppRunner(self.api.app, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, self.args.ip, self.args.port)
+        site = web.TCPSite(runner, self.args.ip, self.args.port, ssl_context=self.security.tls)
         await site.start()
         port = runner.addresses[0][1]
         self.advertised = f"{self.args.hostname or self.args.ip}:{port}"
-        print(f"dyad-service listening on http://{self.args.ip}:{port}", flush=True)
+        self.api.advertised = self.advertised
+        self.api.settings = {  # what /v2/info reports in Marathon's sections
+            "master": self.args.master, "framework_name": self.args.name,
+            "hostname": self.args.hostname or self.args.ip, "http_port": port,
+            "zk": self.args.zk, "failover_timeout": self.args.failover_timeout}
+        print(f"dyad-service listening on {self.security.scheme}://{self.args.ip}:{port}",
+              flush=True)
         try:
             return await self._serve()
         except StoreError as exc:
@@ -146,7 +178,8 @@ class Service:
         # Reconnect quickly and forever (kazoo's default backoff grows to an hour);
         # requests themselves still fail fast, so a store write never hangs the loop.
         self.zk = KazooClient(hosts=hosts, timeout=self.args.zk_session_timeout,
-                              connection_retry=dict(RECONNECT))
+                              connection_retry=dict(RECONNECT),
+                              **zk_acl.client_options(self.security.zk_digest))
         try:
             await asyncio.to_thread(self.zk.start, 15)
         except (KazooException, KazooTimeoutError) as exc:
@@ -196,11 +229,14 @@ class Service:
             log.error("%s", exc)
             return STEPPED_DOWN
         config = ServiceConfig(deployment_timeout=self.args.deployment_timeout,
-                               refuse_seconds=self.args.decline_refuse)
+                               refuse_seconds=self.args.decline_refuse,
+                               role=self.args.role, principal=self.args.principal)
         core = ServiceCore(config, lambda: uuid.uuid4().hex, snapshot)
-        runtime = ServiceRuntime(core, store, SystemClock(), on_fatal=lambda _: failed.set())
+        runtime = ServiceRuntime(core, store, SystemClock(), on_fatal=lambda _: failed.set(),
+                                 autopilot=autopilot_config(self.args))
         info = FrameworkInfo(name=self.args.name, id=snapshot.framework_id,
                              failover_timeout=self.args.failover_timeout, checkpoint=True,
+                             roles=[self.args.role], principal=self.args.principal,
                              hostname=self.args.hostname or socket.gethostname(),
                              webui_url=f"http://{self.advertised}")
         scheduler = ServiceScheduler(runtime)
@@ -214,12 +250,13 @@ class Service:
         print(f"dyad-service leading with {len(core.apps)} app(s), {len(core.tasks)} "
               f"task(s); framework id {snapshot.framework_id or '(new)'}", flush=True)
         driving = asyncio.create_task(driver.run_async())
+        feeding = asyncio.create_task(UsageFeed(runtime, self.args.autopilot_step).run())
         waits = [driving, asyncio.create_task(self.stop.wait()),
                  asyncio.create_task(failed.wait())]
         if self.leadership is not None:
             waits.append(asyncio.create_task(self.leadership.lost.wait()))
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        for waiter in waits[1:]:
+        for waiter in [*waits[1:], feeding]:
             waiter.cancel()
         self.api.runtime = None
         runtime.close()
@@ -246,6 +283,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s dyad-service %(levelname)s %(name)s: %(message)s")
+    try:
+        autopilot_config(args)
+    except ValueError as exc:
+        print(f"dyad-service: autopilot: {exc}", file=sys.stderr)
+        return 2
     if args.zk is not None:
         try:
             parse_service_zk_url(args.zk)
@@ -253,7 +295,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"dyad-service: {exc}", file=sys.stderr)
             return 2
     try:
-        return asyncio.run(Service(args).run())
+        secure = security.for_server(args, args.ip)
+    except security.SecurityError as exc:
+        print(f"dyad-service: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(Service(args, secure).run())
     except OSError as exc:
         print(f"dyad-service: {exc}", file=sys.stderr)
         return 1

@@ -15,8 +15,9 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from dyad.messages import CommandInfo, Offer, TaskInfo
+from dyad.messages import CommandInfo, Offer, Operation, TaskInfo
 from dyad.resources import Resources, ResourcesError
+from frameworks.service import resident
 from frameworks.service.appdef import AppDefinition
 from frameworks.service.constraints import field_value, unmet
 
@@ -39,6 +40,17 @@ class Unfit:
 class Fit:
     resources: Resources
     ports: tuple[int, ...]
+    # A resident app's (frameworks/service/resident.py): the RESERVE and CREATE to
+    # accept with first, the volume the task uses, and what all that takes of the
+    # offer as it was made (the task's `resources` exist only once reserved).
+    operations: tuple[Operation, ...] = ()
+    volume: str = ""
+    offered: Resources | None = None
+
+    @property
+    def taken(self) -> Resources:
+        """What this placement takes out of the offer's resources."""
+        return self.resources if self.offered is None else self.offered
 
 
 def fit(app: AppDefinition, available: Resources) -> Fit | Unfit:
@@ -49,7 +61,7 @@ def fit(app: AppDefinition, available: Resources) -> Fit | Unfit:
         have = available.get(name)
         if want > 0 and have + 1e-9 < want:
             return Unfit(code, f"{name}: need {want:g}, offer has {have:g}")
-    ports = _choose_ports([p.port for p in app.ports], available.ranges("ports"))
+    ports = _choose_ports(app.host_ports, available.ranges("ports"))
     if isinstance(ports, Unfit):
         return ports
     scalars = {k: v for k, v in (("cpus", app.cpus), ("mem", app.mem), ("disk", app.disk)) if v}
@@ -61,6 +73,27 @@ def fit(app: AppDefinition, available: Resources) -> Fit | Unfit:
     except ResourcesError as exc:  # e.g. a role mismatch: say so rather than crash
         return Unfit(INSUFFICIENT_PORTS if ports else INSUFFICIENT_CPUS, str(exc))
     return Fit(need, tuple(ports))
+
+
+def resident_fit(app: AppDefinition, role: str, principal: str, offer: Offer,
+                 left: Resources, residents: Mapping[str, str], busy: set[str]) -> Fit | Unfit:
+    """Like `fit`, for an app with a persistent volume: on its idle volume if the
+    offer has one, else on a new reservation and volume."""
+    spec = app.persistent
+    assert spec is not None
+    ports = _choose_ports(app.host_ports, left.unreserved().ranges("ports"))
+    if isinstance(ports, Unfit):
+        return ports
+    extra = Resources.of(disk=app.disk) if app.disk else Resources()
+    if ports:
+        extra = extra + Resources.parse("ports:[" + ",".join(f"{p}-{p}" for p in sorted(ports)) + "]")
+    if not extra <= left.unreserved():
+        return Unfit(INSUFFICIENT_DISK, f"disk: need {app.disk:g} beside the volume")
+    placed = resident.place(app.key, app.instances, app.cpus, app.mem, spec, role, principal,
+                            offer, left, extra, residents, busy)
+    if isinstance(placed, str):
+        return Unfit(resident.UNFIT_VOLUME, placed)
+    return Fit(placed.resources, tuple(ports), placed.operations, placed.volume, placed.offered)
 
 
 def _choose_ports(wanted: list[int], free: list[tuple[int, int]]) -> tuple[int, ...] | Unfit:
@@ -144,4 +177,6 @@ def task_info(app: AppDefinition, task_id: str, offer: Offer, placement: Fit) ->
                     labels={**app.labels, "DYAD_APP_ID": app.id,
                             "DYAD_APP_VERSION": app.config_version},
                     kill_grace_period=app.task_kill_grace_period_seconds,
-                    health_check=check)
+                    health_check=check, priority=app.priority,
+                    container=app.container.info(ports)
+                    if app.container and app.container.image else None)

@@ -44,6 +44,7 @@ class AppTask:
     healthy: bool | None = None
     kill_requested_at: float | None = None
     kill_grace_period: float | None = None
+    volume: str = ""  # a resident task's persistent volume (frameworks/service/resident.py)
 
     @property
     def killing(self) -> bool:
@@ -64,7 +65,7 @@ class AppTask:
             "attributes": dict(self.attributes), "healthChecked": self.health_checked,
             "stagedAt": self.staged_at, "startedAt": self.started_at,
             "state": self.state.value, "killRequestedAt": self.kill_requested_at,
-            "killGracePeriod": self.kill_grace_period}
+            "killGracePeriod": self.kill_grace_period, "volume": self.volume}
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> AppTask:
@@ -75,7 +76,7 @@ class AppTask:
             attributes=dict(body["attributes"]), health_checked=body["healthChecked"],
             staged_at=body["stagedAt"], started_at=body["startedAt"],
             state=TaskState(body["state"]), kill_requested_at=body["killRequestedAt"],
-            kill_grace_period=body["killGracePeriod"])
+            kill_grace_period=body["killGracePeriod"], volume=body.get("volume", ""))
 
 
 @attrs.define

@@ -17,11 +17,14 @@ from dyad.clock import Clock
 from dyad.effects import ArmTimer, CancelTimer, TimerFired
 from dyad.messages import MasterInfo, Offer, TaskStatus
 from dyad.timers import TimerTable
+from frameworks.autopilot import ApplyLimits, Config, Evaluate, Recommended
+from frameworks.autopilot.core import Effect as AutopilotEffect
 from frameworks.scheduler import Scheduler
 from frameworks.effects import perform
 from frameworks.service.core import (
     AgentLost, Command, CommandResult, Disconnected, Effect, Event, OffersReceived, Persist,
-    Registered, Reregistered, ServiceCore, StatusReceived)
+    Registered, Reregistered, ServiceCore, ServiceError, StatusReceived)
+from frameworks.service.rightsizing import RightSizing, Sample
 from frameworks.service.store import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -32,27 +35,67 @@ class ServiceRuntime:
     `FakeSchedulerDriver` in tests); ``on_fatal`` is called once if the store fails."""
 
     def __init__(self, core: ServiceCore, store: Store, clock: Clock,
-                 on_fatal: Callable[[Exception], None] | None = None) -> None:
+                 on_fatal: Callable[[Exception], None] | None = None,
+                 autopilot: Config = Config()) -> None:
         self.core = core
         self.store = store
         self.clock = clock
         self.driver: Any = None
         self.on_fatal = on_fatal
         self.failed: Exception | None = None
+        self.master_url: str | None = None  # the leading master's HTTP API, once known
         self._timers = TimerTable(clock.now, self._fire)
+        # Told of the apps at the first event (registration), inside the loop its
+        # timers need.
+        self.rightsizing = RightSizing(autopilot)
 
     def handle(self, event: Event) -> None:
         """Feed a driver or timer event. After a store failure every event raises
         (an update then goes unacknowledged and reaches the next leader)."""
         self._check()
-        self._perform(self.core.handle(event, self.clock.now()))
+        now = self.clock.now()
+        oom = (self.rightsizing.status(self.core, event.status, now)
+               if isinstance(event, StatusReceived) else [])
+        self._perform(self.core.handle(event, now))
+        self._right_size(oom + self.rightsizing.sync(self.core.apps, now))
 
     def execute(self, command: Command) -> CommandResult:
         """Run an API command; raises `ServiceError` (nothing done) or `StoreError`."""
         self._check()
         outcome = self.core.execute(command, self.clock.now())
         self._perform(outcome.effects)
+        self._right_size(self.rightsizing.sync(self.core.apps, self.clock.now()))
         return outcome
+
+    def sampled(self, samples: Sequence[Sample]) -> None:
+        """Usage rows of followed apps, read from the master's usage store."""
+        self._right_size(self.rightsizing.sampled(samples, self.clock.now()))
+
+    def _right_size(self, effects: Sequence[AutopilotEffect]) -> None:
+        for effect in effects:
+            if isinstance(effect, ApplyLimits):
+                self._apply(effect)
+            elif isinstance(effect, Recommended):
+                log.debug("autopilot: %s", effect.recommendation)
+            else:
+                self._timers.perform(effect)
+        for deferred in self.rightsizing.due(self.core):
+            self._apply(deferred)
+
+    def _apply(self, effect: ApplyLimits) -> None:
+        command = self.rightsizing.upgrade(self.core, effect)
+        if command is None or self.failed is not None:
+            return
+        try:
+            outcome = self.execute(command)
+        except ServiceError as exc:  # another deployment holds the app: once it ends
+            self.rightsizing.defer(self.core, effect)
+            log.info("autopilot: %s resized once it is free (%s)", effect.app_id, exc.message)
+            return
+        self.rightsizing.upgraded(effect.app_id, outcome.deployment_id)
+        log.info("autopilot: %s to cpus %.3f mem %.0f MiB (deployment %s): %s",
+                 effect.app_id, effect.limits.cpus, effect.limits.mem_bytes / 2 ** 20,
+                 outcome.deployment_id, effect.reason)
 
     def _check(self) -> None:
         if self.failed is not None:
@@ -90,7 +133,11 @@ class ServiceRuntime:
 
     def _fire(self, key: Hashable) -> None:
         try:
-            self.handle(TimerFired(key))
+            if isinstance(key, Evaluate):
+                self._right_size(self.rightsizing.pilot.handle(TimerFired(key),
+                                                               self.clock.now()))
+            else:
+                self.handle(TimerFired(key))
         except StoreError:
             pass  # already reported through on_fatal
 
@@ -109,10 +156,12 @@ class ServiceScheduler(Scheduler):
 
     def registered(self, driver: Any, framework_id: str, master_info: MasterInfo) -> None:
         log.info("registered as framework %s with master %s", framework_id, master_info.id)
+        self.runtime.master_url = master_info.http_url
         self.runtime.handle(Registered(framework_id))
 
     def reregistered(self, driver: Any, master_info: MasterInfo) -> None:
         log.info("re-registered with master %s", master_info.id)
+        self.runtime.master_url = master_info.http_url
         self.runtime.handle(Reregistered())
 
     def disconnected(self, driver: Any) -> None:

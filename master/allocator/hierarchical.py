@@ -53,7 +53,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
 
-from dyad.resources import SHARE_KINDS, UNRESERVED, Resources, ResourcesError
+from dyad.resources import SHARE_KINDS, UNRESERVED, VOLUME_KIND, Resources, ResourcesError
 from master.allocator.policy import Quota
 from master.allocator.sorter import DRFSorter, Sorter
 
@@ -661,8 +661,14 @@ def _cut(resources: Resources, limit_room: Mapping[str, int],
         for role in sorted(resources.roles() - {UNRESERVED}):
             if excess <= 0:
                 break
-            take = min(excess, resources.reserved(role).get_milli(kind))
+            take = min(excess, resources.reserved(role).without_volumes().get_milli(kind))
             if take:
                 cut = cut + Resources.scalar_milli(kind, take, role)
                 excess -= take
+        # A persistent volume is offered whole or not at all.
+        for volume, (role, milli) in sorted(resources.volumes().items()):
+            if excess <= 0 or kind != VOLUME_KIND:
+                break
+            cut = cut + Resources.scalar_milli(kind, milli, role, volume)
+            excess -= milli
     return resources - cut

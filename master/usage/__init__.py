@@ -4,7 +4,6 @@ for a retention period and answerable with SQL (docs/usage-store.md).
 `UsageStore` is what the master shell holds (async, off the event loop); `Engine`
 is the blocking store behind it, `DuckDBEngine` the one we ship."""
 
-from master.usage.duckdb_engine import DuckDBEngine, read_only_statement
 from master.usage.schema import (
     EVENT_COLUMNS, TABLES, USAGE_COLUMNS, Dimensions, TaskEvent, UsageSample)
 from master.usage.store import (
@@ -16,3 +15,12 @@ __all__ = [
     "Expired", "QueryBusy", "QueryError", "QueryRefused", "QueryResult", "QueryTimeout",
     "StoreConfig", "TaskEvent", "UsageSample", "UsageStore", "read_only_statement",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """DuckDB is imported on first use of the engine: the master core takes its row
+    types from this package and must not pay for loading DuckDB (~0.1 s) to do so."""
+    if name in ("DuckDBEngine", "read_only_statement"):
+        from master.usage import duckdb_engine
+        return getattr(duckdb_engine, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -26,10 +26,12 @@ def make_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
     started: list[LocalCluster] = []
 
     def make(agents: int = 2, master_args: list[str] | None = None,
-             resources: str = "cpus:2;mem:1024;disk:1000") -> LocalCluster:
+             resources: str = "cpus:2;mem:1024;disk:1000",
+             agent_args: list[str] | None = None) -> LocalCluster:
         cluster = LocalCluster(work_dir=tmp_path / f"cluster{len(started)}", agents=agents,
                                resources=resources,
-                               master_args=FAST_MASTER + (master_args or []))
+                               master_args=FAST_MASTER + (master_args or []),
+                               agent_args=agent_args or [])
         started.append(cluster)
         cluster.start()
         return cluster

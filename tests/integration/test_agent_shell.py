@@ -23,6 +23,7 @@ import zmq
 import zmq.asyncio
 from aiohttp import web
 
+from agent.metrics import COUNTERS, GAUGES
 from agent.server import AgentServer
 from agent.state import AgentConfig
 from dyad.codec import to_json
@@ -316,6 +317,7 @@ async def test_garbage_from_an_executor_is_rejected_and_the_agent_carries_on(
         sock.close()
     status, metrics = await get(agent, "/metrics/snapshot")
     assert metrics["agent/messages_invalid"] == 3
+    assert set(metrics) <= set(COUNTERS) | set(GAUGES)  # typed on /metrics
     assert (await get(agent, "/health"))[0] == 200
 
 

@@ -278,6 +278,21 @@ async def test_uris_are_fetched_extracted_cached_and_failures_name_the_url(
     assert (await get(agent, "/files/read", path=f"{directory}/pkg.tar.gz", offset=-1))[0] == 200
 
 
+async def test_a_task_cannot_have_the_fetcher_copy_a_host_file(
+        master: FakeMaster, agent: AgentServer) -> None:
+    """Issue 17: `file:///etc/passwd` used to be copied into the sandbox and then
+    served from it by `/files`. By default no local URI is fetched at all."""
+    await master.send(RunTask(framework=FRAMEWORK, task=command_task(
+        "steal", "cat passwd", uris=[URI(value="file:///etc/passwd")])))
+    failed = await final(master, "steal")
+    assert failed.state == TaskState.TASK_FAILED and failed.reason == Reason.FETCH_FAILED
+    assert "file:///etc/passwd" in failed.message
+    assert "--fetcher-allowed-paths" in failed.message
+    (framework,) = agent.state.snapshot()["completed_frameworks"]
+    sandbox = framework["completed_executors"][0]["directory"]
+    assert not os.path.exists(f"{sandbox}/passwd")
+
+
 async def test_chatty_logs_are_rotated_and_finished_sandboxes_collected(
         master: FakeMaster, tmp_path: Path) -> None:
     server = await start_agent(master, tmp_path / "agent", log_max_size=64 * 1024,

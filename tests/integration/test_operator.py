@@ -100,7 +100,7 @@ async def test_cli_metrics_events_and_json_logs(make_cluster: Any, drivers: Any)
     assert master_metrics["dyad_master_operator_kills_total"] == 1
     agent_metrics = metric_values(cluster.agent_children[0].url)
     assert agent_metrics["dyad_agent_registered"] == 1
-    assert agent_metrics["dyad_agent_tasks_killed"] == 1
+    assert agent_metrics["dyad_agent_tasks_killed_total"] == 1
 
     lines = cluster.master.log_path.read_text().splitlines()
     records = [json.loads(line) for line in lines if line.startswith("{")]

@@ -37,7 +37,7 @@ HEALTH = {"protocol": "HTTP", "path": "/", "portIndex": 0, "gracePeriodSeconds":
           "maxConsecutiveFailures": 3}
 # Every address: clients use the task's host (its agent's own 127.0.0.N in `dyad
 # local`), while the agent's health checks probe 127.0.0.1.
-WEB = {"id": "/web", "cmd": "exec python3 -m http.server $PORT0",
+WEB = {"id": "/web", "cmd": "exec python3 -m http.server --bind $HOST $PORT0",
        "instances": 3, "cpus": 0.1, "mem": 32, "ports": [0],
        "constraints": [["hostname", "UNIQUE"]], "healthChecks": [HEALTH],
        "upgradeStrategy": {"minimumHealthCapacity": 1.0, "maximumOverCapacity": 0.5},
@@ -64,6 +64,16 @@ class Service:
             assert self.process.poll() is None, self.log_path.read_text()[-3000:]
             return found[-1] if found else None
         self.url = await wait_for(listening, 20, "the service's API")
+
+        def settled_role() -> bool:
+            # The API listens before the state is loaded: until this instance
+            # leads (or names another leader) it answers 503.
+            if "dyad-service leading" in self.log_path.read_text():
+                return True
+            status, answer = self.call("GET", "/v2/leader")  # 404: no leader yet
+            leader = answer.get("leader") if status == 200 else None
+            return leader is not None and f"http://{leader}" != self.url
+        await wait_for(settled_role, 20, "the service to lead or name its leader")
         return self
 
     def call(self, method: str, path: str, body: Any = None,
@@ -182,7 +192,7 @@ async def test_apps_heal_spread_survive_a_restart_and_roll_back_a_broken_upgrade
     service.stop(signal.SIGKILL)
     # (The new instance gives upgrades 6 s to show a ready task, for the next step.)
     restarted = await services("second", *argv, "--deployment-timeout", "6s").started()
-    await wait_for(lambda: restarted.get("/v2/info")["connected"], 20, "re-registration")
+    await wait_for(lambda: restarted.get("/v2/info?dyad=true")["connected"], 20, "re-registration")
     assert restarted.get("/v2/info")["frameworkId"] == framework_id
     await wait_for(settled(restarted, 5), 30, "5 healthy tasks after the restart")
     time.sleep(1)  # reconciliation answers and a few offer rounds
@@ -201,7 +211,7 @@ async def test_apps_heal_spread_survive_a_restart_and_roll_back_a_broken_upgrade
         lowest = min(lowest, app["tasksHealthy"])
         saw_new |= len(app["tasks"]) > 5
         assert len(app["tasks"]) <= 7          # (1 + 0.5) x 5, rounded down
-        kinds = [d["kind"] for d in restarted.get("/v2/deployments")]
+        kinds = [d["kind"] for d in restarted.get("/v2/deployments?dyad=true")]
         if not kinds and upgrade not in {d["id"] for d in app["deployments"]}:
             break
         time.sleep(0.2)
@@ -222,7 +232,7 @@ async def test_a_standby_takes_over_through_zookeeper(
     pair = [await services("first", *argv).started(), await services("second", *argv).started()]
 
     def roles() -> tuple[Service, Service] | None:
-        infos = [service.get("/v2/info") for service in pair]
+        infos = [service.get("/v2/info?dyad=true") for service in pair]
         leading = [s for s, i in zip(pair, infos) if i["elected"] and i["connected"]]
         # A standby stands by once it knows, through ZooKeeper, who leads.
         waiting = [s for s, i in zip(pair, infos) if not i["elected"] and i["leader"]]
@@ -241,7 +251,7 @@ async def test_a_standby_takes_over_through_zookeeper(
     framework_id = leader.get("/v2/info")["frameworkId"]
 
     leader.stop(signal.SIGKILL)   # its ZooKeeper session expires after 5 s
-    await wait_for(lambda: standby.get("/v2/info")["connected"], 30, "the standby to lead")
+    await wait_for(lambda: standby.get("/v2/info?dyad=true")["connected"], 30, "the standby to lead")
     assert standby.get("/v2/info")["frameworkId"] == framework_id
     await wait_for(lambda: standby.app()["tasksRunning"] == 2, 20, "the tasks, reconciled")
     time.sleep(1)

@@ -4,6 +4,7 @@ read who leads but can neither add a contender nor touch the registry."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -105,3 +106,33 @@ def test_znodes_created_without_an_acl_are_private(connect: Any) -> None:
             stranger.get(path)
         with pytest.raises(NoAuthError):
             stranger.create(f"{path}/x", b"")
+
+
+async def test_a_master_with_the_digest_keeps_its_znodes_to_itself(
+        zookeeper: ZooKeeperServer, connect: Any, tmp_path: Any) -> None:  # noqa: F811
+    """The wiring: `dyad-master --zk-digest-file` contends and writes its registry
+    with the ACLs above, so a stranger finds the leader but changes nothing."""
+    from dyad.security import ServerSecurity
+    from dyad.zk import parse_zk_url
+    from master.server import MasterServer
+
+    address = parse_zk_url(zookeeper.url(ROOT))
+    server = MasterServer(port=0, zmq_port=0, zk=address,
+                          secure=ServerSecurity(zk_digest=DIGEST))
+    await server.start()
+    try:
+        await asyncio.wait_for(server.elected(), 30)
+        stranger = connect(None)
+        [leader] = stranger.get_children(ROOT)
+        assert b'"id"' in stranger.get(f"{ROOT}/{leader}")[0]
+        with pytest.raises(NoAuthError):
+            stranger.create(f"{ROOT}/{CONTENDER_PREFIX}", b"{}", ephemeral=True, sequence=True)
+        with pytest.raises(NoAuthError):
+            stranger.set(f"{ROOT}/{leader}", b'{"id":"rogue"}')
+        with pytest.raises(NoAuthError):
+            stranger.get(address.registry_path)
+        with pytest.raises(NoAuthError):
+            stranger.set(address.registry_path, b"forged")
+        assert server.is_leader
+    finally:
+        await server.stop()

@@ -26,3 +26,16 @@ def test_what_the_operator_leaves_out_counts_as_detected() -> None:
     assert options.log_max_size == 2 ** 20 and options.gc_delay == 2 * 86400
     assert _options(_parser().parse_args(["--master", "m:5050"])).detected_resources == {
         "cpus", "mem", "disk", "ports"}
+
+
+def test_containerizers_and_docker_flags() -> None:
+    args = _parser().parse_args(["--master", "m:5050", "--containerizers", "process,docker",
+                                 "--docker-socket", "/run/d.sock", "--docker-pull-timeout",
+                                 "90s", "--docker-volume-root", "/data"])
+    options = _options(args)
+    assert options.containerizers == ("process", "docker")
+    assert (options.docker_socket, options.docker_pull_timeout) == ("/run/d.sock", 90.0)
+    assert _options(_parser().parse_args(["--master", "m:5050"])).containerizers is None
+    for bad in ("docker", "process,rkt"):
+        with pytest.raises(SystemExit):
+            _parser().parse_args(["--master", "m:5050", "--containerizers", bad])

@@ -20,9 +20,21 @@ PURE_CORES = [
     "agent/views.py", "agent/limits.py", "agent/checkpoint.py", "agent/sandbox.py",
     "frameworks/scheduler_core.py", "frameworks/executor_core.py",
     "frameworks/batch/core.py", "frameworks/service/core.py", "frameworks/autopilot",
-    "master/authz.py", "dyad/containers.py", "agent/container_spec.py",
-    "agent/container_runs.py", "agent/docker_wire.py",
+    "frameworks/service/rightsizing.py", "master/usage_rows.py",
+    "dyad/authz.py", "master/authorization.py", "dyad/containers.py",
+    "agent/container_spec.py",
+    "agent/container_runs.py", "agent/docker_wire.py", "agent/containers_core.py",
+    "frameworks/service/appdef.py", "frameworks/service/constraints.py",
+    "frameworks/service/deployment.py", "frameworks/service/placement.py",
+    "frameworks/service/records.py", "frameworks/service/views.py",
+    "frameworks/service/testing.py", "frameworks/service/marathon_shape.py",
+    "dyad/mesos_json.py", "dyad/mesos_calls.py",
+    "dyad/volumes.py", "master/volumes.py", "agent/persistent.py",
+    "dyad/priority.py", "agent/reclaim.py", "agent/qos.py", "agent/oversubscription.py",
+    "master/revocable.py", "master/preempting.py",
 ]
+CLOCK_FREE = ["frameworks/autopilot"]
+"""Cores that must not even read the wall clock (`time`): given time, always."""
 ROLES = ["master", "agent", "frameworks"]
 
 
@@ -112,3 +124,11 @@ def test_roles_meet_only_on_the_wire(role: str) -> None:
     for path in _python_files(role):
         imported = {name.split(".")[0] for name in _imports(path)}
         assert not imported & others, path
+
+
+@pytest.mark.parametrize("core", CLOCK_FREE)
+def test_clock_free_cores_never_read_the_time(core: str) -> None:
+    for path in _python_files(core):
+        reads = sorted(str(where.relative_to(ROOT)) for name, where in _reachable(path)
+                       if name == "time")
+        assert not reads, f"{path.relative_to(ROOT)} reaches time through {reads}"

@@ -1,4 +1,4 @@
-"""`master.authz`: the ACL rules as properties (deny wins, order does not matter,
+"""`dyad.authz`: the ACL rules as properties (deny wins, order does not matter,
 nothing is allowed by default, owners act on their own), and the ACL file format."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dyad import keys_cli
-from master.authz import (
+from dyad.authz import (
     ANY,
     OWNER_ACTIONS,
     AclError,

@@ -3,9 +3,7 @@ moving-window recommenders, the meta-recommender and the app spec."""
 
 from __future__ import annotations
 
-import ast
 import math
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -15,7 +13,6 @@ from frameworks.autopilot import (
     MIB, AutopilotSpec, Bounds, Costs, CpuVariant, DecayingHistogram, MemoryVariant,
     MetaRecommender, Scale, SlidingPeak, SpecInvalid, parse_spec, unparse_spec)
 
-ROOT = Path(__file__).resolve().parents[2]
 SCALE = Scale(low=0.001, high=1000.0, ratio=1.05)
 values = st.floats(min_value=0.001, max_value=1000.0, allow_nan=False)
 weights = st.floats(min_value=0.01, max_value=100.0)
@@ -33,46 +30,6 @@ def exact_percentile(pairs: list[tuple[float, float]], p: float) -> float:
         if running >= total * p / 100 * (1 - 1e-12):
             return value
     return ordered[-1][0]
-
-
-# -- purity ---------------------------------------------------------------------------
-
-FORBIDDEN = {"asyncio", "zmq", "aiohttp", "kazoo", "socket", "subprocess", "os",
-             "signal", "fcntl", "threading", "time"}
-
-
-def _module_path(name: str) -> Path | None:
-    path = ROOT / Path(*name.split("."))
-    if path.with_suffix(".py").exists():
-        return path.with_suffix(".py")
-    if (path / "__init__.py").exists():
-        return path / "__init__.py"
-    return None
-
-
-def test_autopilot_imports_no_io_transitively() -> None:
-    """Every module the autopilot reaches (its own and dyad's) imports no I/O."""
-    seen: set[str] = set()
-    todo = [str(p.relative_to(ROOT).with_suffix("")).replace("/", ".")
-            for p in (ROOT / "frameworks" / "autopilot").glob("*.py")]
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        path = _module_path(name)
-        assert path is not None, name
-        for node in ast.walk(ast.parse(path.read_text())):
-            found = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module
-                     and node.level == 0 else [])
-            for module in found:
-                top = module.split(".")[0]
-                assert top not in FORBIDDEN, f"{name} imports {module}"
-                if top in ("dyad", "frameworks", "master", "agent"):
-                    assert top in ("dyad", "frameworks"), f"{name} imports {module}"
-                    if _module_path(module) is not None:
-                        todo.append(module)
 
 
 # -- histogram ------------------------------------------------------------------------

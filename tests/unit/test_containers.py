@@ -27,7 +27,6 @@ from dyad.containers import (
 )
 from dyad.messages import CommandInfo
 from dyad.resources import Resources
-from tests.unit.test_architecture import IO_MODULES, ROOT, _reachable
 
 PORTS = Resources.parse("cpus:1;mem:128;ports:[31000-31002]")
 
@@ -43,13 +42,6 @@ def a_run(container: ContainerInfo, **kwargs: Any) -> ContainerRun:
         "task_id": "T1", "sandbox_dir": "/work/frameworks/F1/executors/E1/runs/R1",
         "resources": PORTS, "container": container, **kwargs}
     return ContainerRun(**fields)
-
-
-@pytest.mark.parametrize("module", ["dyad/containers.py", "agent/container_spec.py",
-                                    "agent/docker_wire.py", "agent/container_runs.py"])
-def test_the_pure_pieces_import_no_io(module: str) -> None:
-    impure = sorted(name for name, _ in _reachable(ROOT / module) if name in IO_MODULES)
-    assert not impure, f"{module} reaches {impure}"
 
 
 # ------------------------------------------------------------------- wire types

@@ -17,9 +17,10 @@ from dyad.messages import URI
 
 
 def make_fetcher(tmp_path: Path, capacity: int = 1000) -> Fetcher:
+    """A fetcher allowed to copy local files from under `tmp_path`."""
     cache = FetcherCache(str(tmp_path / "cache"), capacity)
     cache.load()
-    return Fetcher(cache)
+    return Fetcher(cache, allowed_paths=[str(tmp_path)])
 
 
 def tarball(path: Path, members: dict[str, bytes], links: dict[str, str] | None = None) -> Path:
@@ -116,3 +117,34 @@ async def test_cached_uris_are_fetched_once_and_evicted_least_recently_used(
     again.load()
     assert again.uris == fetcher.cache.uris
     assert not (tmp_path / "cache" / "stray.part").exists()
+
+
+async def test_local_files_are_copied_only_from_under_the_allowed_directories(
+        tmp_path: Path) -> None:
+    """Issue 17: a task had the agent copy a host file (`file:///etc/passwd`) into
+    its sandbox and then read it there."""
+    allowed, other = tmp_path / "packages", tmp_path / "private"
+    allowed.mkdir()
+    other.mkdir()
+    (allowed / "tool.sh").write_text("ok")
+    (other / "secret").write_text("SECRET")
+    os.symlink(other / "secret", allowed / "link-out")
+    os.symlink(allowed / "tool.sh", allowed / "link-in")
+    cache = FetcherCache(str(tmp_path / "cache"), 1000)
+    cache.load()
+    fetcher = Fetcher(cache, allowed_paths=[str(allowed)])
+    sandbox = tmp_path / "sandbox"
+    await fetcher.fetch([URI(value=f"file://{allowed}/tool.sh"),
+                         URI(value=str(allowed / "link-in"), output_file="same.sh")],
+                        str(sandbox))
+    assert (sandbox / "tool.sh").read_text() == (sandbox / "same.sh").read_text() == "ok"
+    for value in ("file:///etc/passwd", "/etc/passwd", str(other / "secret"),
+                  str(allowed / "link-out"), f"file://{allowed}/../private/secret",
+                  f"file://{allowed}"):
+        with pytest.raises(FetchError, match="may copy from") as error:
+            await fetcher.fetch([URI(value=value)], str(sandbox))
+        assert value in str(error.value) and str(allowed) in str(error.value)
+    nothing = Fetcher(cache)  # the default: no local file at all
+    with pytest.raises(FetchError, match=r"--fetcher-allowed-paths: none"):
+        await nothing.fetch([URI(value=f"file://{allowed}/tool.sh")], str(sandbox))
+    assert not (sandbox / "passwd").exists() and not (sandbox / "secret").exists()

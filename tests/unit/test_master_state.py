@@ -17,9 +17,10 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 from dyad.clock import FakeClock
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired, TimerKey, UnknownTimer
 from dyad.ids import IdGenerator
+from dyad.containers import ContainerInfo, DockerInfo, PortMapping
 from dyad.messages import (
-    Accept, Acknowledge, Address, AgentInfo, AgentRegistered, CommandInfo, Decline, Error,
-    ExecutorExited, ExecutorInfo, ExecutorToFramework, Failure, Filters, FrameworkInfo,
+    Accept, Acknowledge, Address, AgentInfo, AgentRegistered, CheckpointResources, CommandInfo,
+    Decline, Error, ExecutorExited, ExecutorInfo, ExecutorToFramework, Failure, Filters, FrameworkInfo,
     FrameworkToExecutor, Heartbeat, Kill, KillTask, MasterInfo, Message, MessageError, Offer,
     Offers, Operation, Ping, Pong, Reason, Reconcile, ReconcileTask, RegisterAgent, Rejected,
     Rescind, Revive, RunTask, SchedulerHeartbeat, ShutdownFramework, StatusUpdate,
@@ -447,6 +448,11 @@ def test_another_frameworks_offer_is_invalid(cluster) -> None:
     (lambda aid: task("t1", aid, "ports:[40000-40000]"), "only"),
     (lambda aid: task("t1", aid, command=None, executor=ExecutorInfo(
         executor_id="e", command=CMD, framework_id="other")), "names framework other"),
+    (lambda aid: task("t1", aid, container=ContainerInfo(docker=DockerInfo(image=" "))),
+     "container.docker.image is empty"),
+    (lambda aid: task("t1", aid, container=ContainerInfo(docker=DockerInfo(
+        image="i", network="BRIDGE", port_mappings=[PortMapping(host_port=1, container_port=2)]))),
+     "host port 1 is not among the task's ports"),
 ])
 def test_launch_validation(cluster, make, expect) -> None:
     h, fid, aid, offer = cluster
@@ -844,8 +850,13 @@ def test_dynamic_reserve_launch_and_unreserve(h: Harness) -> None:
     sends = h.recv("f1", reserve(fid, offer, "cpus(eng):2;mem(eng):256", "RESERVE", t1))
     assert not messages(sends, Rejected)
     (run,) = messages(sends, RunTask)
-    # The agent knows nothing of dynamic reservations: it runs the task unreserved.
-    assert run.task.resources == Resources.parse("cpus:1;mem:128")
+    # The agent hears of the reservation first, then runs the task on it as offered.
+    (told,) = messages(sends, CheckpointResources)
+    assert told.resources.reservations == Resources.parse("cpus(eng):2;mem(eng):256")
+    assert told.resources.version == 1
+    kinds = [type(s.message) for s in sends if isinstance(s, Send)]
+    assert kinds.index(CheckpointResources) < kinds.index(RunTask)
+    assert run.task.resources == Resources.parse("cpus(eng):1;mem(eng):128")
     agent = h.state.snapshot()["agents"][0]
     assert agent["dynamic_reservations"] == "cpus(eng):2;mem(eng):256"
     assert agent["reserved_resources"]["eng"] == {**agent["reserved_resources"]["eng"],
@@ -903,13 +914,17 @@ def test_agent_with_dynamic_reservations_reregisters_with_its_static_resources(h
     aid = h.register("a1")
     (offer,) = h.offers_to(h.allocate(), "f1")
     t1 = task("t1", aid, "cpus(eng):1;mem(eng):128")
-    h.recv("f1", reserve(fid, offer, "cpus(eng):1;mem(eng):128", "RESERVE", t1))
+    sends = h.recv("f1", reserve(fid, offer, "cpus(eng):1;mem(eng):128", "RESERVE", t1))
+    (told,) = messages(sends, CheckpointResources)
     report = Task(task_id="t1", framework_id=fid, agent_id=aid, executor_id="t1", name="t1",
-                  state=TaskState.TASK_RUNNING, resources=Resources.parse("cpus:1;mem:128"))
+                  state=TaskState.TASK_RUNNING,
+                  resources=Resources.parse("cpus(eng):1;mem(eng):128"))
     sends = h.recv("a2", RegisterAgent(
         agent=AgentInfo(id=aid, hostname="h", port=5051, resources=Resources.parse(AGENT_RES)),
-        tasks=[report], frameworks=[FrameworkInfo(name="fw", id=fid, roles=["eng"])]))
+        tasks=[report], frameworks=[FrameworkInfo(name="fw", id=fid, roles=["eng"])],
+        dynamic=told.resources))
     assert messages(sends, AgentRegistered)
+    assert not messages(sends, CheckpointResources)  # the agent has it already
     assert h.state.snapshot()["agents"][0]["dynamic_reservations"] == "cpus(eng):1;mem(eng):128"
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -12,6 +13,11 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.http import make_app as agent_app
+from agent.metrics import COUNTERS as AGENT_COUNTERS, GAUGES as AGENT_GAUGES
+from agent.model import AgentConfig
+from agent.server import AgentServer
+from dyad.messages import TaskState
+from dyad.resources import Resources
 from dyad import prometheus
 from master.http import make_app as master_app
 from master.metrics import COUNTERS, GAUGES, HISTOGRAMS, Histogram
@@ -130,6 +136,34 @@ class _AgentSource:
 
     def metrics(self) -> dict[str, Any]:
         return {"agent/tasks_running": 2, "agent/registered": 1}
+
+
+async def test_agent_metrics_are_typed_and_described(tmp_path: Any) -> None:
+    """The agent's `/metrics`, from a real (unstarted) AgentServer: every figure is
+    catalogued, counters are `_total`, HELP says what is measured."""
+    server = AgentServer(AgentConfig(hostname="localhost", ip="127.0.0.1", port=0,
+                                     executor_port=0, work_dir=str(tmp_path),
+                                     resources=Resources.parse("cpus:1;mem:64"),
+                                     python=sys.executable, isolation="posix"),
+                         master="127.0.0.1:1")
+    for state in TaskState:  # every per-state counter the core can make
+        if state.is_terminal:
+            server.state.counters[f"tasks_{state.name.removeprefix('TASK_').lower()}"] += 1
+    figures = server.metrics()
+    assert set(figures) <= set(AGENT_COUNTERS) | set(AGENT_GAUGES), \
+        "every agent figure needs a catalogue entry in agent/metrics.py"
+    async with TestClient(TestServer(agent_app(server, str(tmp_path)))) as client:
+        text = await (await client.get("/metrics")).text()
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    assert set(families) == {prometheus.metric_name(key) for key in figures}
+    for key in figures:
+        family = families[prometheus.metric_name(key)]
+        if key in AGENT_COUNTERS:
+            assert (family.type, family.documentation) == ("counter", AGENT_COUNTERS[key])
+            assert [s.name for s in family.samples] == [prometheus.metric_name(key) + "_total"]
+        else:
+            assert (family.type, family.documentation) == ("gauge", AGENT_GAUGES[key])
+        assert family.samples[0].value == figures[key]
 
 
 async def test_agent_metrics_route(tmp_path: Any) -> None:

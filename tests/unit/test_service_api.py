@@ -94,7 +94,10 @@ async def test_create_show_and_list_an_app(client: Client) -> None:
     assert status == 201
     assert body["id"] == "/web" and body["instances"] == 2 and body["deployments"]
     assert body["healthChecks"][0]["portIndex"] == 0 and body["env"] == {"MODE": "test"}
-    assert body["tasksRunning"] == 0 and body["waitingReason"] == "2 task(s) waiting for offers"
+    # Marathon's shape by default; Dyad's extra fields when asked for.
+    assert body["tasksRunning"] == 0 and "waitingReason" not in body
+    extra = (await client.call("GET", "/v2/apps/web?dyad=true"))[1]["app"]
+    assert extra["waitingReason"] == "2 task(s) waiting for offers"
     client.offer("agent0", "agent1")
     client.run_tasks()
     status, body = await client.call("GET", "/v2/apps/web")
@@ -104,10 +107,14 @@ async def test_create_show_and_list_an_app(client: Client) -> None:
             app["tasksUnhealthy"]) == (2, 2, 0, 0)
     assert {t["host"] for t in app["tasks"]} == {"agent0", "agent1"}
     assert app["tasks"][0]["ipAddresses"] == [{"ipAddress": "127.0.0.9", "protocol": "IPv4"}]
-    assert app["deployments"] == [] and app["waitingReason"] is None
+    assert app["deployments"] == [] and "waitingReason" not in app
+    assert app["tasks"][0]["servicePorts"] == [] and "agentId" not in app["tasks"][0]
+    extra = (await client.call("GET", "/v2/apps/web?dyad=true"))[1]["app"]
+    assert extra["waitingReason"] is None and extra["tasks"][0]["agentId"]
     status, listing = await client.call("GET", "/v2/apps")
     assert [a["id"] for a in listing["apps"]] == ["/web"] and "tasks" not in listing["apps"][0]
     assert (await client.call("GET", "/v2/apps?embed=apps.tasks"))[1]["apps"][0]["tasks"]
+    assert (await client.call("GET", "/v2/apps?embed=app.tasks"))[1]["apps"][0]["tasks"]
     assert "web" in client.stored()["apps"]
 
 
@@ -172,7 +179,9 @@ async def test_update_scale_restart_and_delete(client: Client) -> None:
     app["cmd"] = "python3 -m http.server $PORT0 --bind 0.0.0.0"
     status, body = await client.call("PUT", "/v2/apps/web", app)   # GET's JSON goes back
     assert status == 200
-    (deployment,) = (await client.call("GET", "/v2/deployments"))[1]
+    (marathon,) = (await client.call("GET", "/v2/deployments"))[1]
+    assert not {"kind", "startedAt", "autoRollback", "progress", "rollbackAt"} & set(marathon)
+    (deployment,) = (await client.call("GET", "/v2/deployments?dyad=true"))[1]
     assert deployment["id"] == body["deploymentId"] and deployment["kind"] == "upgrade"
     assert deployment["affectedApps"] == ["/web"] and deployment["autoRollback"]
     assert deployment["currentActions"][0]["action"] == "RestartApplication"
@@ -205,6 +214,11 @@ async def test_tasks_kill_and_discovery(client: Client) -> None:
     assert client.runtime.driver.killed == [victim]
     assert (await client.call("DELETE", "/v2/apps/web/tasks/web.nope"))[0] == 404
     assert (await client.call("GET", "/v2/tasks?format=xml"))[0] == 400
+    other = tasks[1]["id"]
+    status, body = await client.call("POST", "/v2/tasks/delete", {"ids": [other]})
+    assert status == 200 and client.runtime.driver.killed == [victim, other]
+    assert (await client.call("POST", "/v2/tasks/delete", {"ids": ["web.nope"]}))[0] == 404
+    assert (await client.call("POST", "/v2/tasks/delete", {"ids": "x"}))[0] == 400
 
 
 async def test_queue_shows_why_tasks_wait(client: Client) -> None:
@@ -213,6 +227,14 @@ async def test_queue_shows_why_tasks_wait(client: Client) -> None:
     client.offer("agent0", "agent1")
     (entry,) = (await client.call("GET", "/v2/queue"))[1]["queue"]
     assert entry["count"] == 1 and entry["app"]["id"] == "/web"
+    # Why it waits, in Marathon's own fields ...
+    reasons = entry["processedOffersSummary"]["rejectSummaryLastOffers"]
+    assert "UnfulfilledConstraint" in {r["reason"] for r in reasons}
+    assert "waitingReason" not in entry and entry["overdue"] is True
+    assert (await client.call("GET", "/v2/queue?embed=lastUnusedOffers"))[1][
+        "queue"][0]["lastUnusedOffers"] == []
+    # ... and in a sentence with ?dyad=true.
+    (entry,) = (await client.call("GET", "/v2/queue?dyad=true"))[1]["queue"]
     assert "UnfulfilledConstraint" in entry["waitingReason"]
     assert (await client.call("DELETE", "/v2/queue/web/delay"))[0] == 204
     assert (await client.call("DELETE", "/v2/queue/nope/delay"))[0] == 404

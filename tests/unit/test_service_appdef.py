@@ -1,13 +1,11 @@
-"""App definitions and constraints: what is accepted, what is refused and why, and
-that the service's pure modules stay pure."""
+"""App definitions and constraints: what is accepted and what is refused and why
+(that the service's pure modules stay pure is tests/unit/test_architecture.py's)."""
 
 from __future__ import annotations
 
-import ast
 import re
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,10 +16,6 @@ from frameworks.service.appdef import (
 from frameworks.service.constraints import (
     Constraint, ConstraintError, check_satisfiable, parse_constraint, unmet)
 
-ROOT = Path(__file__).resolve().parents[2]
-PURE = ["appdef", "constraints", "core", "deployment", "placement", "records", "views",
-        "testing"]
-IO_MODULES = {"asyncio", "zmq", "aiohttp", "kazoo", "socket", "subprocess"}
 
 MINIMAL = {"id": "/web", "cmd": "sleep 100"}
 
@@ -30,16 +24,6 @@ def invalid(body: Any, **kwargs: Any) -> dict[str, str]:
     with pytest.raises(AppInvalid) as info:
         parse_app(body, **kwargs)
     return dict(info.value.details)
-
-
-@pytest.mark.parametrize("module", PURE)
-def test_pure_modules_import_no_io(module: str) -> None:
-    tree = ast.parse((ROOT / "frameworks" / "service" / f"{module}.py").read_text())
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
-                if isinstance(node, ast.Import) for alias in node.names}
-    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
-                 if isinstance(node, ast.ImportFrom) and node.module}
-    assert not imported & IO_MODULES
 
 
 def test_defaults_are_marathons() -> None:

@@ -1,0 +1,142 @@
+"""What the master core hands the usage store: rows built from what it already
+knows (docs/usage-store.md).
+
+The core emits one `RecordUsage(samples, events)` effect per `UsageReport` and
+per task state change it sees or makes, only when `MasterConfig.record_usage` is
+set (the shell has a store). Building the rows is pure: the agent's report plus
+the master's task, framework and agent records. The shell only appends them to
+the store's buffer, so ingestion costs the event loop a few attribute reads per
+executor and never a wait.
+
+Rules worth knowing when reading the store:
+
+- one `task_usage` row per executor per report, with the dimensions of the
+  executor's first live task (a command task is its own executor, so for most
+  tasks this is exact); executors the master knows no live task of are skipped
+  and counted (`master/usage_samples_unmatched`);
+- times are the master's clock when the report or change arrived, so samples and
+  events of one task are ordered alike whatever the agents' clocks say;
+- the agent reports throttled time cumulatively; rows hold the change since the
+  previous report of the same executor (the first report after a launch, or after
+  a master failover, counts from the executor's start);
+- `app` is the service app (`DYAD_APP_ID`) or batch job (`DYAD_JOB_ID`) label;
+- `source` is the wire's (`SOURCE_MASTER`, `SOURCE_AGENT`, `SOURCE_EXECUTOR`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+import attrs
+
+from dyad.messages import ExecutorUsage, Source, UsageReport
+from master.usage.schema import Dimensions, TaskEvent, UsageSample
+
+if TYPE_CHECKING:
+    from master.model import MasterAgent, MasterFramework, MasterTask
+
+APP_LABELS = ("DYAD_APP_ID", "DYAD_JOB_ID")
+MIB = 2 ** 20
+# The events log's short names for who made a status; the store keeps the wire's.
+_SOURCES = {"master": Source.MASTER, "agent": Source.AGENT, "executor": Source.EXECUTOR}
+
+RoleOf = Callable[["MasterFramework", str], str]
+"""The role a framework's resources on an agent (by id) are charged to."""
+
+
+@attrs.frozen
+class RecordUsage:
+    """Append these rows to the usage store (the shell never waits for it)."""
+
+    samples: tuple[UsageSample, ...] = ()
+    events: tuple[TaskEvent, ...] = ()
+
+
+@attrs.frozen
+class Rows:
+    """A report's samples, and how many executors were skipped, and why."""
+
+    samples: tuple[UsageSample, ...]
+    unmatched: int = 0  # no live task known for the executor
+    rejected: int = 0  # numbers the store refuses (negative, not finite)
+
+
+def app_of(labels: Mapping[str, str]) -> str:
+    for key in APP_LABELS:
+        if labels.get(key):
+            return labels[key]
+    return ""
+
+
+def dimensions(task_id: str, framework: MasterFramework, agent: MasterAgent | None,
+               task: MasterTask | None, role: str) -> Dimensions:
+    labels = task.labels if task is not None else {}
+    return Dimensions(
+        task_id=task_id, framework_id=framework.id, role=role, app=app_of(labels),
+        agent_id=agent.id if agent is not None else (task.agent_id if task else ""),
+        hostname=agent.info.hostname if agent is not None else "",
+        agent_attributes=agent.info.attributes if agent is not None else {},
+        labels=labels)
+
+
+def usage_samples(report: UsageReport, agent: MasterAgent,
+                  frameworks: Mapping[str, MasterFramework], role_of: RoleOf,
+                  now: float) -> Rows:
+    """The report's rows. Call before the core overwrites `task.usage` with this
+    report: the previous one gives the throttled-time delta."""
+    samples: list[UsageSample] = []
+    unmatched = rejected = 0
+    for usage in report.executors:
+        framework = frameworks.get(usage.framework_id)
+        task = _first_live_task(framework, usage, agent.id)
+        if framework is None or task is None:
+            unmatched += 1
+            continue
+        try:
+            samples.append(UsageSample(
+                at=now, who=dimensions(task.task_id, framework, agent, task,
+                                       role_of(framework, agent.id)),
+                executor_id=usage.executor_id, cpus_used=usage.cpus_used,
+                cpus_limit=usage.cpus_limit,
+                cpus_throttled_secs=_throttled_delta(task, usage),
+                mem_rss_bytes=usage.mem_rss_bytes, mem_limit_bytes=usage.mem_limit_bytes))
+        except (ValueError, TypeError):
+            rejected += 1
+    return Rows(tuple(samples), unmatched, rejected)
+
+
+def _first_live_task(framework: MasterFramework | None, usage: ExecutorUsage,
+                     agent_id: str) -> MasterTask | None:
+    if framework is None:
+        return None
+    for task_id in usage.task_ids:
+        task = framework.tasks.get(task_id)
+        if task is not None and task.agent_id == agent_id:
+            return task
+    return None
+
+
+def _throttled_delta(task: MasterTask, usage: ExecutorUsage) -> float:
+    total = usage.cpus_throttled_time_secs
+    previous = task.usage
+    if previous is None or previous.get("executor_id") != usage.executor_id:
+        return total
+    delta = total - float(previous.get("cpus_throttled_time_secs", 0.0))
+    # A smaller total means the counter restarted (a new cgroup): count it afresh.
+    return delta if delta >= 0 else total
+
+
+def task_event(task_id: str, framework: MasterFramework, agent: MasterAgent | None,
+               task: MasterTask | None, role: str, state: str, now: float, *,
+               reason: str = "", message: str = "", source: str = "",
+               healthy: bool | None = None) -> TaskEvent:
+    """A state change as a row; `task` is None for a launch refused before the
+    master made a record of it."""
+    cpus = task.resources.get("cpus") if task is not None else 0.0
+    mem = task.resources.get("mem") if task is not None else 0.0
+    return TaskEvent(
+        at=now, who=dimensions(task_id, framework, agent, task, role), state=state,
+        reason=reason, message=message, source=_SOURCES.get(source, source),
+        healthy=healthy, cpus=cpus,
+        mem_bytes=int(mem * MIB))

@@ -1,0 +1,109 @@
+"""Oversubscription end to end: a real master, a real agent, real processes.
+
+A service declares far more memory than it uses; once the agent's reclaim window
+has passed, a framework with REVOCABLE_RESOURCES is offered the idle part (and
+one without it never is), runs a task there, and that task is evicted --
+TASK_KILLED with REASON_CONTAINER_PREEMPTED -- when the service's memory grows,
+while the service keeps running.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dyad.local import http_get_json
+from dyad.messages import Reason
+from dyad.resources import Resources
+from frameworks import CommandInfo, FrameworkInfo, TaskInfo, TaskState
+
+from .conftest import Recorder, wait_for
+
+pytestmark = pytest.mark.integration
+
+AGENT_ARGS = ["--isolation", "posix", "--usage-interval", "0.2s",
+              "--usage-report-interval", "0.5s", "--reclaim-window", "2s"]
+
+# Idles at a few MB; once the flag file exists, holds ~600 MB (touched pages).
+GROWER = ("import os, sys, time\n"
+          "flag = sys.argv[1]\n"
+          "while not os.path.exists(flag):\n"
+          "    time.sleep(0.1)\n"
+          "held = b'x' * (600 * 2 ** 20)\n"
+          "while True:\n"
+          "    time.sleep(1)\n")
+
+
+def lent_mem(offer: Any) -> float:
+    return offer.revocable.get("mem") if offer.revocable else 0.0
+
+
+async def test_idle_reservations_are_lent_and_taken_back(make_cluster: Any, drivers: Any,
+                                                         tmp_path: Path) -> None:
+    cluster = make_cluster(agents=1, resources="cpus:2;mem:1024;disk:1000",
+                           agent_args=AGENT_ARGS)
+    flag = tmp_path / "grow"
+    script = tmp_path / "grower.py"
+    script.write_text(GROWER)
+
+    service = Recorder()
+    svc = drivers(service, FrameworkInfo(name="service"), cluster.master_address)
+    await svc.registered()
+    offer = await wait_for(lambda: service.offers[0] if service.offers else None,
+                           what="an offer for the service")
+    svc.driver.launch_tasks([offer.id], [TaskInfo(
+        task_id="svc", name="svc", agent_id=offer.agent_id, priority=200,
+        resources=Resources.parse("cpus:1;mem:800"),
+        command=CommandInfo(shell=f"{sys.executable} {script} {flag}"))])
+    await wait_for(lambda: "TASK_RUNNING" in service.states("svc"), what="the service running")
+
+    borrower = Recorder()
+    launched: list[str] = []
+
+    def borrow(driver: Any, offers: list[Any]) -> None:
+        for o in offers:
+            if lent_mem(o) >= 256 and not launched:
+                launched.append(o.id)
+                driver.launch_tasks([o.id], [TaskInfo(
+                    task_id="be", name="be", agent_id=o.agent_id, priority=50,
+                    revocable=True, resources=Resources.parse("cpus:0.25;mem:256"),
+                    command=CommandInfo(shell="sleep 600"))])
+            else:
+                driver.decline_offer(o.id)
+
+    borrower.on_offers = borrow
+    bor = drivers(borrower, FrameworkInfo(name="borrower", capabilities=["REVOCABLE_RESOURCES"]),
+                  cluster.master_address)
+    await bor.registered()
+    # Within the reclaim window (plus reports), the idle part is lent, marked.
+    await wait_for(lambda: launched, 30, "a revocable offer to the opted-in framework")
+    await wait_for(lambda: "TASK_RUNNING" in borrower.states("be"), 20, "the revocable task")
+    state = cluster.state()
+    (agent,) = state["agents"]
+    assert agent["revocable_resources"]["mem"] > 256
+    assert agent["revocable_used"]["mem"] == 256
+    assert agent["used_resources"]["mem"] == 800  # the borrower's task is not in it
+    (be,) = [t for f in state["frameworks"] for t in f["tasks"] if t["id"] == "be"]
+    assert be["revocable"] and be["band"] == "best-effort"
+    # The framework that did not ask never saw revocable resources.
+    assert service.offers and all(not o.revocable for o in service.offers)
+
+    # The service grows into what it declared: the borrower is evicted, it is not.
+    flag.write_text("now")
+
+    def evicted() -> Any:
+        done = [s for s in borrower.statuses if s.task_id == "be" and s.state.is_terminal]
+        return done[-1] if done else None
+
+    status = await wait_for(evicted, 30, "the revocable task to be evicted")
+    assert status.state == TaskState.TASK_KILLED
+    assert status.reason == Reason.CONTAINER_PREEMPTED
+    assert "need them back" in status.message or "pressure" in status.message
+    assert not [s for s in service.statuses if s.task_id == "svc" and s.state.is_terminal]
+    agent_state = http_get_json(f"{agent['url']}/state")
+    assert agent_state["oversubscription"]["evicted"] >= 1
+    svc = next(t for f in cluster.state()["frameworks"] for t in f["tasks"] if t["id"] == "svc")
+    assert svc["state"] == "TASK_RUNNING" and svc["usage"]["mem_rss_mb"] > 400

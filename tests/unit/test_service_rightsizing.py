@@ -1,0 +1,158 @@
+"""The autopilot inside the service framework (frameworks/service/rightsizing.py):
+an app's `autopilot` block, samples in, a recommendation out, and in `auto` a
+rolling upgrade to the new limits; an OOM kill raises memory at once.
+
+A real `ServiceRuntime` (file store, fake driver, fake clock): the clock is moved
+by hand, and the autopilot's step is a few milliseconds of loop time, so its
+timers fire while the test waits."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dyad.clock import FakeClock
+from dyad.messages import Reason, TaskState, TaskStatus
+from frameworks.autopilot import MIB, Config
+from frameworks.service.appdef import AppInvalid, parse_app
+from frameworks.service.core import (
+    OffersReceived,
+    PutApp,
+    Registered,
+    RestartApp,
+    ServiceConfig,
+    ServiceCore,
+    StatusReceived,
+)
+from frameworks.service.records import UPGRADE
+from frameworks.service.rightsizing import Sample, recommendation_json
+from frameworks.service.runtime import ServiceRuntime
+from frameworks.service.store import FileStore
+from frameworks.testing import FakeSchedulerDriver, make_offer
+from tests.helpers import wait_for
+
+PILOT = Config(step=0.01, warmup=60.0, min_samples=5, min_interval=0.0)
+APP = {"id": "/web", "cmd": "sleep 1000", "instances": 2, "cpus": 1.0, "mem": 512,
+       "upgradeStrategy": {"minimumHealthCapacity": 0.5, "maximumOverCapacity": 0.5},
+       "autopilot": {"mode": "auto", "min": {"mem": 64}}}
+
+
+@pytest.fixture
+def runtime(tmp_path: Path) -> Iterator[ServiceRuntime]:
+    store = FileStore(tmp_path)
+    core = ServiceCore(ServiceConfig(), iter(f"{i:04d}" for i in range(1, 10**6)).__next__)
+    runtime = ServiceRuntime(core, store, FakeClock(1_000_000.0), autopilot=PILOT)
+    runtime.driver = FakeSchedulerDriver()
+    yield runtime
+    runtime.close()
+    store.close()
+
+
+def start(runtime: ServiceRuntime, app: dict[str, Any]) -> None:
+    runtime.handle(Registered("framework-1"))
+    runtime.execute(PutApp(parse_app(app)))
+    run_all(runtime)
+
+
+def run_all(runtime: ServiceRuntime) -> None:
+    offers = tuple(make_offer(agent_id=f"agent-{i}", hostname=f"h{i}",
+                              resources="cpus:4;mem:4096") for i in range(2))
+    runtime.handle(OffersReceived(offers))
+    for task in list(runtime.core.tasks.values()):
+        if task.state is not TaskState.TASK_RUNNING:
+            runtime.handle(StatusReceived(TaskStatus(
+                task_id=task.task_id, state=TaskState.TASK_RUNNING, agent_id=task.agent_id)))
+
+
+def feed(runtime: ServiceRuntime, n: int, mem: float = 30e6, every: float = 10.0) -> None:
+    clock = runtime.clock
+    assert isinstance(clock, FakeClock)
+    for _ in range(n):
+        clock.advance(every)
+        runtime.sampled([Sample("/web", clock.now(), 0.05, mem)])
+
+
+def test_an_autopilot_block_is_part_of_the_definition_and_its_errors_have_paths() -> None:
+    app = parse_app(APP)
+    assert app.autopilot.mode == "auto" and app.autopilot.bounds.min_mem_bytes == 64 * MIB
+    with pytest.raises(AppInvalid) as bad:
+        parse_app({**APP, "autopilot": {"mode": "always", "max": {"cpus": -1}}})
+    assert bad.value.details == [("/autopilot/mode", "must be one of off, recommend, auto"),
+                                 ("/autopilot/max/cpus", "must be a positive number")]
+    # Changing only the autopilot block restarts no task.
+    assert app.same_config(parse_app({**APP, "autopilot": {"mode": "recommend"}}))
+
+
+async def test_an_over_declared_app_is_right_sized_by_a_rolling_upgrade(
+        runtime: ServiceRuntime) -> None:
+    start(runtime, APP)
+    assert runtime.rightsizing.followed() == ["/web"]
+    feed(runtime, 8)
+
+    def upgrading() -> Any:
+        deployment = runtime.core.deployment_of("/web")
+        return deployment if deployment is not None and deployment.kind == UPGRADE else None
+
+    deployment = await wait_for(upgrading, 5, "the autopilot's upgrade")
+    assert deployment.original.mem == 512 and deployment.target.mem == 64  # the app's min
+    assert runtime.core.apps["/web"].mem == 64
+    answer = recommendation_json(runtime.core.apps["/web"],
+                                 runtime.rightsizing.pilot.recommendation("/web"))
+    rec = answer["recommendation"]
+    assert rec["ready"] and rec["mem"] == 64 and rec["samples"] == 8
+    assert rec["memVariant"] and rec["reasons"]
+    assert runtime.rightsizing.counters["autopilot_upgrades"] == 1
+
+    # A task of the new version dies for memory: raised at once, over the autopilot's
+    # own deployment still rolling.
+    run_all(runtime)
+    new = next(t for t in runtime.core.tasks.values()
+               if t.config_version == runtime.core.apps["/web"].config_version)
+    runtime.handle(StatusReceived(TaskStatus(
+        task_id=new.task_id, state=TaskState.TASK_FAILED, agent_id=new.agent_id,
+        reason=Reason.CONTAINER_LIMITATION_MEMORY)))
+    assert runtime.core.apps["/web"].mem == 96  # 1.5 x 64
+    assert runtime.rightsizing.counters["autopilot_oom_kills"] == 1
+
+
+async def test_recommend_mode_changes_nothing(runtime: ServiceRuntime) -> None:
+    start(runtime, {**APP, "autopilot": {"mode": "recommend"}})
+    feed(runtime, 8)
+
+    def ready() -> Any:
+        rec = runtime.rightsizing.pilot.recommendation("/web")
+        return rec if rec is not None and rec.ready else None
+
+    rec = await wait_for(ready, 5, "a recommendation")
+    assert rec.mem_bytes <= 128 * MIB
+    assert runtime.core.apps["/web"].mem == 512 and runtime.core.deployment_of("/web") is None
+
+
+async def test_an_operators_deployment_is_waited_for_not_overridden(
+        runtime: ServiceRuntime) -> None:
+    start(runtime, APP)
+    runtime.execute(RestartApp("/web"))  # the operator's deployment, still rolling
+    feed(runtime, 8)
+    await wait_for(lambda: runtime.rightsizing.counters["autopilot_upgrades_deferred"], 5,
+                   "the autopilot to defer")
+    assert runtime.core.apps["/web"].mem == 512
+    for _ in range(10):  # the restart rolls on: new tasks run, old ones end
+        run_all(runtime)
+        for task in [t for t in runtime.core.tasks.values() if t.killing]:
+            runtime.handle(StatusReceived(TaskStatus(
+                task_id=task.task_id, state=TaskState.TASK_KILLED, agent_id=task.agent_id)))
+        if runtime.core.apps["/web"].mem != 512:
+            break
+    assert runtime.core.apps["/web"].mem == 64  # applied as soon as the app was free
+    assert runtime.core.deployment_of("/web").kind == UPGRADE
+
+
+def test_apps_without_autopilot_are_not_followed(runtime: ServiceRuntime) -> None:
+    app = {k: v for k, v in APP.items() if k != "autopilot"}
+    runtime.handle(Registered("framework-1"))
+    runtime.execute(PutApp(parse_app(app)))
+    assert runtime.rightsizing.followed() == []
+    assert recommendation_json(runtime.core.apps["/web"], None)["recommendation"] is None
