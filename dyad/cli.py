@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     keys_cli.add_parser(commands)
     operator_cli.add_parsers(commands)
     query_cli.add_parser(commands)
+    commands.add_parser("sim", help="simulate a cell and a workload (dyad sim --help)")
     return parser
 
 
@@ -134,6 +135,10 @@ def run_local(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["sim"]:  # the simulator lives in sim/, which may import every role
+        from sim.cli import main as sim_main
+        return sim_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "local":
         return run_local(args)

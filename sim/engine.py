@@ -1,0 +1,152 @@
+"""The simulator's engine: one virtual clock, one event heap, timers and a wire.
+
+Everything that happens in a simulation is an entry on one heap ordered by
+``(time, sequence)``. The sequence number is taken when the entry is pushed, so
+two things due at the same instant happen in the order they were scheduled:
+with the same inputs and seed every run takes the same steps, and nothing ever
+reads a wall clock, a hash order or a thread.
+
+Nodes are the simulated processes (the master, each agent, each framework
+driver). A node gets `deliver(sender, message, now)` for a wire message and
+`fire(key, now)` for one of its timers. Timers follow `dyad.timers.TimerTable`'s
+contract: arming an armed key replaces it, cancelling an unarmed key is a
+no-op, a key fires once and is forgotten before `fire` runs. Keys are opaque:
+the engine stores them and hands them back.
+
+The wire delivers a message `latency` seconds after it is sent, in send order.
+With `codec=True` every message is encoded and decoded on the way, as a real
+socket would, so a message that does not survive the codec fails the run where
+it was sent. A message to an unknown peer is dropped and counted (a ZMQ ROUTER
+drops what it cannot route).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import Counter
+from collections.abc import Callable, Hashable
+from typing import Protocol
+
+from dyad.messages import Message, decode, encode
+
+_MESSAGE = 0
+_TIMER = 1
+_CALL = 2
+
+
+class Node(Protocol):
+    def deliver(self, sender: str, message: Message, now: float) -> None: ...
+
+    def fire(self, key: Hashable, now: float) -> None: ...
+
+
+class SimulationError(RuntimeError):
+    """The simulation cannot go on (a bug in a core or in the simulator)."""
+
+
+class Engine:
+    """Virtual time and the event heap; see the module docstring."""
+
+    def __init__(self, *, latency: float = 0.0, codec: bool = False) -> None:
+        if latency < 0:
+            raise ValueError("latency must not be negative")
+        self.now = 0.0
+        self.latency = latency
+        self.codec = codec
+        self.counters: Counter[str] = Counter()
+        self._heap: list[tuple[float, int, int, str, object]] = []
+        self._seq = 0
+        self._nodes: dict[str, Node] = {}
+        self._armed: dict[tuple[str, Hashable], int] = {}
+        self._stopped = False
+
+    # ------------------------------------------------------------------ nodes
+
+    def add_node(self, name: str, node: Node) -> None:
+        if name in self._nodes:
+            raise SimulationError(f"two nodes are called {name!r}")
+        self._nodes[name] = node
+
+    def has_node(self, name: str) -> bool:
+        return name in self._nodes
+
+    # ------------------------------------------------------------------- wire
+
+    def send(self, sender: str, to: str, message: Message) -> None:
+        if self.codec:
+            frame = encode(message)
+            self.counters["wire_bytes"] += len(frame)
+            message = decode(frame)
+        self.counters["messages"] += 1
+        self._push(self.now + self.latency, _MESSAGE, to, (sender, message))
+
+    # ----------------------------------------------------------------- timers
+
+    def arm(self, owner: str, key: Hashable, at: float) -> None:
+        seq = self._push(max(at, self.now), _TIMER, owner, key)
+        self._armed[(owner, key)] = seq
+
+    def cancel(self, owner: str, key: Hashable) -> None:
+        self._armed.pop((owner, key), None)
+
+    def armed(self, owner: str, key: Hashable) -> bool:
+        return (owner, key) in self._armed
+
+    # ------------------------------------------------------------------ calls
+
+    def call_at(self, at: float, call: Callable[[float], None]) -> None:
+        """Run `call(now)` at `at` (the workload's arrivals, the report's samples)."""
+        self._push(max(at, self.now), _CALL, "", call)
+
+    def stop(self) -> None:
+        """End `run` after the current step."""
+        self._stopped = True
+
+    # -------------------------------------------------------------------- run
+
+    def run(self, until: float, on_step: Callable[[float], None] | None = None,
+            step_every: int = 10_000) -> float:
+        """Process entries due at or before `until`; return the time reached.
+        `on_step(now)` is called every `step_every` entries (a progress bar)."""
+        heap = self._heap
+        armed = self._armed
+        nodes = self._nodes
+        steps = 0
+        self._stopped = False
+        while heap and not self._stopped:
+            at, seq, kind, target, payload = heap[0]
+            if at > until:
+                break
+            heapq.heappop(heap)
+            self.now = at
+            if kind == _TIMER:
+                if armed.get((target, payload)) != seq:
+                    continue  # cancelled or re-armed since
+                del armed[(target, payload)]
+                self.counters["timers"] += 1
+                nodes[target].fire(payload, at)  # type: ignore[arg-type]
+            elif kind == _MESSAGE:
+                node = nodes.get(target)
+                if node is None:
+                    self.counters["messages_dropped"] += 1
+                    continue
+                sender, message = payload  # type: ignore[misc]
+                node.deliver(sender, message, at)
+            else:
+                payload(at)  # type: ignore[operator]
+            steps += 1
+            if on_step is not None and steps % step_every == 0:
+                on_step(at)
+        self.counters["steps"] += steps
+        if not self._stopped and until != math.inf:
+            self.now = max(self.now, until)  # nothing left to do before `until`
+        return self.now
+
+    def idle(self) -> bool:
+        return not self._heap
+
+    def _push(self, at: float, kind: int, target: str, payload: object) -> int:
+        self._seq += 1
+        heapq.heappush(self._heap, (at, self._seq, kind, target, payload))
+        return self._seq

@@ -1,0 +1,408 @@
+"""The simulated frameworks: the real batch and service cores, and a greedy one.
+
+Each is a `frameworks.Scheduler` on a `sim.nodes.SimDriver`, so it meets the
+master exactly as the production shells do: driver callbacks become core
+events, core effects become driver calls. The production shells
+(`frameworks.batch.scheduler`, `frameworks.service.runtime`) cannot be reused
+as they are because they arm asyncio timers; these put the cores' timers on the
+engine instead (node ``<framework>/core``).
+
+Each also stands in for its executor: `plan(task)` says how a launched task
+plays out (`sim.usage.TaskPlan`), drawn from the workload's shapes with a
+random generator seeded by (seed, framework, task id), so a task's fate never
+depends on the order things happened in.
+
+Pending time -- how long a task waited between being wanted and being
+launched -- is measured here, where "wanted" is known: a job's maps from the
+job's arrival, its reduces from the end of its last map; an app's instances
+from when the service core first wanted them (an app put, a scale-up, a
+replacement after a failure; backoff counts as waiting); greedy tasks from
+their arrival.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import deque
+from collections.abc import Hashable, Iterable
+from typing import Any, Protocol
+
+from dyad.effects import ArmTimer, CancelTimer, TimerFired
+from dyad.messages import (
+    CommandInfo, ExecutorInfo, Filters, FrameworkInfo, MasterInfo, Message, Offer, TaskInfo,
+    TaskState, TaskStatus,
+)
+from frameworks.batch import core as batch
+from frameworks.batch.config import CoreConfig, Split
+from frameworks.batch.wire import MAP
+from frameworks.effects import LaunchTasks, perform
+from frameworks.scheduler import Scheduler
+from frameworks.service import core as service
+from sim.engine import Engine
+from sim.nodes import SimDriver
+from sim.usage import TaskPlan
+from sim.workload import (
+    AppArrival, AppDeletion, JobArrival, Shape, TasksArrival, band,
+)
+
+
+class Recorder(Protocol):
+    """What the frameworks tell the report (sim.report.Recorder)."""
+
+    def launched(self, band_name: str, waited: float) -> None: ...
+
+    def task_ended(self, framework: str, status: TaskStatus) -> None: ...
+
+    def job_ended(self, name: str, succeeded: bool, error: str, now: float) -> None: ...
+
+
+class SimFramework(Scheduler):
+    """What the three frameworks share: a driver, a timer node for the core, and
+    the seeded plans of the tasks it launched."""
+
+    kind = ""
+
+    def __init__(self, engine: Engine, name: str, role: str, priority: int, seed: int,
+                 recorder: Recorder, master_info: MasterInfo) -> None:
+        self.engine = engine
+        self.name = name
+        self.role = role
+        self.band = band(priority)
+        self.seed = seed
+        self.recorder = recorder
+        self.timer_owner = f"{name}/core"
+        self.driver = SimDriver(engine, f"fw:{name}", FrameworkInfo(name=name, roles=[role]),
+                                self, master_info)
+        engine.add_node(self.timer_owner, self)
+
+    def start(self, now: float) -> None:
+        self.driver.start(now)
+
+    def rng(self, task_id: str) -> random.Random:
+        return random.Random(f"{self.seed}/{self.name}/{task_id}")
+
+    def plan_shape(self, shape: Shape, index: int, task: TaskInfo,
+                   data: bytes = b"") -> TaskPlan:
+        rng = self.rng(task.task_id)
+        duration = None if shape.duration is None else shape.duration.draw(index, rng)
+        failed = shape.fail > 0 and rng.random() < shape.fail
+        return TaskPlan(
+            duration=duration,
+            cpus=shape.cpus_usage.resolve(task.resources.get("cpus")),
+            mem=shape.mem_usage.resolve(task.resources.get("mem")),
+            end=TaskState.TASK_FAILED if failed else TaskState.TASK_FINISHED,
+            data=b"" if failed else data, message="simulated failure" if failed else "")
+
+    def plan(self, task: TaskInfo) -> TaskPlan:
+        raise NotImplementedError
+
+    def waiting(self) -> int:
+        """Tasks wanted but not launched (a gauge for the report)."""
+        return 0
+
+    def status_update(self, driver: Any, status: TaskStatus) -> None:
+        if status.state.is_terminal:
+            self.recorder.task_ended(self.name, status)
+
+    # Core timers come back through the engine.
+    def deliver(self, sender: str, message: Message, now: float) -> None:
+        raise AssertionError(f"{self.timer_owner} is not on the wire")
+
+    def fire(self, key: Hashable, now: float) -> None:
+        raise NotImplementedError
+
+    def _timer(self, effect: ArmTimer | CancelTimer) -> None:
+        if isinstance(effect, ArmTimer):
+            self.engine.arm(self.timer_owner, effect.key, effect.at)
+        else:
+            self.engine.cancel(self.timer_owner, effect.key)
+
+
+# ------------------------------------------------------------------------ greedy
+
+
+SCAN = 1000
+"""Queued tasks the greedy framework looks at per offer (first fit)."""
+
+
+class GreedyFramework(SimFramework):
+    """Launches queued tasks in arrival order (first fit among the first `SCAN`
+    that wait), at most `per_offer` (of the oldest waiting arrival) per offer, and
+    refuses the rest of each offer for the arrival's `refuse_seconds`: small
+    steps, so the allocator's DRF order decides who gets what. Suppresses offers
+    while nothing waits; a failed task is not retried."""
+
+    kind = "tasks"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._queue: deque[tuple[float, TasksArrival, int]] = deque()
+        self._plans: dict[str, tuple[TasksArrival, int]] = {}
+        self._launched = 0
+        self._suppressed = False
+
+    def add(self, arrival: TasksArrival, now: float) -> None:
+        self._queue.extend((now, arrival, i) for i in range(arrival.count))
+        if self._suppressed:
+            self._suppressed = False
+            self.driver.revive_offers()
+
+    def waiting(self) -> int:
+        return len(self._queue)
+
+    def live(self) -> int:
+        """Tasks launched and not yet ended, of those that end by themselves."""
+        return sum(1 for arrival, _ in self._plans.values() if arrival.shape.duration is not None)
+
+    def resource_offers(self, driver: Any, offers: list[Offer]) -> None:
+        now = self.engine.now
+        for offer in offers:
+            left = offer.resources
+            tasks: list[TaskInfo] = []
+            refuse = self._queue[0][1].refuse_seconds if self._queue else 1.0
+            per_offer = self._queue[0][1].per_offer if self._queue else 0
+            # First fit over the head of the queue, so one big task does not
+            # block the small ones behind it.
+            position = 0
+            while position < min(len(self._queue), SCAN) and len(tasks) < per_offer:
+                since, arrival, index = self._queue[position]
+                need = arrival.shape.resources
+                if not need <= left or arrival.agent not in (None, offer.hostname):
+                    position += 1
+                    continue
+                del self._queue[position]
+                left = left - need
+                self._launched += 1
+                task_id = f"{self.name}-{self._launched:06d}"
+                self._plans[task_id] = (arrival, index)
+                tasks.append(TaskInfo(task_id=task_id, name=f"{self.name} task",
+                                      agent_id=offer.agent_id, resources=need,
+                                      command=CommandInfo(shell="sim")))
+                self.recorder.launched(self.band, now - since)
+            if tasks:
+                driver.launch_tasks([offer.id], tasks, Filters(refuse_seconds=refuse))
+            else:
+                driver.decline_offer(offer.id, Filters(refuse_seconds=refuse))
+        if not self._queue and not self._suppressed:
+            self._suppressed = True
+            driver.suppress_offers()
+
+    def plan(self, task: TaskInfo) -> TaskPlan:
+        arrival, index = self._plans[task.task_id]
+        return self.plan_shape(arrival.shape, index, task)
+
+    def status_update(self, driver: Any, status: TaskStatus) -> None:
+        super().status_update(driver, status)
+        if status.state.is_terminal:
+            self._plans.pop(status.task_id, None)
+
+    def fire(self, key: Hashable, now: float) -> None:
+        raise AssertionError(f"the greedy framework arms no timers ({key!r})")
+
+
+# ------------------------------------------------------------------------- batch
+
+
+class BatchFramework(SimFramework):
+    """One MapReduce job on the real `frameworks.batch.core.BatchCore`; like
+    `dyad-batch`, the job is its own framework and tears itself down when done."""
+
+    kind = "job"
+
+    def __init__(self, engine: Engine, job: JobArrival, seed: int, recorder: Recorder,
+                 master_info: MasterInfo, refuse_seconds: float, locality_wait: float) -> None:
+        super().__init__(engine, f"dyad-batch:{job.name}", job.role, job.priority, seed,
+                         recorder, master_info)
+        self.job = job
+        self.arrived = engine.now
+        self.core = batch.BatchCore(CoreConfig(
+            splits=tuple(Split(index=i, path=f"/sim/{job.name}/input-{i}")
+                         for i in range(job.maps)),
+            reducers=job.reduces,
+            executor=ExecutorInfo(executor_id=f"{job.name}-executor",
+                                  name="simulated batch executor",
+                                  command=CommandInfo(shell="sim"), resources=job.executor),
+            map_resources=job.map.resources, reduce_resources=job.reduce.resources,
+            job_payload="{}", output=f"/sim/{job.name}/output", max_attempts=job.max_attempts,
+            locality_wait=locality_wait, refuse_seconds=refuse_seconds,
+            starvation_timeout=job.starvation_timeout))
+        self._maps_done: set[int] = set()
+        self._reduces_since: float | None = None
+        self.done: batch.JobDone | None = None
+
+    def waiting(self) -> int:
+        progress = self.core.progress()
+        if self.done is not None:
+            return 0
+        if progress.maps_done < progress.maps_total:
+            return progress.maps_total - progress.maps_done - progress.maps_running
+        return progress.reduces_total - progress.reduces_done - progress.reduces_running
+
+    def registered(self, driver: Any, framework_id: str, master_info: MasterInfo) -> None:
+        self._handle(batch.Started())
+
+    def reregistered(self, driver: Any, master_info: MasterInfo) -> None:
+        self._handle(batch.Reregistered())
+
+    def resource_offers(self, driver: Any, offers: list[Offer]) -> None:
+        self._handle(batch.OffersMade(tuple(offers)))
+
+    def status_update(self, driver: Any, status: TaskStatus) -> None:
+        super().status_update(driver, status)
+        kind, index, _ = _attempt(status.task_id)
+        if kind == MAP and status.state is TaskState.TASK_FINISHED:
+            self._maps_done.add(index)
+            if len(self._maps_done) == self.job.maps and self._reduces_since is None:
+                self._reduces_since = self.engine.now
+        self._handle(batch.TaskUpdate(status))
+
+    def agent_lost(self, driver: Any, agent_id: str) -> None:
+        self._handle(batch.AgentLost(agent_id))
+
+    def fire(self, key: Hashable, now: float) -> None:
+        self._handle(TimerFired(key))
+
+    def plan(self, task: TaskInfo) -> TaskPlan:
+        kind, index, _ = _attempt(task.task_id)
+        if kind == MAP:
+            data = {"outputs": [f"/sim/{self.job.name}/map-{index}/part-{r}"
+                                for r in range(self.job.reduces)]}
+            return self.plan_shape(self.job.map, index, task, json.dumps(data).encode())
+        data = {"output": f"/sim/{self.job.name}/output/part-{index:05d}"}
+        return self.plan_shape(self.job.reduce, index, task, json.dumps(data).encode())
+
+    def _handle(self, event: batch.Event) -> None:
+        self._perform(self.core.handle(event, self.engine.now))
+
+    def _perform(self, effects: Iterable[batch.Effect]) -> None:
+        for effect in effects:
+            if isinstance(effect, ArmTimer):
+                self._timer(effect)
+            elif isinstance(effect, batch.JobDone):
+                self._finish(effect)
+            else:
+                if isinstance(effect, LaunchTasks):
+                    for task in effect.tasks:
+                        self._note_launch(task)
+                perform(effect, self.driver)
+
+    def _note_launch(self, task: TaskInfo) -> None:
+        kind, _, attempt = _attempt(task.task_id)
+        if attempt != 1:
+            return  # pending time is the first attempt's wait
+        since = self.arrived if kind == MAP else (self._reduces_since or self.arrived)
+        self.recorder.launched(self.band, self.engine.now - since)
+
+    def _finish(self, done: batch.JobDone) -> None:
+        self.done = done
+        self.engine.cancel(self.timer_owner, batch.Tick())
+        self.recorder.job_ended(self.name, done.succeeded, done.error, self.engine.now)
+        # As `run_job` does, tear down once the callback that finished the job
+        # returned (so its implicit acknowledgement still goes out).
+        self.engine.call_at(self.engine.now, lambda now: self.driver.stop())
+
+
+def _attempt(task_id: str) -> tuple[str, int, int]:
+    """``map-00007-2`` -> ("map", 7, 2)."""
+    kind, index, attempt = task_id.rsplit("-", 2)
+    return kind, int(index), int(attempt)
+
+
+# ----------------------------------------------------------------------- service
+
+
+class ServiceFramework(SimFramework):
+    """The real `frameworks.service.core.ServiceCore` with the workload's apps put
+    to it as `PUT /v2/apps?force=true` would (a workload does not wait for a
+    deployment to finish before the next change)."""
+
+    kind = "service"
+
+    def __init__(self, engine: Engine, name: str, role: str, seed: int, recorder: Recorder,
+                 master_info: MasterInfo, refuse_seconds: float) -> None:
+        super().__init__(engine, name, role, 200, seed, recorder, master_info)
+        counter = iter(range(1, 1 << 62))
+        self.core = service.ServiceCore(service.ServiceConfig(refuse_seconds=refuse_seconds),
+                                        new_id=lambda: f"{next(counter):06d}")
+        self._apps: dict[str, AppArrival] = {}
+        self._since: dict[str, deque[float]] = {}  # app -> when each wanted task was wanted
+        self.refused_commands = 0
+        self.persisted = 0
+
+    def put(self, arrival: AppArrival, now: float) -> None:
+        self._apps[arrival.app.id] = arrival
+        self._execute(service.PutApp(arrival.app, force=True), now)
+
+    def delete(self, deletion: AppDeletion, now: float) -> None:
+        self._execute(service.DeleteApp(deletion.app_id, force=True), now)
+
+    def waiting(self) -> int:
+        return sum(len(q) for q in self._since.values())
+
+    def _execute(self, command: service.Command, now: float) -> None:
+        try:
+            outcome = self.core.execute(command, now)
+        except service.ServiceError:
+            self.refused_commands += 1
+            return
+        self._perform(outcome.effects)
+
+    def registered(self, driver: Any, framework_id: str, master_info: MasterInfo) -> None:
+        self._handle(service.Registered(framework_id))
+
+    def reregistered(self, driver: Any, master_info: MasterInfo) -> None:
+        self._handle(service.Reregistered())
+
+    def disconnected(self, driver: Any) -> None:
+        self._handle(service.Disconnected())
+
+    def resource_offers(self, driver: Any, offers: list[Offer]) -> None:
+        self._handle(service.OffersReceived(tuple(offers)))
+
+    def status_update(self, driver: Any, status: TaskStatus) -> None:
+        super().status_update(driver, status)
+        self._handle(service.StatusReceived(status))
+
+    def agent_lost(self, driver: Any, agent_id: str) -> None:
+        self._handle(service.AgentLost(agent_id))
+
+    def fire(self, key: Hashable, now: float) -> None:
+        self._handle(TimerFired(key))
+
+    def plan(self, task: TaskInfo) -> TaskPlan:
+        arrival = self._apps[task.name]
+        return self.plan_shape(arrival.task, 0, task)
+
+    def _handle(self, event: service.Event) -> None:
+        self._perform(self.core.handle(event, self.engine.now))
+
+    def _perform(self, effects: list[service.Effect]) -> None:
+        launched: dict[str, int] = {}
+        for effect in effects:
+            if isinstance(effect, service.Persist):
+                self.persisted += 1  # the store is the framework's; nothing to simulate
+            elif isinstance(effect, (ArmTimer, CancelTimer)):
+                self._timer(effect)
+            else:
+                if isinstance(effect, LaunchTasks):
+                    for task in effect.tasks:
+                        launched[task.name] = launched.get(task.name, 0) + 1
+                perform(effect, self.driver)
+        self._account(launched)
+
+    def _account(self, launched: dict[str, int]) -> None:
+        """Pending time: launches take the oldest wanted slots; then the queue of
+        each app is made as long as what the core still wants."""
+        now = self.engine.now
+        for app_id in sorted(set(self._since) | set(launched) | set(self.core.apps)):
+            queue = self._since.setdefault(app_id, deque())
+            for _ in range(launched.get(app_id, 0)):
+                since = queue.popleft() if queue else now
+                self.recorder.launched(band(self._apps[app_id].priority), now - since)
+            wanted = self.core.wanted(app_id)
+            while len(queue) > wanted:
+                queue.pop()
+            queue.extend([now] * (wanted - len(queue)))
+            if not queue and app_id not in self.core.apps:
+                del self._since[app_id]

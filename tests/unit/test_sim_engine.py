@@ -1,0 +1,79 @@
+"""The simulator's engine: ordering, timers, the wire."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import pytest
+
+from dyad.messages import Message, Ping
+from sim.engine import Engine, SimulationError
+
+
+class Log:
+    def __init__(self, engine: Engine, name: str, seen: list[tuple[float, str, object]]) -> None:
+        self.name = name
+        self.seen = seen
+        engine.add_node(name, self)
+
+    def deliver(self, sender: str, message: Message, now: float) -> None:
+        self.seen.append((now, self.name, message))
+
+    def fire(self, key: Hashable, now: float) -> None:
+        self.seen.append((now, self.name, key))
+
+
+def test_same_instant_runs_in_scheduling_order() -> None:
+    engine = Engine()
+    seen: list[tuple[float, str, object]] = []
+    node = Log(engine, "a", seen)
+    engine.arm("a", "t2", 5.0)
+    engine.call_at(5.0, lambda now: seen.append((now, "call", None)))
+    engine.arm("a", "t1", 5.0)
+    engine.run(10.0)
+    assert [entry[2] for entry in seen] == ["t2", None, "t1"]
+    assert node.seen is seen
+
+
+def test_rearming_replaces_and_cancelling_an_unarmed_key_is_a_no_op() -> None:
+    engine = Engine()
+    seen: list[tuple[float, str, object]] = []
+    Log(engine, "a", seen)
+    engine.arm("a", "k", 1.0)
+    engine.arm("a", "k", 3.0)
+    engine.cancel("a", "other")
+    engine.arm("a", "gone", 2.0)
+    engine.cancel("a", "gone")
+    engine.run(10.0)
+    assert seen == [(3.0, "a", "k")]
+    assert not engine.armed("a", "k")
+
+
+def test_wire_latency_codec_and_unknown_peers() -> None:
+    engine = Engine(latency=0.5, codec=True)
+    seen: list[tuple[float, str, object]] = []
+    Log(engine, "b", seen)
+    engine.send("a", "b", Ping(agent_id="S1"))
+    engine.send("a", "nobody", Ping(agent_id="S1"))
+    assert engine.run(10.0) == 10.0
+    assert seen == [(0.5, "b", Ping(agent_id="S1"))]
+    assert engine.counters["messages_dropped"] == 1
+    assert engine.counters["wire_bytes"] > 0
+
+
+def test_run_stops_at_until_and_resumes() -> None:
+    engine = Engine()
+    seen: list[tuple[float, str, object]] = []
+    Log(engine, "a", seen)
+    engine.arm("a", "late", 20.0)
+    assert engine.run(10.0) == 10.0
+    assert seen == []
+    engine.run(30.0)
+    assert seen == [(20.0, "a", "late")]
+
+
+def test_node_names_are_unique() -> None:
+    engine = Engine()
+    Log(engine, "a", [])
+    with pytest.raises(SimulationError):
+        Log(engine, "a", [])
