@@ -35,7 +35,8 @@ from dyad import logs, security
 from dyad.auth import ClientCredentials, CredentialsError
 from dyad.detector import parse_http_address
 from dyad.resources import Resources, ResourcesError
-from dyad.units import parse_attributes, parse_duration
+from dyad import argtypes
+from dyad.units import parse_attributes
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,8 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--master", required=True, help="the master: its HTTP address host:5050, or zk://HOSTS/dyad")
     p.add_argument("--ip", default="127.0.0.1", help="address to bind and advertise")
     p.add_argument("--hostname", default=socket.gethostname(), help="name to advertise")
-    p.add_argument("--port", type=_port, default=5051, help="HTTP port (0: any free port)")
-    p.add_argument("--executor-port", type=_port, default=0,
+    p.add_argument("--port", type=argtypes.port, default=5051, help="HTTP port (0: any free port)")
+    p.add_argument("--executor-port", type=argtypes.port, default=0,
                    help="port of the executors' ZMQ socket (default 0: a free port chosen "
                         "at the first start and kept in the checkpoint, so a restarted "
                         "agent binds it again and its executors find it)")
@@ -54,42 +55,42 @@ def _parser() -> argparse.ArgumentParser:
                    help='e.g. "cpus:4;mem:8192;disk:20000;ports:[31000-32000]"; '
                         "kinds left out are detected")
     p.add_argument("--attributes", type=_attributes, default={}, help='e.g. "rack:r1;zone:a"')
-    p.add_argument("--executor-registration-timeout", type=_duration, default=60.0,
+    p.add_argument("--executor-registration-timeout", type=argtypes.duration, default=60.0,
                    help="kill executors that do not register within this (e.g. 60s)")
-    p.add_argument("--executor-reregistration-timeout", type=_duration, default=10.0,
+    p.add_argument("--executor-reregistration-timeout", type=argtypes.duration, default=10.0,
                    help="after a restart, kill executors that do not re-register within this")
-    p.add_argument("--executor-shutdown-grace-period", type=_duration, default=3.0,
+    p.add_argument("--executor-shutdown-grace-period", type=argtypes.duration, default=3.0,
                    help="time an executor gets to stop (plus its tasks' kill grace periods)")
-    p.add_argument("--recovery-timeout", type=_duration, default=15 * 60.0,
+    p.add_argument("--recovery-timeout", type=argtypes.duration, default=15 * 60.0,
                    help="executors shut themselves down when the agent stays away this long")
     p.add_argument("--isolation", choices=["cgroups", "posix"], default=None,
                    help="resource isolation (default: cgroups if writable, else posix)")
     p.add_argument("--cgroups-root", default="dyad", help="cgroup under which runs live")
-    p.add_argument("--status-update-retry", type=_duration, default=10.0,
+    p.add_argument("--status-update-retry", type=argtypes.duration, default=10.0,
                    help="first resend of an unacknowledged status update; later ones "
                         "back off (doubling, with jitter) up to --status-update-retry-max")
-    p.add_argument("--status-update-retry-max", type=_duration, default=600.0,
+    p.add_argument("--status-update-retry-max", type=argtypes.duration, default=600.0,
                    help="the longest wait between resends of a status update")
-    p.add_argument("--usage-interval", type=_duration, default=1.0,
+    p.add_argument("--usage-interval", type=argtypes.duration, default=1.0,
                    help="how often executors are measured (and, under posix, limited)")
-    p.add_argument("--usage-report-interval", type=_duration, default=5.0,
+    p.add_argument("--usage-report-interval", type=argtypes.duration, default=5.0,
                    help="how often usage and cached URIs are reported to the master")
     p.add_argument("--oversubscription", choices=["on", "off"], default="on",
                    help="lend what tasks reserve but do not use as revocable resources "
                         "(docs/oversubscription.md; only frameworks that ask see them)")
-    p.add_argument("--reclaim-window", type=_positive_duration, default=300.0,
+    p.add_argument("--reclaim-window", type=argtypes.positive_duration, default=300.0,
                    help="how long a reservation takes to decay from a task's allocation "
                         "to its usage plus margin")
     p.add_argument("--reclaim-margin", type=_fraction, default=0.2,
                    help="kept above measured usage, as a fraction of it")
-    p.add_argument("--qos-mem-watermark", type=_watermark, default=0.9,
+    p.add_argument("--qos-mem-watermark", type=argtypes.fraction, default=0.9,
                    help="evict revocable tasks when measured memory use passes this "
                         "fraction of the agent's memory")
-    p.add_argument("--gc-delay", type=_duration, default=7 * 86400.0,
+    p.add_argument("--gc-delay", type=argtypes.duration, default=7 * 86400.0,
                    help="keep finished sandboxes this long (shorter when disk is short)")
     p.add_argument("--gc-disk-headroom", type=_fraction, default=0.1,
                    help="disk fraction to keep free; sandboxes go sooner as it shrinks")
-    p.add_argument("--disk-watch-interval", type=_duration, default=60.0,
+    p.add_argument("--disk-watch-interval", type=argtypes.duration, default=60.0,
                    help="how often finished sandboxes are considered for removal")
     p.add_argument("--log-max-size", type=_size, default=10 * 1024 * 1024,
                    help="rotate a task's stdout/stderr past this size (e.g. 10MB)")
@@ -110,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--docker-volume-root", action="append", default=[],
                    help="a host directory under which container volumes may lie "
                         "(repeatable; default none: only sandbox-relative volumes)")
-    p.add_argument("--docker-pull-timeout", type=_duration, default=DEFAULT_PULL_TIMEOUT,
+    p.add_argument("--docker-pull-timeout", type=argtypes.duration, default=DEFAULT_PULL_TIMEOUT,
                    help="give up an image pull after this long (its own timeout: a pull "
                         "is not an executor registration)")
     p.add_argument("--log-level", default="info",
@@ -120,15 +121,6 @@ def _parser() -> argparse.ArgumentParser:
     security.add_flags(p, zookeeper=False)
     return p
 
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid port {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"port {value} is out of range 0-65535")
-    return value
 
 
 def _containerizers(text: str) -> tuple[str, ...]:
@@ -147,21 +139,9 @@ def _attributes(text: str) -> dict[str, str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)B?\s*$", re.IGNORECASE)
 
-
-def _positive_duration(text: str) -> float:
-    value = _duration(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be longer than 0s")
-    return value
 
 
 def _size(text: str) -> int:
@@ -188,15 +168,6 @@ def _fraction(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a fraction in [0, 1)")
     return value
 
-
-def _watermark(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction in (0, 1]")
-    return value
 
 
 def _config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> AgentConfig:

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import zmq
 
 from dyad import logs, security
+from dyad import argtypes
 from dyad.units import parse_duration
 from dyad.zk import ZkAddress, parse_zk_url
 from master.registry import RegistryError
@@ -39,15 +40,6 @@ log = logging.getLogger("dyad.master")
 
 EXIT_NOT_LEADER = 75  # EX_TEMPFAIL
 
-
-def _duration(text: str) -> float:
-    try:
-        seconds = parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"duration {text!r} must be positive")
-    return seconds
 
 
 def _positive_int(text: str) -> int:
@@ -81,15 +73,6 @@ def _max_rows(text: str) -> int | None:
     return None if text.strip().lower() == "none" else _positive_int(text)
 
 
-def _sample_rate(text: str) -> float:
-    try:
-        rate = float(text)
-    except ValueError:
-        rate = -1.0
-    if not 0 < rate <= 1:
-        raise argparse.ArgumentTypeError(f"a sample rate is in (0, 1], not {text!r}")
-    return rate
-
 
 _MEMORY = re.compile(r"\s*\d+(\.\d+)?\s*([KMGT]i?)?B\s*", re.IGNORECASE)
 
@@ -108,31 +91,22 @@ def _zk_url(text: str) -> ZkAddress:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"port {value} is out of range (0 picks a free port)")
-    return value
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dyad-master", description="Run a Dyad master.")
     parser.add_argument("--ip", default="127.0.0.1", help="address to bind and advertise")
     parser.add_argument("--hostname", default=socket.gethostname(),
                         help="hostname to advertise (default: this machine's)")
-    parser.add_argument("--port", type=_port, default=5050, help="HTTP port (0: any free)")
-    parser.add_argument("--zmq-port", type=_port, default=5055, help="ZMQ port (0: any free)")
+    parser.add_argument("--port", type=argtypes.port, default=5050, help="HTTP port (0: any free)")
+    parser.add_argument("--zmq-port", type=argtypes.port, default=5055, help="ZMQ port (0: any free)")
     parser.add_argument("--work-dir", type=pathlib.Path, default=pathlib.Path("./work-dir/master"),
                         help="directory for the master's files")
-    parser.add_argument("--offer-timeout", type=_duration, default="30s")
-    parser.add_argument("--allocation-interval", type=_duration, default="1s")
-    parser.add_argument("--agent-ping-timeout", type=_duration, default="15s",
+    parser.add_argument("--offer-timeout", type=argtypes.positive_duration, default="30s")
+    parser.add_argument("--allocation-interval", type=argtypes.positive_duration, default="1s")
+    parser.add_argument("--agent-ping-timeout", type=argtypes.positive_duration, default="15s",
                         help="ping interval, and how long a ping may go unanswered")
     parser.add_argument("--max-agent-ping-timeouts", type=_positive_int, default=5)
-    parser.add_argument("--heartbeat-interval", type=_duration, default="5s",
+    parser.add_argument("--heartbeat-interval", type=argtypes.positive_duration, default="5s",
                         help="framework heartbeat interval (both directions)")
     parser.add_argument("--oversubscription", choices=["on", "off"], default="on",
                         help="offer what agents lend (revocable resources) to frameworks "
@@ -141,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="preempt lower-priority tasks for unmet quota guarantees and "
                              "for frameworks that ask (off by default)")
     parser.add_argument("--max-preemptions-per-minute", type=_positive_int, default=60)
-    parser.add_argument("--preemption-hold", type=_duration, default="10s",
+    parser.add_argument("--preemption-hold", type=argtypes.positive_duration, default="10s",
                         help="how long agents freed by preemption are kept for the preemptor")
     parser.add_argument("--preemption-guarantees", choices=["on", "off"], default="on",
                         help="with --preemption: also preempt, unasked, for unmet guarantees")
@@ -152,11 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--zk", metavar="URL", type=_zk_url,
                         help="contend for leadership through ZooKeeper, e.g. "
                              "zk://zk1:2181,zk2:2181/dyad (default: standalone)")
-    parser.add_argument("--zk-session-timeout", type=_duration,
+    parser.add_argument("--zk-session-timeout", type=argtypes.positive_duration,
                         default=f"{DEFAULT_ZK_SESSION_TIMEOUT:g}s",
                         help="how long ZooKeeper waits before a silent master's "
                              "leadership ends: the floor of failover time")
-    parser.add_argument("--agent-reregister-timeout", type=_duration, default="10mins",
+    parser.add_argument("--agent-reregister-timeout", type=argtypes.positive_duration, default="10mins",
                         help="after a failover, how long agents from the registry "
                              "have to re-register before they are unreachable")
     parser.add_argument("--agent-removal-rate-limit", type=_rate, default="1/10s",
@@ -165,14 +139,14 @@ def build_parser() -> argparse.ArgumentParser:
     usage = parser.add_argument_group("usage store (docs/usage-store.md)")
     usage.add_argument("--usage-store", choices=["on", "off"], default="on",
                        help="keep tasks' usage samples and events, answerable with SQL")
-    usage.add_argument("--usage-retention", type=_duration, default="24h",
+    usage.add_argument("--usage-retention", type=argtypes.positive_duration, default="24h",
                        help="how long rows are kept")
     usage.add_argument("--usage-max-rows", type=_max_rows, default="10000000",
                        help="rows kept per table at most (oldest go first; none: no limit)")
-    usage.add_argument("--usage-sample-rate", type=_sample_rate, default=1.0,
+    usage.add_argument("--usage-sample-rate", type=argtypes.fraction, default=1.0,
                        help="fraction of usage samples kept (aggregates weigh by "
                             "sample_weight); events are always kept")
-    usage.add_argument("--usage-query-timeout", type=_duration, default="10s",
+    usage.add_argument("--usage-query-timeout", type=argtypes.positive_duration, default="10s",
                        help="longest a query may run")
     usage.add_argument("--usage-query-rows", type=_positive_int, default=10_000,
                        help="most rows a query answers")

@@ -34,7 +34,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from dyad import security, zk_acl
 from dyad.clock import SystemClock
 from dyad.messages import FrameworkInfo
-from dyad.units import parse_duration
+from dyad import argtypes
 from frameworks.autopilot import Config as AutopilotConfig
 from frameworks.scheduler import SchedulerDriver
 from frameworks.service.api import ServiceApi
@@ -52,19 +52,6 @@ STEPPED_DOWN = -1
 """`Service._lead`'s answer when its term ended without being told to stop."""
 
 
-def _duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _port(text: str) -> int:
-    port = int(text)
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError("port must be 0..65535")
-    return port
-
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dyad-service", description=__doc__.split("\n\n")[0])
@@ -73,19 +60,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ip", default="127.0.0.1", help="address the API binds and advertises")
     p.add_argument("--hostname", default=None,
                    help="name advertised to the master and other instances (default: --ip)")
-    p.add_argument("--port", type=_port, default=8080, help="API port (0: any free port)")
+    p.add_argument("--port", type=argtypes.port, default=8080, help="API port (0: any free port)")
     p.add_argument("--work-dir", type=Path, default=Path("./work-dir/service"),
                    help="state file without --zk")
     p.add_argument("--zk", metavar="URL", default=None,
                    help="zk://host:port[,host:port]/path (default path /dyad-service): "
                         "state and leader election")
-    p.add_argument("--zk-session-timeout", type=_duration, default="10s")
+    p.add_argument("--zk-session-timeout", type=argtypes.duration, default="10s")
     p.add_argument("--name", default="dyad-service", help="framework name")
-    p.add_argument("--failover-timeout", type=_duration, default="7days",
+    p.add_argument("--failover-timeout", type=argtypes.duration, default="7days",
                    help="how long the master keeps our tasks while we are away")
-    p.add_argument("--deployment-timeout", type=_duration, default="5mins",
+    p.add_argument("--deployment-timeout", type=argtypes.duration, default="5mins",
                    help="upgrades with no new task ready for this long roll back")
-    p.add_argument("--decline-refuse", type=_duration, default="30s",
+    p.add_argument("--decline-refuse", type=argtypes.duration, default="30s",
                    help="filter on declined offers (new demand revives at once)")
     p.add_argument("--role", default="*",
                    help="the framework's role; apps with persistent volumes reserve to it")
@@ -94,13 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=["debug", "info", "warning", "error"])
     pilot = p.add_argument_group("autopilot (apps with an \"autopilot\" block; "
                                  "docs/autopilot.md)")
-    pilot.add_argument("--autopilot-step", type=_duration, default="5mins",
+    pilot.add_argument("--autopilot-step", type=argtypes.duration, default="5mins",
                        help="how often usage is read from the master and apps evaluated")
-    pilot.add_argument("--autopilot-warmup", type=_duration, default="1h",
+    pilot.add_argument("--autopilot-warmup", type=argtypes.duration, default="1h",
                        help="no recommendation before an app has samples this old")
     pilot.add_argument("--autopilot-min-samples", type=int, default=30,
                        help="no recommendation on fewer samples")
-    pilot.add_argument("--autopilot-min-interval", type=_duration, default="1h",
+    pilot.add_argument("--autopilot-min-interval", type=argtypes.duration, default="1h",
                        help="an app's limits change at most this often (OOM raises excepted)")
     security.add_flags(p)
     return p
