@@ -655,23 +655,6 @@ class AgentState(ContainerRuns):
             effects += self._drain_executor(executor, now)
         return effects
 
-    def _drain_executor(self, executor: AgentExecutor, now: float) -> list[Effect]:
-        """Kill the run's tasks through a shutdown (their kill policy applies, then the
-        executor's); they are reported TASK_KILLED with the drain reason."""
-        if executor.phase == RECOVERING:
-            return []  # drained once it re-registers (or is killed for not doing so)
-        effects: list[Effect] = []
-        for task in list(executor.queued.values()):
-            effects += self._transition(executor, task, self._status_update(
-                task.framework_id, task.task_id, executor.executor_id, TaskState.TASK_KILLED,
-                Reason.AGENT_DRAINING, "killed before launch: the agent is draining", now), now)
-        for task in executor.launched.values():
-            task.kill_as = TaskEnd(TaskState.TASK_KILLED, Reason.AGENT_DRAINING,
-                                   "killed: the agent is draining")
-            effects += self.health.stop(task.framework_id, task.task_id)
-        self._changed()
-        return effects + self._shutdown_executor(executor, now)
-
     # ---------------------------------------------------------------- recovery
 
     def saved(self) -> SavedAgent:
