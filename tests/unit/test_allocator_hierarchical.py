@@ -11,18 +11,14 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from dyad.ids import IdGenerator
-from dyad.messages import Address, MasterInfo
 from dyad.resources import Resources
 from master.allocator import (
     Allocation, AllocatorError, HierarchicalAllocator, PolicyError, Quota, RandomSorter,
     check_quotas, parse_quota, parse_weights,
 )
 from master.http import make_app
-from master.metrics import Histogram
-from master.operator import OperatorCall, Reply, Request
-from master.model import MasterConfig
-from master.state import MasterState
+from tests.unit.test_events import HttpView
+from tests.unit.test_master_state import Harness
 
 AGENT = Resources.parse("cpus:4;mem:4096;ports:[31000-31099]")
 MIN = {"cpus": 0.01, "mem": 32}
@@ -427,41 +423,8 @@ def test_expired_filters_wake_only_their_agent() -> None:
 # ------------------------------------------------- operator API over HTTP
 
 
-class _View:
-    """What `master.http` needs, around a real `MasterState` (no ZMQ)."""
-
-    def __init__(self) -> None:
-        self.info = MasterInfo(id="m", hostname="m", ip="127.0.0.1", port=0, zmq_port=0,
-                               version="0", address=Address(hostname="m", ip="127.0.0.1", port=0))
-        self.state = MasterState(MasterConfig(), self.info, IdGenerator("m"))
-        self.is_leader = True
-        self.leader = self.info
-        self.calls = 0
-
-    def snapshot(self) -> dict[str, Any]:
-        return self.state.snapshot()
-
-    def metrics(self) -> dict[str, float]:
-        return self.state.metrics()
-
-    def histograms(self) -> dict[str, Histogram]:
-        return self.state.histograms()
-
-    def problems(self) -> list[str]:
-        return []
-
-    def count_internal_error(self) -> None:
-        raise AssertionError("a handler raised")
-
-    async def call(self, request: Request) -> Reply:
-        self.calls += 1
-        (reply,) = [e for e in self.state.handle(OperatorCall(self.calls, request), 0.0)
-                    if isinstance(e, Reply)]
-        return reply
-
-
 async def test_weights_and_quota_over_http() -> None:
-    view = _View()
+    view = HttpView(Harness())
     async with TestClient(TestServer(make_app(view))) as client:
         assert await (await client.get("/weights")).json() == []
         response = await client.put("/weights", json=[{"role": "eng", "weight": 3}])

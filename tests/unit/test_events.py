@@ -115,7 +115,7 @@ def test_a_task_id_live_in_two_frameworks_needs_the_framework_id() -> None:
     assert h.call(KillLiveTask(task_id="t1", framework_id=fids[1])).ok
 
 
-class _View:
+class HttpView:
     """`MasterView` over a Harness (no sockets); `submit` runs the event at once."""
 
     def __init__(self, harness: Harness) -> None:
@@ -149,7 +149,7 @@ async def test_events_and_kill_over_http() -> None:
     agent = h.register("a1")
     fid = h.subscribe("d1")
     h.recv("d1", launch(fid, h.offers_to(h.allocate(), "d1"), task("t1", agent)))
-    async with TestClient(TestServer(make_app(_View(h)))) as client:
+    async with TestClient(TestServer(make_app(HttpView(h)))) as client:
         page = await (await client.get("/events", params={"since": "1"})).json()
         assert [e["type"] for e in page["events"]] == ["framework_subscribed", "task_state"]
         assert page["next"] == 3 and page["first"] == 1
@@ -194,7 +194,7 @@ HUGE = b"1" + b"0" * 309
 async def test_bad_operator_bodies_get_a_json_reason(method: str, path: str, body: bytes,
                                                      status: int, reason: str) -> None:
     h = Harness()
-    async with TestClient(TestServer(make_app(_View(h)))) as client:
+    async with TestClient(TestServer(make_app(HttpView(h)))) as client:
         response = await client.request(method, path, data=body,
                                         headers={"Content-Type": "application/json"})
         assert response.status == status
@@ -206,7 +206,7 @@ async def test_bad_operator_bodies_get_a_json_reason(method: str, path: str, bod
 
 
 async def test_health_names_what_is_wrong() -> None:
-    view = _View(Harness())
+    view = HttpView(Harness())
     async with TestClient(TestServer(make_app(view))) as client:
         assert await (await client.get("/health")).json() == {"healthy": True, "leader": True}
         view.problems = lambda: ["loop master-receive is not running"]  # type: ignore[method-assign]
