@@ -105,5 +105,12 @@ async def test_idle_reservations_are_lent_and_taken_back(make_cluster: Any, driv
     assert not [s for s in service.statuses if s.task_id == "svc" and s.state.is_terminal]
     agent_state = http_get_json(f"{agent['url']}/state")
     assert agent_state["oversubscription"]["evicted"] >= 1
-    svc = next(t for f in cluster.state()["frameworks"] for t in f["tasks"] if t["id"] == "svc")
-    assert svc["state"] == "TASK_RUNNING" and svc["usage"]["mem_rss_mb"] > 400
+
+    def owner_grown() -> Any:
+        # The master sees usage one report later than the agent acted on it.
+        svc = next(t for f in cluster.state()["frameworks"] for t in f["tasks"]
+                   if t["id"] == "svc")
+        assert svc["state"] == "TASK_RUNNING", svc
+        return svc if (svc.get("usage") or {}).get("mem_rss_mb", 0) > 400 else None
+
+    await wait_for(owner_grown, 20, "the service's usage to show it grew, still running")
