@@ -22,7 +22,7 @@ from dyad import prometheus
 from master.http import make_app as master_app
 from master.metrics import COUNTERS, GAUGES, HISTOGRAMS, Histogram
 from master.model import AllocationTimed
-from tests.unit.test_events import _View
+from tests.unit.test_events import HttpView
 from tests.unit.test_master_state import Harness
 
 
@@ -61,7 +61,7 @@ async def test_master_metrics_route_matches_the_snapshot() -> None:
     harness.register("a1")
     harness.subscribe("d1")
     harness.allocate()
-    async with TestClient(TestServer(master_app(_View(harness)))) as client:
+    async with TestClient(TestServer(master_app(HttpView(harness)))) as client:
         snapshot = await (await client.get("/metrics/snapshot")).json()
         response = await client.get("/metrics")
         assert response.status == 200
