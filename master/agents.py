@@ -314,6 +314,8 @@ class AgentHandlers(MasterBooks):
             return
         grew = not lent <= agent.revocable
         agent.revocable = lent
+        if lent:
+            self.lending.add(agent.id)
         if revocable.overcommitted(agent):
             for offer_id in sorted(agent.offers):
                 if self.offers[offer_id].revocable:

@@ -70,6 +70,9 @@ class MasterBooks:
         self.drained: set[str] = set()
         # Refuse filters on revocable offers: (framework, agent) -> until.
         self.revocable_filters: dict[tuple[str, str], float] = {}
+        # Agents that may lend (a superset, pruned by each pass): a pass looks at
+        # these, not at every agent.
+        self.lending: set[str] = set()
         # Operator policy, plain data for the registry: changed only by operator
         # calls (`SetWeights`/`SetQuota`) and `restore`.
         self.weights: dict[str, float] = {}

@@ -387,8 +387,13 @@ class MasterState(PreemptionHandlers, AgentHandlers):
         now = self._now
         for key in [k for k, until in self.revocable_filters.items() if until <= now]:
             del self.revocable_filters[key]
-        agents = {aid: agent for aid, agent in self.agents.items()
-                  if agent.revocable and aid not in self.drained}
+        agents = {}
+        for aid in list(self.lending):
+            agent = self.agents.get(aid)
+            if agent is None or not agent.revocable:
+                self.lending.discard(aid)  # gone, re-registered or lends nothing now
+            elif aid not in self.drained:
+                agents[aid] = agent
         return revocable.plan(
             agents, self.frameworks.values(), self.allocator.share,
             lambda fid, aid: (fid, aid) in self.revocable_filters,

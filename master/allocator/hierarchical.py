@@ -88,6 +88,9 @@ def allowed_roles(role: str) -> list[str]:
     return roles
 
 
+_Rooms = tuple[dict[str, int], dict[str, int]]  # limit room, unreserved room per kind
+
+
 class _Agent:
     __slots__ = ("total", "free", "allocated", "role_of", "offered_to", "reserved")
 
@@ -142,6 +145,9 @@ class HierarchicalAllocator:
         self._dirty: dict[str, None] = {}  # ordered: deterministic passes
         self._all_dirty = False
         self._quota_blocked: dict[str, None] = {}
+        # (role, guarantee stage) -> `_room`; emptied whenever quota, a role's
+        # allocation or the free unreserved amounts change.
+        self._rooms: dict[tuple[str, bool], _Rooms | None] = {}
         self.last_considered = 0  # agents looked at by the last pass
 
     # ------------------------------------------------------------------ agents
@@ -285,6 +291,7 @@ class HierarchicalAllocator:
             self._quota.pop(role, None)
         else:
             self._quota[role] = quota
+        self._rooms.clear()
         self._all_dirty = True
 
     # -------------------------------------------------------------- accounting
@@ -427,7 +434,14 @@ class HierarchicalAllocator:
         return None
 
     def _worth(self, resources: Resources) -> bool:
-        return any(resources.get_milli(name) >= milli for name, milli in self._min)
+        # One sum over the scalars rather than one scan per name; a name that is no
+        # scalar here (ports) is asked for as `get_milli` would count it.
+        totals = resources.scalar_items()
+        for name, milli in self._min:
+            if totals.get(name, 0) >= milli or (
+                    name not in totals and resources.get_milli(name) >= milli):
+                return True
+        return False
 
     # -------------------------------------------------------------------- quota
 
@@ -436,6 +450,21 @@ class HierarchicalAllocator:
         ancestors, and the headroom other roles' unmet guarantees need. In the
         guarantee stage (`guarantees`) the guaranteed kinds are also cut to what the
         role's quota subtree still misses, and None means it misses nothing."""
+        key = (role, guarantees)
+        if key in self._rooms:
+            rooms = self._rooms[key]
+        else:
+            rooms = self._rooms[key] = self._room(role, guarantees)
+        if rooms is None:
+            return None
+        return _cut(offerable, *rooms)
+
+    def _room(self, role: str, guarantees: bool) -> _Rooms | None:
+        """For `_capped`: the room per kind under limits, and for unreserved
+        amounts. It depends only on quota, role allocations and the cluster's free
+        unreserved amounts, so it is kept (`_rooms`) until one of them changes:
+        a pass over many agents where few offers are made computes it a few times,
+        not once per agent."""
         chain = allowed_roles(role)[:-1] if role != UNRESERVED else []
         limit_room: dict[str, int] = {}
         for ancestor in chain:
@@ -454,7 +483,7 @@ class HierarchicalAllocator:
                 return None
             for kind, room in missing.items():
                 unreserved_room[kind] = min(room, unreserved_room.get(kind, room))
-        return _cut(offerable, limit_room, unreserved_room)
+        return limit_room, unreserved_room
 
     def _missing(self, chain: list[str]) -> dict[str, int]:
         """Per guaranteed kind, the most any quota role in `chain` still misses."""
@@ -505,6 +534,7 @@ class HierarchicalAllocator:
         return required, own
 
     def _consumption_changed(self) -> None:
+        self._rooms.clear()
         if self._quota_blocked:
             self._dirty.update(self._quota_blocked)
             self._quota_blocked = {}
@@ -645,6 +675,16 @@ def _cut(resources: Resources, limit_room: Mapping[str, int],
     before unreserved ones (they are the role's own); both are cut deterministically."""
     if not limit_room and not unreserved_room:
         return resources
+    totals = resources.scalar_items()
+    if all(totals.get(kind, 0) <= room for kind, room in limit_room.items()) and \
+            all(totals.get(kind, 0) <= room for kind, room in unreserved_room.items()):
+        return resources  # it all fits: `_cut_entries` would cut nothing
+    return _cut_entries(resources, limit_room, unreserved_room)
+
+
+def _cut_entries(resources: Resources, limit_room: Mapping[str, int],
+                 unreserved_room: Mapping[str, int]) -> Resources:
+    """`_cut`, entry by entry."""
     unreserved = resources.unreserved()
     cut = Resources()
     for kind in sorted(set(limit_room) | set(unreserved_room)):
