@@ -356,14 +356,23 @@ class BatchCore:
     def _pick(self, offer: Offer, now: float) -> tuple[_Task, bool, bool | None] | _Why:
         """The next task for this offer: (task, speculative copy?, data-local?)."""
         if not self._all_maps_done():
-            candidates = [self._maps[i] for i in self._pending[MAP]
-                          if self._may_run(self._maps[i], offer.agent_id, now)]
-            for task in candidates:
-                if offer.hostname in self._preferred(task):
+            # In order of preference: the first runnable map whose data is here,
+            # else the first with no data anywhere, else a steal. One scan, which
+            # stops at the first local map.
+            candidates: list[_Task] = []
+            anywhere: _Task | None = None
+            for i in self._pending[MAP]:
+                task = self._maps[i]
+                if not self._may_run(task, offer.agent_id, now):
+                    continue
+                preferred = self._preferred(task)
+                if offer.hostname in preferred:
                     return task, False, True
-            for task in candidates:
-                if not self._preferred(task):
-                    return task, False, None
+                if anywhere is None and not preferred:
+                    anywhere = task
+                candidates.append(task)
+            if anywhere is not None:
+                return anywhere, False, None
             if candidates:
                 if self._may_go_remote(now):
                     return self._steal(candidates), False, False

@@ -42,6 +42,17 @@ A pass looks only at dirty agents and leaves all of them clean: whatever it did
 not offer, nobody could take, and stays so until one of those events. Weights
 change only the order among takers, so they dirty nothing.
 
+What a pass keeps
+-----------------
+A full pass (a framework subscribed) asks the quota cut of every role on every
+agent. The cut's room -- per kind, what limits and other roles' unmet
+guarantees leave -- depends only on quota, role allocations and the free
+unreserved amounts, so it is computed once and kept until one of those changes
+(any offer made or resource freed empties it); which roles hold guarantees
+below which is kept until quota changes. `tests/unit/test_allocator_equivalence.py`
+drives this allocator and one without these shortcuts through generated event
+sequences and checks that they make the very same offers.
+
 Everything is pure: no clock (time comes in as `now`), no I/O, deterministic
 (agents in the order they became dirty, sorters with explicit tie-breaks).
 """
@@ -148,6 +159,7 @@ class HierarchicalAllocator:
         # (role, guarantee stage) -> `_room`; emptied whenever quota, a role's
         # allocation or the free unreserved amounts change.
         self._rooms: dict[tuple[str, bool], _Rooms | None] = {}
+        self._below: dict[str, list[str]] = {}  # `_guaranteed_below`, until quota changes
         self.last_considered = 0  # agents looked at by the last pass
 
     # ------------------------------------------------------------------ agents
@@ -292,6 +304,7 @@ class HierarchicalAllocator:
         else:
             self._quota[role] = quota
         self._rooms.clear()
+        self._below.clear()
         self._all_dirty = True
 
     # -------------------------------------------------------------- accounting
@@ -502,10 +515,8 @@ class HierarchicalAllocator:
         used = self._role_sorter.allocation(role)
         need = {kind: max(0, milli - used.get(kind, 0)) for kind, milli in quota.guarantee.items()}
         below: Counter[str] = Counter()
-        for child, child_quota in self._quota.items():
-            if child_quota.guarantee and child.startswith(role + "/") and \
-                    self._top_guaranteed(child, within=role) == child:
-                below.update(self._need(child, child_quota))
+        for child in self._guaranteed_below(role):
+            below.update(self._need(child, self._quota[child]))
         for kind, milli in below.items():
             need[kind] = max(need.get(kind, 0), milli)
         return need
@@ -526,12 +537,23 @@ class HierarchicalAllocator:
         """Unmet guarantees cluster-wide, and the part of them `chain`'s own
         outermost guaranteed role accounts for (not held back from itself)."""
         required: Counter[str] = Counter()
-        for role, quota in self._quota.items():
-            if quota.guarantee and self._top_guaranteed(role) == role:
-                required.update(self._need(role, quota))
+        for role in self._guaranteed_below(""):
+            required.update(self._need(role, self._quota[role]))
         top = self._top_guaranteed(chain[0]) if chain else None
         own = self._need(top, self._quota[top]) if top is not None else {}
         return required, own
+
+    def _guaranteed_below(self, role: str) -> list[str]:
+        """The nearest roles with a guarantee strictly below `role` (below ``""``:
+        the outermost ones). It depends only on quota, so it is kept (`_below`)
+        until quota changes."""
+        below = self._below.get(role)
+        if below is None:
+            below = self._below[role] = [
+                child for child, quota in self._quota.items()
+                if quota.guarantee and (not role or child.startswith(role + "/"))
+                and self._top_guaranteed(child, within=role) == child]
+        return below
 
     def _consumption_changed(self) -> None:
         self._rooms.clear()
@@ -557,7 +579,9 @@ class HierarchicalAllocator:
         else:
             agent.allocated[framework_id] = held + resources
         scalars = resources.scalar_items()
-        self._free_unreserved.subtract(_unreserved_scalars(agent, resources, scalars))
+        free = self._free_unreserved
+        for kind, milli in _unreserved_scalars(agent, resources, scalars).items():
+            free[kind] -= milli
         self._role_sorter.allocated(role, scalars)
         self._roles[role].sorter.allocated(framework_id, scalars)
         self._consumption_changed()
@@ -569,7 +593,9 @@ class HierarchicalAllocator:
         left = held - resources
         agent.free = agent.free + resources
         scalars = resources.scalar_items()
-        self._free_unreserved.update(_unreserved_scalars(agent, resources, scalars))
+        free = self._free_unreserved
+        for kind, milli in _unreserved_scalars(agent, resources, scalars).items():
+            free[kind] += milli
         self._role_sorter.unallocated(role, scalars)
         self._roles[role].sorter.unallocated(framework_id, scalars)
         if left.is_empty():

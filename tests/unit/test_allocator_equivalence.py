@@ -5,10 +5,10 @@ accepted in part or declined, and tasks ending, and checks that every pass
 offers exactly the same resources to the same frameworks in the same order.
 
 The shortcuts (see the allocator's module docstring): the quota room of a role
-is kept until quota, an allocation or the free amounts change; `_worth` and
-`_cut` answer from scalar totals when they can. The reference recomputes the
-room on every question and asks `get_milli` per name and `_cut_entries` for
-every cut.
+is kept until quota, an allocation or the free amounts change, and which roles
+hold guarantees below which until quota changes; `_worth` and `_cut` answer
+from scalar totals when they can. The reference recomputes both on every
+question and asks `get_milli` per name and `_cut_entries` for every cut.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ class Reference(HierarchicalAllocator):
     """The allocator without its shortcuts."""
 
     def _capped(self, role: str, offerable: Resources, guarantees: bool) -> Resources | None:
+        self._below.clear()
         rooms = self._room(role, guarantees)
         return None if rooms is None else hierarchical._cut_entries(offerable, *rooms)
 
@@ -64,6 +65,11 @@ class Equivalence(RuleBasedStateMachine):
         getattr(self.fast, method)(*args)
         getattr(self.slow, method)(*args)
 
+    def forget(self, field: int, name: str) -> None:
+        """Drop the offers and tasks of a framework (field 0) or an agent (1)."""
+        self.offers = [o for o in self.offers if o[field] != name]
+        self.used = [u for u in self.used if u[field] != name]
+
     @rule(agent=st.sampled_from(AGENTS), total=agent_resources)
     def add_agent(self, agent: str, total: Resources) -> None:
         if agent not in self.agents:
@@ -75,8 +81,7 @@ class Equivalence(RuleBasedStateMachine):
     def remove_agent(self, data: st.DataObject) -> None:
         agent = data.draw(st.sampled_from(self.agents))
         self.agents.remove(agent)
-        self.offers = [o for o in self.offers if o[1] != agent]
-        self.used = [u for u in self.used if u[1] != agent]
+        self.forget(1, agent)
         self.both("remove_agent", agent)
 
     @rule(framework=st.sampled_from(FRAMEWORKS),
@@ -91,8 +96,7 @@ class Equivalence(RuleBasedStateMachine):
     def remove_framework(self, data: st.DataObject) -> None:
         framework = data.draw(st.sampled_from(self.frameworks))
         self.frameworks.remove(framework)
-        self.offers = [o for o in self.offers if o[0] != framework]
-        self.used = [u for u in self.used if u[0] != framework]
+        self.forget(0, framework)
         self.both("remove_framework", framework)
 
     @precondition(lambda self: self.frameworks)
