@@ -51,7 +51,8 @@ from agent.state import AgentState, Event
 from agent.status_updates import SendMaster
 from dyad import security
 from dyad.auth import (
-    DYAD_CURVE_KEY, DYAD_MASTER_KEY, TOKEN_ENV, TOKEN_FILE_ENV, ClientCredentials, HandshakeWatch,
+    DYAD_CURVE_KEY, DYAD_MASTER_KEY, TOKEN_ENV, TOKEN_FILE_ENV, ClientCredentials,
+    CredentialsError, HandshakeWatch,
 )
 from dyad.clock import Clock, SystemClock
 from dyad.detector import Detector, LeaderFollower, make_detector
@@ -199,8 +200,8 @@ class AgentServer:
         await self._connect_docker()
         self.state = AgentState(self.config)
         await asyncio.to_thread(self.fetcher.cache.load)
-        self._dealer = Dealer(curve=self.client.keys, server_key=self.client.master_key(None)
-                              if self.client.keys else None)
+        pinned = self.client.master_keys[0] if self.client.master_keys else None
+        self._dealer = Dealer(curve=self.client.keys, server_key=pinned)
         if self.client.keys is not None:  # say why the master does not answer, if it refuses us
             self._master_watch = HandshakeWatch(
                 self._dealer.socket, lambda where, why: self.refusals("by_master", where, why))
@@ -438,6 +439,12 @@ class AgentServer:
 
     def _master_detected(self, info: MasterInfo) -> None:
         log.info("master detected at %s", info.zmq_endpoint)
+        if self._dealer is not None and self._dealer.curve:
+            try:  # the advertised key, if we pin none or pin it (docs/security.md)
+                self._dealer.set_server_key(self.client.master_key(info.curve_key.encode() or None))
+            except CredentialsError as exc:
+                self.refusals("master_key", info.zmq_endpoint, str(exc))
+                return
         self._events.put_nowait(MasterDetected(info))
 
     def _timer_due(self, key: Hashable) -> None:

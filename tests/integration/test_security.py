@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import attrs
 import pytest
 
 from dyad import keys_cli
@@ -221,6 +222,40 @@ async def test_a_framework_cannot_take_over_or_act_on_anothers(cluster: LocalClu
     finally:
         alice.close()
         await stop(driver, task)
+
+
+async def test_the_master_advertises_its_key_and_a_client_pinning_none_learns_it(
+        cluster: LocalCluster) -> None:
+    status, info = await http(cluster, "GET", f"{cluster.master.url}/master/info", "alice")
+    assert status == 200 and info["curve_key"] == master_key(cluster).decode()
+    learner = attrs.evolve(credentials(cluster, "alice"), master_keys=())
+    recorder = Recorder()
+    driver = SchedulerDriver(recorder, FrameworkInfo(name="learner"),
+                             master=cluster.master_address, credentials=learner)
+    task = asyncio.ensure_future(driver.run_async())
+    try:
+        await wait_for(lambda: recorder.framework_id is not None, 20,
+                       "registered with the key /master/info (over verified HTTPS) advertised")
+    finally:
+        await stop(driver, task)
+
+
+async def test_a_pinned_master_key_wins_over_the_advertised_one(
+        cluster: LocalCluster, stranger: Path) -> None:
+    pinned_elsewhere = attrs.evolve(credentials(cluster, "alice"), master_keys=(
+        load_keys(stranger / "curve" / "agent.key").public,))
+    recorder = Recorder()
+    driver = SchedulerDriver(recorder, FrameworkInfo(name="pinned"),
+                             master=cluster.master_address, credentials=pinned_elsewhere)
+    task = asyncio.ensure_future(driver.run_async())
+    try:
+        await wait_for(lambda: any("not among the keys we trust" in m
+                                   for m in recorder.named("error")), 15,
+                       "the advertised key refused, and error() told why")
+        assert recorder.framework_id is None
+    finally:
+        driver.abort()
+        await asyncio.wait_for(task, 10)
 
 
 # ------------------------------------------------------------------ HTTP
