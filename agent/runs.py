@@ -89,7 +89,9 @@ class ExecutorRuns:
         executor.limits = limits.limits(executor)
         if executor.info.container is not None:  # no registration timer while pulling
             return self._launch_container(executor, task)
-        return [launch.launch(self.config, self.agent_id, executor, task),
+        framework = self.records.frameworks.get(executor.framework_id)
+        user = framework.info.user if framework is not None else ""
+        return [launch.launch(self.config, self.agent_id, executor, task, user),
                 *self._arm_executor_timer(executor, RegistrationTimeout,
                                           now + self.config.executor_registration_timeout)]
 

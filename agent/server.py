@@ -91,6 +91,7 @@ class AgentOptions:
     containerizers: tuple[str, ...] | None = None
     docker_socket: str = DEFAULT_SOCKET
     docker_pull_timeout: float = DEFAULT_PULL_TIMEOUT
+    switch_user: bool = False  # run tasks as the users they name (agent/users.py)
 
 
 def executor_base_env() -> dict[str, str]:
@@ -157,7 +158,8 @@ class AgentServer:
         self._base_env = executor_base_env()
         self._checkpoints = checkpoint_file.Writer(config.work_dir)
         isolator = isolator or detect(config.isolation, self.options.cgroups_root)
-        self._containerizer = Containerizer(self._on_process_exit, self._base_env, isolator)
+        self._containerizer = Containerizer(self._on_process_exit, self._base_env, isolator,
+                                            self.options.switch_user)
         cache_dir = self.options.fetcher_cache_dir or os.path.join(config.work_dir, "cache")
         self.fetcher = Fetcher(FetcherCache(cache_dir, self.options.fetcher_cache_size),
                                self.options.fetch_timeout, self.options.fetcher_allowed_paths)

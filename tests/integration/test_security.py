@@ -26,6 +26,7 @@ from dyad.messages import (
     Acknowledge,
     AgentInfo,
     CommandInfo,
+    ExecutorInfo,
     FrameworkInfo,
     Kill,
     Message,
@@ -368,6 +369,71 @@ async def test_executors_register_only_with_their_own_runs_key(
             stranger_peer.close()
         assert bob.states("bob-0")[-1] == "TASK_RUNNING"
         assert bob.states("bob-1")[-1] == "TASK_RUNNING"
+    finally:
+        await stop(driver, task)
+
+
+# ---------------------------------------------------------- task users
+
+@pytest.fixture
+def task_user() -> Iterator[str]:
+    """A Unix user made for this test (the agent, as root, switches to it)."""
+    import os
+    import shutil
+    import subprocess
+    import uuid
+
+    if os.geteuid() != 0 or not all(shutil.which(t) for t in ("useradd", "userdel", "setpriv")):
+        pytest.skip("switching users needs root, useradd and setpriv")
+    name = f"dyad-t{uuid.uuid4().hex[:8]}"
+    subprocess.run(["useradd", "--no-create-home", "--home-dir", "/nonexistent",
+                    "--shell", "/usr/sbin/nologin", name], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["userdel", name], check=False)
+
+
+async def test_tasks_run_as_the_user_they_name_or_fail_saying_why(
+        cluster: LocalCluster, task_user: str) -> None:
+    recorder = Recorder()
+    launched: list[str] = []
+    record = "id -un > whoami; stat -c %U . > owner; printf %s \"$HOME\" > home"
+
+    def on_offers(driver: SchedulerDriver, offers: list[Any]) -> None:
+        offer, rest = offers[0], offers[1:]
+        if not launched:
+            launched.append(offer.id)
+            custom = TaskInfo(task_id="as-user", name="as-user", agent_id=offer.agent_id,
+                              resources=Resources.parse("cpus:0.1;mem:32"),
+                              executor=ExecutorInfo(executor_id="as-user", command=CommandInfo(
+                                  shell=record, user=task_user)))
+            missing = TaskInfo(task_id="no-user", name="no-user", agent_id=offer.agent_id,
+                               resources=Resources.parse("cpus:0.1;mem:32"),
+                               command=CommandInfo(shell="true", user="no-such-user-dyad"))
+            driver.launch_tasks([offer.id], [custom, missing])
+        else:
+            rest = offers
+        for other in rest:
+            driver.decline_offer(other.id)
+
+    recorder.on_offers = on_offers
+    driver = SchedulerDriver(recorder, FrameworkInfo(name="users"), master=cluster.master_address,
+                             credentials=credentials(cluster, "alice"))
+    task = asyncio.ensure_future(driver.run_async())
+    try:
+        await wait_for(lambda: "TASK_FAILED" in recorder.states("no-user"), 30,
+                       "the task naming a missing user failed")
+        (failed,) = [s for s in recorder.statuses
+                     if s.task_id == "no-user" and s.state.name == "TASK_FAILED"]
+        assert "'no-such-user-dyad' does not exist" in failed.message
+        runs = cluster.work_dir / "agent0"
+        await wait_for(lambda: any(p.read_text().strip() for p in runs.glob(
+            "**/executors/as-user/runs/*/home")), 30, "the custom executor ran")
+        (run,) = [p.parent for p in runs.glob("**/executors/as-user/runs/*/home")]
+        assert (run / "whoami").read_text().strip() == task_user
+        assert (run / "owner").read_text().strip() == task_user  # its sandbox is its own
+        assert (run / "home").read_text() == "/nonexistent"
     finally:
         await stop(driver, task)
 
