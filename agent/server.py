@@ -537,7 +537,8 @@ class AgentServer:
         if self.docker is not None and found is not None:
             result = await self.docker.probe(found[0].key, effect)
         if result is None:
-            result = await probe(effect, self._base_env, probe_host(self.config.ip))
+            result = await probe(effect, self._base_env, probe_host(self.config.ip),
+                                 self.options.switch_user)
         self._events.put_nowait(result)
 
     # ------------------------------------------------------------------ effects

@@ -1,8 +1,9 @@
-"""Whom a run is for (`agent.launch.run_user`) and whether the agent can be that
-user (`agent.users`): the decisions, without starting anything."""
+"""Whom a run is for (`agent.launch.run_user`), whether the agent can be that
+user (`agent.users`), and a COMMAND health check run as it."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pwd
 from pathlib import Path
@@ -10,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from agent import users
+from agent.health import HealthRound, RunHealthCheck
 from agent.launch import run_user
 from agent.model import AgentExecutor
-from dyad.messages import CommandInfo, ExecutorInfo, TaskInfo
+from agent.probes import probe
+from dyad.messages import CommandInfo, ExecutorInfo, HealthCheck, HealthCheckType, TaskInfo
 from dyad.resources import Resources
 
 NOBODY = pwd.getpwnam("nobody")
@@ -83,3 +86,17 @@ def test_the_sandbox_is_handed_over_without_following_symlinks(tmp_path: Path) -
     for path in (sandbox, sandbox / "sub", sandbox / "sub" / "file", sandbox / "link"):
         assert path.lstat().st_uid == NOBODY.pw_uid, path
     assert outside.stat().st_uid == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
+@pytest.mark.parametrize("user, healthy, said", [
+    ("nobody", True, ""),
+    ("no-such-user-x", False, "'no-such-user-x' does not exist"),
+])
+def test_command_health_checks_run_as_the_tasks_user(
+        tmp_path: Path, user: str, healthy: bool, said: str) -> None:
+    check = HealthCheck(type=HealthCheckType.COMMAND, timeout=10,
+                        command=CommandInfo(shell='test "$(id -un)" = nobody'))
+    effect = RunHealthCheck(HealthRound("F1", "t", 1), check, str(tmp_path), {}, user)
+    result = asyncio.run(probe(effect, dict(os.environ), switch_user=True))
+    assert result.healthy is healthy and said in result.message
