@@ -1,19 +1,22 @@
 """The web UI's usage view (`GET /usage/view`, master/usage_view.py): canned
 queries over a real DuckDB store with injected time, answering used against limit
 per bucket, per-group rows and what explains a limit moving; bad parameters are a
-counted 400, never a 5xx."""
+counted 400, never a 5xx; any parameters parse or are refused, and any group is
+only ever a string literal in the SQL (hypothesis)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from master import usage_view
-from master.usage import Dimensions, StoreConfig, TaskEvent, UsageSample
+from master.usage import Dimensions, DuckDBEngine, StoreConfig, TaskEvent, UsageSample
 from master.usage_api import UsageService, routes
 
 MIB = 1 << 20
@@ -154,3 +157,28 @@ def test_the_bucket_follows_the_window() -> None:
     assert usage_view.parse({"window": "300"}).bucket == 10
     assert usage_view.parse({"window": "21600"}).bucket == 600
     assert usage_view.parse({"window": str(7 * 86400)}).bucket == 10800
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from((*usage_view.PARAMETERS, "sql")), st.text(max_size=12)))
+def test_any_parameters_are_a_view_or_a_view_error(query: dict[str, str]) -> None:
+    try:
+        view = usage_view.parse(query)
+    except usage_view.ViewError:
+        return
+    assert view.by in usage_view.DIMENSIONS and view.window / view.bucket <= usage_view.MAX_BUCKETS
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[DuckDBEngine]:
+    e = DuckDBEngine(memory_limit="256MB", threads=1)
+    yield e
+    e.close()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(group=st.text(max_size=40), by=st.sampled_from(sorted(usage_view.DIMENSIONS)))
+def test_any_group_is_only_ever_a_literal(engine: DuckDBEngine, group: str, by: str) -> None:
+    view = usage_view.View(by=by, window=600, bucket=60, group=group)
+    for sql in (usage_view.series_sql, usage_view.groups_sql, usage_view.events_sql):
+        assert engine.query(sql(view, T0), 100, 5.0).rows == ()
