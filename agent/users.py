@@ -4,7 +4,8 @@ The user is the task's `CommandInfo.user` (a custom executor's own command's),
 else `FrameworkInfo.user` (`agent.launch.run_user`); the master's `run_task` ACLs
 decided whether the framework's principal may ask for it. An agent running as
 root runs the whole run -- executor and tasks -- as that user: it hands the
-sandbox over (ownership, recursively, symlinks untouched), sets ``HOME``,
+sandbox over (ownership, recursively; symlinks and files with other hard links
+are not followed), sets ``HOME``,
 ``USER`` and ``LOGNAME``, and starts the run through ``setpriv``, which drops to
 the user's uid, gid and groups *after* the isolator's wrapper has put the run in
 its cgroup (that needs root). A user that does not exist, or an agent that is
@@ -20,6 +21,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import stat
 
 import attrs
 
@@ -73,8 +75,13 @@ def environment(run_as: RunAs) -> dict[str, str]:
 
 def hand_over(run_as: RunAs, sandbox: str) -> None:
     """Give `sandbox` and everything in it to `run_as` (blocking: off the loop).
-    Symlinks are changed themselves, never what they point at."""
+    Symlinks are changed themselves, never what they point at; a file with
+    other hard links is left as it is, since its other names may lie outside."""
     os.chown(sandbox, run_as.uid, run_as.gid, follow_symlinks=False)
     for root, dirs, files in os.walk(sandbox):
         for name in (*dirs, *files):
-            os.chown(os.path.join(root, name), run_as.uid, run_as.gid, follow_symlinks=False)
+            path = os.path.join(root, name)
+            info = os.lstat(path)
+            if not stat.S_ISDIR(info.st_mode) and info.st_nlink > 1:
+                continue
+            os.chown(path, run_as.uid, run_as.gid, follow_symlinks=False)

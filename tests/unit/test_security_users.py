@@ -76,16 +76,18 @@ def test_without_setpriv_switching_refuses(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="changing owners needs root")
-def test_the_sandbox_is_handed_over_without_following_symlinks(tmp_path: Path) -> None:
-    sandbox, outside = tmp_path / "sandbox", tmp_path / "outside"
+def test_the_sandbox_is_handed_over_without_following_links(tmp_path: Path) -> None:
+    sandbox, outside, linked = tmp_path / "sandbox", tmp_path / "outside", tmp_path / "linked"
     (sandbox / "sub").mkdir(parents=True)
     (sandbox / "sub" / "file").write_text("x")
     outside.write_text("root's")
+    linked.write_text("root's too")
     (sandbox / "link").symlink_to(outside)
+    (sandbox / "hard").hardlink_to(linked)
     users.hand_over(users.RunAs("nobody", NOBODY.pw_uid, NOBODY.pw_gid, "/"), str(sandbox))
     for path in (sandbox, sandbox / "sub", sandbox / "sub" / "file", sandbox / "link"):
         assert path.lstat().st_uid == NOBODY.pw_uid, path
-    assert outside.stat().st_uid == 0
+    assert outside.stat().st_uid == 0 and linked.stat().st_uid == 0
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
