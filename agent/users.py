@@ -5,10 +5,9 @@ else `FrameworkInfo.user` (`agent.launch.run_user`); the master's `run_task` ACL
 decided whether the framework's principal may ask for it. An agent running as
 root runs the whole run -- executor and tasks -- as that user: it hands the
 sandbox over (ownership, recursively; symlinks and files with other hard links
-are not followed), sets ``HOME``,
-``USER`` and ``LOGNAME``, and starts the run through ``setpriv``, which drops to
-the user's uid, gid and groups *after* the isolator's wrapper has put the run in
-its cgroup (that needs root). A user that does not exist, or an agent that is
+are not followed), sets ``HOME``, ``USER`` and ``LOGNAME``, and starts the run
+through ``setpriv``, which drops to the user's uid, gid and groups *after* the
+isolator's wrapper has put the run in its cgroup (that needs root). A user that does not exist, or an agent that is
 not root and asked to be someone else, refuses the launch with the reason
 (`UserError`), which the run's tasks fail with.
 
