@@ -451,3 +451,29 @@ def test_dyad_local_secure_runs_the_demo(tmp_path: Path) -> None:
         check=False, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "https://" in result.stdout and "top words" in result.stdout
+
+
+# Last: it adds an agent to the shared cluster.
+async def test_an_agent_pinning_no_master_key_learns_it_and_registers(
+        cluster: LocalCluster, tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    from dyad.local import agent_address
+
+    env = {**os.environ, **cluster.client_env("agent")}
+    del env["DYAD_MASTER_KEY"]  # learn it from /master/info, over HTTPS verified by the CA
+    host = agent_address(2)
+    log = open(tmp_path / "learner.log", "wb")
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "agent.main", "--master", cluster.master_address,
+         "--ip", host, "--hostname", host, "--port", "0", "--executor-port", "0",
+         "--work-dir", str(tmp_path / "agent"), "--resources", "cpus:1;mem:128;disk:100",
+         *cluster._server_args("agent")], env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        await wait_for(lambda: any(a["hostname"] == host for a in cluster.state()["agents"]),
+                       30, "the learning agent registered")
+    finally:
+        agent.terminate()
+        agent.wait(15)
+        log.close()
