@@ -4,6 +4,10 @@ Every Dyad process that accepts connections learns *principals* (short names suc
 as ``agent`` or ``ops``) from one credentials file; authorization (who may do
 what) is a separate question asked later with the principal (`dyad.authz`).
 
+What a *client* carries (its keys, the server keys it trusts, the CA, a token:
+`ClientCredentials`, `load_keys`, `curve_client`, `HandshakeWatch`) lives in
+`dyad.client_auth`, which executors import without aiohttp; it is re-exported here.
+
 - ZeroMQ: CURVE. Keys are pyzmq certificate files (`create_keys`, `load_keys`).
   A server socket (`curve_server`) hands each handshake to the `ZapAuthenticator`
   of its context, which admits only client keys listed in the credentials and
@@ -11,7 +15,7 @@ what) is a separate question asked later with the principal (`dyad.authz`).
   connection with it, read back by `frame_principal`. `ZAP_ENFORCE_DOMAIN` is set,
   so a server whose authenticator is not running refuses everyone rather than
   admitting everyone (libzmq's legacy default).
-- HTTP: TLS contexts (`server_ssl_context`, `client_ssl_context`) and an aiohttp
+- HTTP: TLS contexts (`server_ssl_context`; clients' in `dyad.client_auth`) and an aiohttp
   middleware (`HttpAuthenticator.middleware`) that authenticates every request
   but the open paths (``/health``) with a bearer token or HTTP basic, puts the
   principal on the request, refuses cross-origin writes, and answers 401 JSON.

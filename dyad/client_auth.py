@@ -38,8 +38,6 @@ class CredentialsError(ValueError):
 
 
 @attrs.frozen
-
-
 class CurveKeys:
     """A CURVE key pair in Z85; `secret` is None for a peer's public certificate."""
 
@@ -143,8 +141,6 @@ def client_ssl_context(ca: str | os.PathLike[str], cert: str | os.PathLike[str] 
 
 
 @attrs.frozen
-
-
 class ClientCredentials:
     """What a client of the master carries (agent, scheduler driver, CLI): its
     own CURVE keys, the master public keys it trusts, the CA for HTTPS, a token.

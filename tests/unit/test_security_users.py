@@ -15,7 +15,13 @@ from agent.health import HealthRound, RunHealthCheck
 from agent.launch import run_user
 from agent.model import AgentExecutor
 from agent.probes import probe
-from dyad.messages import CommandInfo, ExecutorInfo, HealthCheck, HealthCheckType, TaskInfo
+from dyad.messages import (
+    CommandInfo,
+    ExecutorInfo,
+    HealthCheck,
+    HealthCheckType,
+    TaskInfo,
+)
 from dyad.resources import Resources
 
 NOBODY = pwd.getpwnam("nobody")
