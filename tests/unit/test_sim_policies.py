@@ -1,0 +1,165 @@
+"""The policy switches of the simulator, on small cells with exact outcomes:
+oversubscription (the real estimator, QoS controller and revocable offers),
+preemption (the real master preemption) and the Autopilot recommender (the real
+autopilot core and the service framework's right-sizing)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from sim.policy import Policy, load_policy
+from tests.unit.test_sim_runs import cell, live_tasks, role_allocation, simulate, tasks
+
+
+def policy(tmp_path: Path, document: dict[str, Any]) -> Policy:
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(document))
+    return load_policy(path)
+
+
+def owners(usage: dict[str, Any]) -> dict[str, Any]:
+    """Two production tasks that declare half the agent each and use `usage`."""
+    return {**tasks("svc", "prod", 2, 2, 4096, duration=None, usage=usage), "priority": 200}
+
+
+ONE_AGENT = cell({"name": "n", "resources": "cpus:4;mem:8192"})
+IDLE = {"cpus": {"fraction": 0.1}, "mem": {"fraction": 0.1}}
+
+
+def test_oversubscription_runs_batch_in_idle_reserved_room(tmp_path: Path) -> None:
+    """The services reserve the whole agent and use a tenth of it. Off, the batch
+    tasks arriving later never run; on, once the reservations decayed (window 60
+    s) the agent lends the idle room and all four batch tasks run there (3 at a
+    time: 3.5 cpus are lent) and finish."""
+    workload = [owners(IDLE), tasks("batch", "batch", 4, 1, 1024, duration=600, at=30),
+                {"kind": "end", "at": 2000}]
+    _, off = simulate(tmp_path, ONE_AGENT, workload,
+                      policy(tmp_path, {"oversubscription": {"enabled": False}}))
+    _, on = simulate(tmp_path, ONE_AGENT, workload,
+                     policy(tmp_path, {"oversubscription": {"enabled": True, "window": 60}}))
+    assert off["tasks"]["by_final_state"] == {}
+    assert off["tasks"]["revocable_launched"] == 0
+    assert off["utilization"]["mem"]["revocable"] == 0.0
+    assert on["tasks"]["by_final_state"] == {"TASK_FINISHED": 4}
+    assert on["tasks"]["revocable_launched"] == 4
+    assert on["tasks"]["evictions"] == on["tasks"]["ooms"] == 0
+    # Revocable resources are never allocation: the master's books are the same.
+    assert on["utilization"]["mem"]["allocated"] == off["utilization"]["mem"]["allocated"]
+    assert on["utilization"]["mem"]["revocable_used"] > 0
+    assert on["utilization"]["mem"]["used"] > off["utilization"]["mem"]["used"]
+    # At most 3.5 cpus were lent (2 x (2 - 0.25 reserved)): three tasks at a time.
+    assert max(on["series"]["tasks_running"]) == 2 + 3
+
+
+def test_qos_evicts_borrowers_when_the_owners_grow_back(tmp_path: Path) -> None:
+    """At 900 s the services grow to 80% of what they declared: their
+    reservations jump, the agent can lend only 328 MB, and the QoS controller
+    evicts all three batch tasks (TASK_KILLED, REASON_CONTAINER_PREEMPTED) before
+    any owner reaches its limit; the evicted tasks wait to run again."""
+    grow = {"cpus": {"fraction": 0.1},
+            "mem": {"steps": [[0, 0.1], [900, 0.8]], "fraction": True}}
+    _, report = simulate(
+        tmp_path, ONE_AGENT,
+        [owners(grow), tasks("batch", "batch", 3, 1, 1024, duration=2000, at=30),
+         {"kind": "end", "at": 1500}],
+        policy(tmp_path, {"oversubscription": {"enabled": True, "window": 60}}))
+    assert report["tasks"]["evictions"] == 3
+    assert report["tasks"]["by_final_state"] == {"TASK_KILLED": 3}
+    assert report["tasks"]["by_reason"] == {"REASON_CONTAINER_PREEMPTED": 3}
+    assert report["tasks"]["ooms"] == 0
+    assert report["tasks"]["running_at_end"] == 2  # the owners
+    assert report["series"]["tasks_waiting"][-1] == 3
+
+
+def test_borrowers_are_named_by_the_policy(tmp_path: Path) -> None:
+    """`borrowers` lists who opts in: a batch framework not named never sees
+    revocable resources."""
+    _, report = simulate(
+        tmp_path, ONE_AGENT,
+        [owners(IDLE), tasks("batch", "batch", 2, 1, 1024, duration=600, at=30),
+         {"kind": "end", "at": 1000}],
+        policy(tmp_path, {"oversubscription": {"enabled": True, "window": 60,
+                                               "borrowers": ["someone-else"]}}))
+    assert report["tasks"]["revocable_launched"] == 0
+    assert report["utilization"]["mem"]["revocable"] > 0  # lent, but nobody may take it
+
+
+FOUR_AGENTS = cell({"name": "n", "count": 4, "resources": "cpus:1;mem:1024"})
+FULL_OF_BATCH = tasks("batch", "batch", 4, 1, 1024, duration=None)
+
+
+def test_production_preempts_batch_by_priority_band(tmp_path: Path) -> None:
+    """Batch (priority 100) fills the cell; production work (200) arriving at
+    100 s asks the master for room after 10 s. Off: it never runs. On: exactly
+    two batch tasks are preempted (REASON_CONTAINER_PREEMPTED), production runs
+    both its tasks, and the preempted batch tasks wait."""
+    prod = {**tasks("prod", "prod", 2, 1, 1024, duration=None, at=100), "priority": 200}
+    workload = [FULL_OF_BATCH, prod, {"kind": "end", "at": 400}]
+    off_sim, off = simulate(tmp_path, FOUR_AGENTS, workload, policy(
+        tmp_path, {"preemption": {"enabled": False, "askers": ["prod"]}}))
+    on_sim, on = simulate(tmp_path, FOUR_AGENTS, workload, policy(
+        tmp_path, {"preemption": {"enabled": True, "askers": ["prod"]}}))
+    assert off["tasks"]["preemptions"] == 0
+    assert role_allocation(off_sim)["batch"] == {"cpus": 4.0, "mem": 4096.0}
+    assert on["tasks"]["preemptions"] == 2
+    assert on["tasks"]["by_final_state"] == {"TASK_KILLED": 2}
+    assert on["tasks"]["by_reason"] == {"REASON_CONTAINER_PREEMPTED": 2}
+    assert role_allocation(on_sim) == {"batch": {"cpus": 2.0, "mem": 2048.0},
+                                       "prod": {"cpus": 2.0, "mem": 2048.0}}
+    assert on["series"]["dominant_shares"]["prod"][-1] == 0.5
+    assert on["series"]["tasks_waiting"][-1] == 2
+
+
+def test_equal_priority_never_preempts(tmp_path: Path) -> None:
+    """Another batch framework at the same priority asks in vain: every request
+    is refused and nothing is killed."""
+    other = tasks("other", "other", 1, 1, 1024, duration=None, at=100)
+    _, report = simulate(tmp_path, FOUR_AGENTS, [FULL_OF_BATCH, other, {"kind": "end", "at": 200}],
+                         policy(tmp_path, {"preemption": {"enabled": True, "askers": ["other"]}}))
+    assert report["tasks"]["preemptions"] == 0
+    assert report["tasks"]["by_final_state"] == {}
+    assert report["master"]["master/preemptions_refused"] == 9  # at 110, 120, ..., 190
+
+
+def test_recommender_lowers_an_over_declared_apps_memory(tmp_path: Path) -> None:
+    """/web declares 1 cpu and 1024 MB per task and uses 0.1 cpu and 100 MB. With
+    the recommender on (auto), after the warmup its limits are cut to the
+    meta-recommender's choice (105 MB, 0.109 cpus) by a rolling upgrade: the two
+    old tasks are killed as the two new ones run. Off, nothing changes."""
+    workload = [{"kind": "app", "at": 0, "role": "prod",
+                 "app": {"id": "/web", "instances": 2, "cpus": 1, "mem": 1024},
+                 "task": {"usage": {"cpus": 0.1, "mem": 100}}},
+                {"kind": "end", "at": 3000}]
+    knobs = {"warmup": 600, "min_samples": 10, "step": 60, "min_interval": 0}
+    off_sim, off = simulate(tmp_path, cell({"name": "n", "count": 2,
+                                            "resources": "cpus:4;mem:4096"}),
+                            workload, policy(tmp_path, {"recommender": {"enabled": False}}))
+    on_sim, on = simulate(tmp_path, cell({"name": "n", "count": 2,
+                                          "resources": "cpus:4;mem:4096"}),
+                          workload, policy(tmp_path, {"recommender": {"enabled": True, **knobs}}))
+    assert off["recommender"] == {}
+    assert [t["resources"]["mem"] for t in live_tasks(off_sim)] == [1024.0, 1024.0]
+    web = on["recommender"]["service"]["apps"]["/web"]
+    assert web["declared"] == {"cpus": 1.0, "mem": 1024.0}
+    assert web["final"] == {"cpus": 0.109, "mem": 105.0}
+    assert web["recommended"]["ready"] is True
+    assert on["recommender"]["service"]["counters"]["autopilot_upgrades"] == 1
+    assert [t["resources"]["mem"] for t in live_tasks(on_sim)] == [105.0, 105.0]
+    assert on["tasks"]["by_final_state"] == {"TASK_KILLED": 2}
+    assert on["tasks"]["ooms"] == 0
+    assert on["utilization"]["mem"]["slack"] < off["utilization"]["mem"]["slack"] / 4
+
+
+def test_recommend_mode_publishes_without_applying(tmp_path: Path) -> None:
+    _, report = simulate(
+        tmp_path, cell({"name": "n", "resources": "cpus:4;mem:4096"}),
+        [{"kind": "app", "at": 0, "app": {"id": "/web", "instances": 1, "cpus": 1, "mem": 1024},
+          "task": {"usage": {"cpus": 0.1, "mem": 100}}}, {"kind": "end", "at": 1500}],
+        policy(tmp_path, {"recommender": {"enabled": True, "mode": "recommend", "warmup": 600,
+                                          "min_samples": 10, "step": 60}}))
+    web = report["recommender"]["service"]["apps"]["/web"]
+    assert web["final"] == {"cpus": 1.0, "mem": 1024.0}
+    assert web["recommended"]["mem"] < 200
+    assert report["tasks"]["by_final_state"] == {}
