@@ -386,8 +386,9 @@ class SimAgent:
             started = [t for t in tasks if t.started_at is not None]
             if not started:
                 continue
-            cpus = sum(t.plan.cpus.at(now - t.started_at) for t in started)  # type: ignore[operator]
-            mem = sum(t.plan.mem.at(now - t.started_at) for t in started)  # type: ignore[operator]
+            ages = [now - t.started_at for t in started]  # type: ignore[operator]
+            cpus = sum(t.plan.cpus.at(age) for t, age in zip(started, ages))
+            mem = sum(t.plan.mem.at(age) for t, age in zip(started, ages))
             executors[(framework_id, executor_id)] = ExecutorUsage(
                 framework_id=framework_id, executor_id=executor_id,
                 task_ids=[t.info.task_id for t in started], timestamp=now,
@@ -398,9 +399,9 @@ class SimAgent:
                 processes=len(started))
         revocable = reservation = Resources()
         if self._lending is not None:
-            sample = self._lending.sampled(
-                [self._run_view(key, tasks, executors.get(key)) for key, tasks in sorted(runs.items())],
-                now)
+            views = [self._run_view(key, tasks, executors.get(key))
+                     for key, tasks in sorted(runs.items())]
+            sample = self._lending.sampled(views, now)
             for key, why in sample.evict:
                 self.counters["evictions"] += 1
                 self._finish(key, self._tasks[key], TaskState.TASK_KILLED, now,

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import json
 import random
-
-import attrs
 from collections import deque
 from collections.abc import Hashable, Iterable
 from typing import Any, Protocol
+
+import attrs
 
 from dyad.effects import ArmTimer, CancelTimer, TimerFired, TimerKey, UnknownTimer
 from dyad.messages import (
@@ -36,12 +36,12 @@ from dyad.messages import (
     Reason, TaskInfo, TaskState, TaskStatus,
 )
 from dyad.resources import Resources
+from frameworks.autopilot import Evaluate
 from frameworks.batch import core as batch
 from frameworks.batch.config import CoreConfig, Split
 from frameworks.batch.wire import MAP
 from frameworks.effects import LaunchTasks, perform
 from frameworks.scheduler import Scheduler
-from frameworks.autopilot import Evaluate
 from frameworks.service import core as service
 from master import preempting, revocable
 from master.usage.schema import UsageSample

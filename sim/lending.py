@@ -86,4 +86,5 @@ class Lending:
         # The views carry every field the glue reads (see the module docstring).
         estimate, chosen = self.core.sampled(runs, now)  # type: ignore[arg-type]
         evict = tuple(((task.framework_id, task.task_id), why) for _, task, why in chosen)
-        return LendingSample(as_resources(estimate.revocable), as_resources(estimate.reservation), evict)
+        return LendingSample(as_resources(estimate.revocable),
+                             as_resources(estimate.reservation), evict)

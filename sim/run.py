@@ -20,16 +20,16 @@ from collections.abc import Callable
 from typing import Any
 
 from dyad.ids import IdGenerator
-from dyad.priority import PRODUCTION_MIN
 from dyad.messages import Address, FrameworkInfo, MasterInfo, TaskInfo
+from dyad.priority import PRODUCTION_MIN
 from master.operator import SetQuota, SetWeights
 from master.model import VERSION
 from master.state import MasterState
 from sim.agent import AgentSettings, SimAgent
+from sim.autopilot import RecommenderPolicy, UsageTap
 from sim.cell import Cell
 from sim.engine import Engine, SimulationError
 from sim.frameworks import BatchFramework, GreedyFramework, ServiceFramework, SimFramework
-from sim.autopilot import RecommenderPolicy, UsageTap
 from sim.nodes import AgentNode, MasterNode
 from sim.policy import Policy
 from sim.report import Recorder, Series, build_report, capacity_json

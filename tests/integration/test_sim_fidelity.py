@@ -5,9 +5,9 @@ and on per-role dominant shares.
 The workload: framework alpha (role a) runs two tasks of cpus:1;mem:128 for 10 s
 and one of cpus:0.5;mem:128 that fails after 8 s; framework beta (role b) runs
 two of cpus:0.25;mem:256 for 10 s (long enough that all five overlap on the
-real cluster, whose offers come a refusal period apart). Everything fits the cell at once (2 agents x
-cpus:2;mem:1024), so while all five run the shares are fixed by the declared
-resources: a 2.5/4 cpus = 0.625, b 512/2048 mem = 0.25.
+real cluster, where process starts take a while). Everything fits the cell at
+once (2 agents x cpus:2;mem:1024), so while all five run the shares are fixed
+by the declared resources: a 2.5/4 cpus = 0.625, b 512/2048 mem = 0.25.
 
 Tolerance (docs/simulator.md, "Fidelity"): final states exactly; shares within
 0.02 absolute at the moment all five tasks run. Both masters charge exactly the
@@ -92,7 +92,7 @@ def simulated(tmp_path: Path) -> tuple[dict[str, int], dict[str, float]]:
                                      "duration": seconds, "fail": 1 if fails else 0}}))
     (tmp_path / "w.jsonl").write_text("\n".join(lines) + "\n")
     (tmp_path / "p.json").write_text(json.dumps({"report": {"interval": 0.25}}))
-    workload, skipped = load_workload(tmp_path / "w.jsonl", strict=True)
+    workload, _ = load_workload(tmp_path / "w.jsonl", strict=True)
     report = Simulation(load_cell(tmp_path / "cell.json"), workload,
                         load_policy(tmp_path / "p.json")).run()
     series = report["series"]
