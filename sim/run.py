@@ -34,7 +34,9 @@ from sim.nodes import AgentNode, MasterNode
 from sim.policy import Policy
 from sim.report import Recorder, Series, build_report, capacity_json
 from sim.usage import TaskPlan
-from sim.workload import AppArrival, AppDeletion, Arrival, JobArrival, TasksArrival, Workload
+from sim.workload import (
+    AppArrival, AppDeletion, Arrival, JobArrival, RolesChange, TasksArrival, Workload,
+)
 
 REFUSED_PREEMPT = "master rejected preempt"
 
@@ -48,13 +50,14 @@ def master_info() -> MasterInfo:
                       address=Address(hostname="sim-master", ip="127.0.0.1", port=5050))
 
 
-def apply_operator_policy(master: MasterNode, cell: Cell) -> None:
-    """The cell's weights and quota, set the way an operator would (`PUT /weights`,
-    `PUT /quota`)."""
+def apply_operator_policy(master: MasterNode, cell: Cell | RolesChange, now: float = 0.0
+                          ) -> None:
+    """The cell's (or a `roles` record's) weights and quota, set the way an
+    operator would (`PUT /weights`, `PUT /quota`)."""
     for request in (SetWeights(cell.weights), SetQuota(cell.quota)):
         if not (request.weights if isinstance(request, SetWeights) else request.quotas):
             continue
-        reply = master.call(request, 0.0)
+        reply = master.call(request, now)
         if not reply.ok:
             raise SimulationError(f"the master refused the cell's {type(request).__name__}: "
                                   f"{reply.error}")
@@ -159,6 +162,8 @@ class Simulation:
                         self.master.listeners.append(framework.usage)
                 assert isinstance(framework, ServiceFramework)
                 framework.put(arrival, now)
+            elif isinstance(arrival, RolesChange):
+                apply_operator_policy(self.master, arrival, now)
             elif isinstance(arrival, AppDeletion):
                 framework = self.frameworks[arrival.framework]
                 assert isinstance(framework, ServiceFramework)

@@ -240,3 +240,35 @@ def test_compare_shows_a_policy_on_vs_off(tmp_path: Path,
     assert rows["tasks revocable_launched"] == ["0", "4", "+4"]
     assert rows["mem revocable (mean fraction)"][0] == "0"
     assert rows["tasks TASK_FINISHED"] == ["-", "4", ""]
+
+
+def test_a_guarantee_set_on_a_full_cell_is_met_by_preemption(tmp_path: Path) -> None:
+    """Batch fills the cell; at 100 s the operator guarantees prod 2 cpus (a
+    `roles` record) and prod's two tasks arrive. Off: prod waits. On: the master
+    preempts, unasked, exactly the two batch tasks the guarantee misses, and
+    prod gets its guarantee."""
+    workload = [FULL_OF_BATCH,
+                {"kind": "roles", "at": 100, "roles": {"prod": {"quota": {
+                    "guarantee": {"cpus": 2, "mem": 2048}}}}},
+                {**tasks("prod", "prod", 2, 1, 1024, duration=None, at=100), "priority": 200},
+                {"kind": "end", "at": 300}]
+    off_sim, off = simulate(tmp_path, FOUR_AGENTS, workload, policy(tmp_path, {}))
+    on_sim, on = simulate(tmp_path, FOUR_AGENTS, workload,
+                          policy(tmp_path, {"preemption": {"enabled": True}}))
+    assert off["tasks"]["preemptions"] == 0
+    assert role_allocation(off_sim)["prod"] == {}
+    assert on["tasks"]["preemptions"] == 2
+    assert on["tasks"]["by_reason"] == {"REASON_CONTAINER_PREEMPTED": 2}
+    assert role_allocation(on_sim) == {"batch": {"cpus": 2.0, "mem": 2048.0},
+                                       "prod": {"cpus": 2.0, "mem": 2048.0}}
+
+
+def test_a_bad_roles_record_is_named_with_its_line(tmp_path: Path) -> None:
+    from sim.inputs import InputError
+    from sim.workload import load_workload
+
+    path = tmp_path / "w.jsonl"
+    path.write_text('{"kind": "end", "at": 10}\n'
+                    '{"kind": "roles", "at": 5, "roles": {"prod": {"weight": -1}}}\n')
+    with pytest.raises(InputError, match=r"w.jsonl:2: roles.prod.weight: must be > 0"):
+        load_workload(path, strict=True)
