@@ -25,7 +25,8 @@ Defaults are the production defaults (`MasterConfig`, the agent's reclamation
 and QoS configs, the batch, service and autopilot cores), so an empty policy
 simulates Dyad as shipped -- except that the three policies of issues 13 and 14
 are off unless switched on, so that a run compares against the plain DRF cell.
-They are carried out by the real cores (sim/policies.py says how).
+They are carried out by the real cores (sim/lending.py, sim/autopilot.py and
+docs/simulator.md say how).
 """
 
 from __future__ import annotations
@@ -184,8 +185,7 @@ def _amount(value: Any) -> Amount:
     return Amount(number()(value.get("cpus", 0.0)), number()(value.get("mem", 0.0)))
 
 
-def _config(section: Fields, knobs: dict[str, tuple[str, Any]], make: Any, default: Any
-            ) -> Any:
+def _config(section: Fields, knobs: dict[str, tuple[str, Any]], default: Any) -> Any:
     """A config object from the knobs present (the rest keep `default`'s values),
     its own validation errors named at the section."""
     given = {attribute: section.get(key, parse, None)
@@ -205,10 +205,10 @@ def _oversubscription(section: Fields | None) -> dict[str, Any]:
     out["reclaim"] = _config(section, {"window": ("window", number(above=True)),
                                        "margin": ("margin", number()),
                                        "margin_floor": ("margin_floor", _amount)},
-                             ReclaimConfig, ReclaimConfig())
+                             ReclaimConfig())
     out["qos"] = _config(section, {"qos_mem_watermark": ("mem_watermark", fraction),
                                    "qos_cpu_watermark": ("cpu_watermark", fraction)},
-                         QosConfig, QosConfig())
+                         QosConfig())
     section.done()
     return out
 
@@ -222,7 +222,7 @@ def _preemption(section: Fields | None) -> dict[str, Any]:
                                "hold": ("hold", number()),
                                "guarantee_priority": ("guarantee_priority",
                                                       integer(-1_000_000))},
-                     PreemptionConfig, PreemptionConfig())
+                     PreemptionConfig())
     out = {"preemption": config, "askers": section.get("askers", _names, None) or (),
            "ask_after": section.get("ask_after", number(above=True), 10.0)}
     section.done()
@@ -245,6 +245,6 @@ def _recommender(section: Fields | None) -> dict[str, Any]:
                                          "warmup": ("warmup", number()),
                                          "min_samples": ("min_samples", integer(1)),
                                          "min_interval": ("min_interval", number())},
-                               AutopilotConfig, AutopilotConfig())
+                               AutopilotConfig())
     section.done()
     return out
