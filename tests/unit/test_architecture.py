@@ -28,6 +28,7 @@ PURE_CORES = [
     "frameworks/service/deployment.py", "frameworks/service/placement.py",
     "frameworks/service/records.py", "frameworks/service/views.py",
     "frameworks/service/testing.py", "frameworks/service/marathon_shape.py",
+    "frameworks/service/marathon_events.py",
     "dyad/mesos_json.py", "dyad/mesos_calls.py", "agent/executor_api_core.py",
     "dyad/volumes.py", "master/volumes.py", "agent/persistent.py",
     "dyad/priority.py", "agent/reclaim.py", "agent/qos.py", "agent/oversubscription.py",
