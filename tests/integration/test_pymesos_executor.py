@@ -8,19 +8,21 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers import compat_client
+from tests.helpers import compat_client, wait_for
 
 pytestmark = pytest.mark.integration
 
 FLOW = Path(__file__).with_name("pymesos_executor.py")
 
 
-def test_pymesos_executor_runs_unmodified(make_cluster: Any) -> None:
+async def test_pymesos_executor_runs_unmodified(make_cluster: Any) -> None:
     compat_client("pymesos")
     cluster = make_cluster(agents=1)
     address = cluster.master.url.removeprefix("http://")
@@ -47,3 +49,22 @@ def test_pymesos_executor_runs_unmodified(make_cluster: Any) -> None:
     (done,) = [f for f in state["completed_frameworks"] if f["id"] == seen["framework_id"]]
     assert {t["id"]: t["state"] for t in done["completed_tasks"]} == {
         "echo": "TASK_FINISHED", "sleeper": "TASK_KILLED"}
+
+    # The agent shut the executor down with the framework (SHUTDOWN), and it left.
+    (agent,) = state["agents"]
+
+    def completed_executors() -> list[str]:
+        with urllib.request.urlopen(agent["url"] + "/state", timeout=5) as answer:
+            return [e["id"] for f in json.load(answer)["completed_frameworks"]
+                    if f["id"] == seen["framework_id"] for e in f["completed_executors"]]
+    gone = await wait_for(completed_executors, 30, "the executor's exit")
+    assert gone == ["pymesos-executor"]
+
+    # Calls from no subscribed executor are refused with a reason, never a 5xx.
+    for body in (b"{nope", json.dumps({"type": "UPDATE", "framework_id": {"value": "F"},
+                                       "executor_id": {"value": "E"}}).encode()):
+        request = urllib.request.Request(agent["url"] + "/api/v1/executor", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=5)
+        assert refused.value.code == 400 and refused.value.read()
