@@ -11,7 +11,10 @@ from typing import Any
 import aiohttp
 
 from dyad.messages import TaskState, TaskStatus
-from frameworks.service.core import StatusReceived
+from frameworks.service.appdef import parse_app
+from frameworks.service.core import (
+    CancelDeployment, PutApp, ServiceConfig, ServiceCore, StatusReceived)
+from frameworks.service.marathon_events import MarathonEvents
 from tests.unit.test_service_api import WEB, Client, client  # noqa: F401 (the fixture)
 
 SMALL = {"id": "/web", "cmd": "sleep 100", "instances": 1, "cpus": 0.1, "mem": 32}
@@ -142,3 +145,24 @@ async def test_groups_are_the_folders_of_app_ids(client: Client) -> None:
     status, shown = await client.call("GET", "/v2/groups/prod/batch")
     assert status == 200 and [a["id"] for a in shown["apps"]] == ["/prod/batch/etl"]
     assert (await client.call("GET", "/v2/groups/nope"))[0] == 404
+
+
+def test_versions_are_bounded_and_a_forced_cancel_is_a_failure() -> None:
+    core = ServiceCore(ServiceConfig(), iter(f"{i:04d}" for i in range(1, 10**6)).__next__)
+    events = MarathonEvents(max_versions=3)
+    events.prime(core)
+    for instances in range(5):
+        put = PutApp(parse_app({**SMALL, "instances": instances}), force=True)
+        core.execute(put, 1.0 + instances)
+        events.after(core, put, 1.0 + instances)
+    versions = events.versions(core, "/web")
+    assert len(versions) == 3 and versions[0] == core.apps["/web"].version
+    assert events.version(core, "/web", versions[-1]).instances == 2
+    (deployment,) = core.deployments
+    cancel = CancelDeployment(deployment, force=True)
+    core.execute(cancel, 9.0)
+    assert [e["eventType"] for e in events.after(core, cancel, 9.0)] == ["deployment_failed"]
+    # A new leader starts from what it finds: nothing in it is news.
+    fresh = MarathonEvents()
+    fresh.prime(core)
+    assert fresh.after(core, None, 10.0) == []
