@@ -35,6 +35,10 @@ log = logging.getLogger(__name__)
 
 POLL = 1.0
 """Seconds between checks that a subscriber's connection is still open."""
+READY_TIMEOUT = 10.0
+"""Seconds a SUBSCRIBE waits for the agent to know its executors (a restarted
+agent recovering its checkpoint); then 503, and the executor subscribes again."""
+READY_POLL = 0.05
 MAX_QUEUED = 10_000
 """Events queued for an executor that does not read; beyond them its stream ends
 (it subscribes again, as after any lost connection)."""
@@ -68,6 +72,14 @@ class ExecutorStreams:
     def end_all(self) -> None:
         for stream in list(self._queues):
             self._end(stream)
+
+    async def wait_ready(self) -> bool:
+        """Whether the agent core knows its executors, waiting up to READY_TIMEOUT."""
+        for _ in range(round(READY_TIMEOUT / READY_POLL)):
+            if self._state().agent_id is not None:
+                return True
+            await asyncio.sleep(READY_POLL)
+        return self._state().agent_id is not None
 
     def launched(self, body: Any) -> tuple[TaskInfo, ...]:
         """The tasks the agent launched on the executor `body` subscribes as."""
@@ -153,7 +165,8 @@ async def _subscribe(request: web.Request, streams: ExecutorStreams,
                      body: Any) -> web.StreamResponse:
     stream, queue = streams.open()
     try:
-        answer = streams.handle(Subscribe(stream, body, streams.launched(body)))
+        ready = await streams.wait_ready()
+        answer = streams.handle(Subscribe(stream, body, streams.launched(body), ready))
         if answer.status != 200:
             return web.Response(status=answer.status, text=answer.reason)
         response = web.StreamResponse(status=200, headers={

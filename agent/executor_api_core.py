@@ -50,11 +50,15 @@ PEER_PREFIX = "v1x:"
 class Subscribe:
     """A SUBSCRIBE call opened connection `stream` (a token the shell chose).
     `launched`: the tasks the agent has launched on that executor, which it keeps
-    (Mesos' agent trusts its own record of them; see `ExecutorApi`)."""
+    (Mesos' agent trusts its own record of them; see `_subscription`). `ready`:
+    the agent core knows its executors (it has an id: registered, or recovered
+    from its checkpoint); until then `launched` would be empty for want of
+    knowing, not because nothing runs."""
 
     stream: str
     body: Any
     launched: tuple[TaskInfo, ...] = ()
+    ready: bool = True
 
 
 @attrs.frozen
@@ -163,6 +167,9 @@ class ExecutorApi:
         except MesosJsonError as exc:
             self.counts["calls_invalid"] += 1
             return [Answer(400, f"invalid call: {exc}")]
+        if not event.ready:
+            return [Answer(503, "the agent is not ready (it is recovering, or has not "
+                                "registered yet): subscribe again")]
         self.counts["subscribes"] += 1
         peer = peer_of(framework_id, executor_id)
         effects: list[Effect] = []

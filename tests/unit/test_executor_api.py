@@ -133,6 +133,11 @@ def test_calls_need_a_subscription() -> None:
     assert api.handle(Call(update()))[0].status == 400
 
 
+def test_a_subscription_waits_for_an_agent_that_knows_its_executors() -> None:
+    (answer,) = ExecutorApi().handle(Subscribe("s1", subscribe().body, ready=False))
+    assert answer.status == 503 and "subscribe again" in answer.reason
+
+
 def test_a_bad_subscription_is_refused() -> None:
     (answer,) = ExecutorApi().handle(Subscribe("s", {"type": "SUBSCRIBE", "framework_id": 3}))
     assert answer.status == 400 and "framework_id" in answer.reason
@@ -191,10 +196,20 @@ async def _client(streams: ExecutorStreams) -> TestClient:
     return client
 
 
-def _streams(agent: _Agent, refused: str = "") -> ExecutorStreams:
-    class NoState:
-        records = type("R", (), {"executor": staticmethod(lambda f, e: None)})()
-    return ExecutorStreams(agent.events.append, lambda: NoState(),  # type: ignore[arg-type,return-value]
+class _State:
+    """The little of an AgentState the shell reads: no executors on record."""
+
+    def __init__(self, agent_id: str | None) -> None:
+        self.agent_id = agent_id
+        self.records = self
+
+    def executor(self, framework_id: str, executor_id: str) -> None:
+        return None
+
+
+def _streams(agent: _Agent, refused: str = "", agent_id: str | None = "A1") -> ExecutorStreams:
+    state = _State(agent_id)
+    return ExecutorStreams(agent.events.append, lambda: state,  # type: ignore[arg-type,return-value]
                            refused=refused)
 
 
@@ -247,5 +262,18 @@ async def test_the_shell_is_off_while_executors_must_authenticate() -> None:
     try:
         resp = await client.post("/api/v1/executor", json={"type": "SUBSCRIBE", **IDS})
         assert resp.status == 403 and await resp.text() == "off: no authentication"
+    finally:
+        await client.close()
+
+
+async def test_the_shell_answers_503_while_the_agent_recovers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("agent.api_v1.READY_TIMEOUT", 0.1)
+    agent = _Agent()
+    client = await _client(_streams(agent, agent_id=None))
+    try:
+        resp = await client.post("/api/v1/executor", json={"type": "SUBSCRIBE", **IDS})
+        assert resp.status == 503 and "not ready" in await resp.text()
+        assert agent.events == []
     finally:
         await client.close()
