@@ -84,6 +84,7 @@ class Job:
     output_format: str = TEXT
     starvation_timeout: float = 60.0
     priority: int = priorities.DEFAULT_BATCH  # dyad/priority.py: the batch band
+    revocable: bool = False  # also run on revocable resources (docs/oversubscription.md)
 
 
 @attrs.frozen
@@ -105,7 +106,8 @@ class PreparedJob:
             reduce_resources=Resources.of(cpus=job.reduce_cpus, mem=job.reduce_mem),
             job_payload=self.payload, output=self.output, max_attempts=job.max_attempts,
             locality_wait=job.locality_wait, speculative=job.speculative,
-            starvation_timeout=job.starvation_timeout, priority=job.priority)
+            starvation_timeout=job.starvation_timeout, priority=job.priority,
+            revocable=job.revocable)
 
 
 def executor_info(job: Job) -> ExecutorInfo:
