@@ -276,7 +276,7 @@ def test_a_guarantee_preemption_clears_the_starved_frameworks_filters() -> None:
     """A starved framework that declined earlier must be offered what is free and
     what is freed for it at once, not when its own filters expire."""
     h = Harness(MasterConfig(preemption=PreemptionConfig(enabled=True)))
-    batch, aid = batch_cluster(h, priorities=(50,))  # half of a1 stays free
+    _, aid = batch_cluster(h, priorities=(50,))  # half of a1 stays free
     prod = h.subscribe("p1", name="prod", roles=["prod"])
     (offer,) = h.offers_to(h.allocate(), "p1")
     h.recv("p1", Decline(framework_id=prod, offer_ids=[offer.id],
