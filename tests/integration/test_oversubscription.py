@@ -11,12 +11,16 @@ those resources and retries the evicted ones free of charge.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
+from agent.isolation import IsolationError, detect
 from dyad.local import http_get_json
 from dyad.messages import Reason
 from dyad.resources import Resources
@@ -27,8 +31,32 @@ from .conftest import Recorder, wait_for
 
 pytestmark = pytest.mark.integration
 
-AGENT_ARGS = ["--isolation", "posix", "--usage-interval", "0.2s",
-              "--usage-report-interval", "0.5s", "--reclaim-window", "2s"]
+AGENT_ARGS = ["--usage-interval", "0.2s", "--usage-report-interval", "0.5s",
+              "--reclaim-window", "2s"]
+CGROUPS_ROOT = "dyad-test-oversub"
+
+
+def _cgroups_available() -> bool:
+    try:
+        detect("cgroups", CGROUPS_ROOT)
+    except IsolationError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _remove_cgroup_root() -> Iterator[None]:
+    """After the module (its clusters are stopped by then): the empty root."""
+    yield
+    for hierarchy in ("memory", "cpu", "unified", ""):
+        try:
+            os.rmdir(os.path.join("/sys/fs/cgroup", hierarchy, CGROUPS_ROOT))
+        except OSError:
+            pass
+
+
+ISOLATIONS = ["posix", pytest.param("cgroups", marks=pytest.mark.skipif(
+    not _cgroups_available(), reason="no writable cgroups on this machine"))]
 
 # Idles at a few MB; once the flag file exists, holds ~600 MB (touched pages).
 GROWER = ("import os, sys, time\n"
@@ -48,14 +76,24 @@ def grower(directory: Path) -> tuple[Path, str]:
     return flag, f"{sys.executable} {script} {flag}"
 
 
+def cpu_weight(run_id: str) -> int:
+    """A run's cpu.shares (cgroups v1) or cpu.weight (v2), as the kernel has it."""
+    for path in (f"/sys/fs/cgroup/cpu/{CGROUPS_ROOT}/{run_id}/cpu.shares",
+                 f"/sys/fs/cgroup/{CGROUPS_ROOT}/{run_id}/cpu.weight"):
+        if os.path.exists(path):
+            return int(Path(path).read_text())
+    raise AssertionError(f"no cgroup for run {run_id}")
+
+
 def lent_mem(offer: Any) -> float:
     return offer.revocable.get("mem") if offer.revocable else 0.0
 
 
+@pytest.mark.parametrize("isolation", ISOLATIONS)
 async def test_idle_reservations_are_lent_and_taken_back(make_cluster: Any, drivers: Any,
-                                                         tmp_path: Path) -> None:
-    cluster = make_cluster(agents=1, resources="cpus:2;mem:1024;disk:1000",
-                           agent_args=AGENT_ARGS)
+                                                         tmp_path: Path, isolation: str) -> None:
+    args = [*AGENT_ARGS, "--isolation", isolation, "--cgroups-root", CGROUPS_ROOT]
+    cluster = make_cluster(agents=1, resources="cpus:2;mem:1024;disk:1000", agent_args=args)
     flag, grow = grower(tmp_path)
 
     service = Recorder()
@@ -99,6 +137,16 @@ async def test_idle_reservations_are_lent_and_taken_back(make_cluster: Any, driv
     assert be["revocable"] and be["band"] == "best-effort"
     # The framework that did not ask never saw revocable resources.
     assert service.offers and all(not o.revocable for o in service.offers)
+    # The borrower's run has next to no CPU weight: only its executor's own 0.1
+    # cpus count (cgroups v1 cpu.shares, v2 cpu.weight; niced under posix).
+    runs = {t["id"]: e for f in http_get_json(f"{agent['url']}/state")["frameworks"]
+            for e in f["executors"] for t in e["tasks"]}
+    if isolation == "posix":
+        niceness = {task: psutil.Process(run["pid"]).nice() for task, run in runs.items()}
+        assert niceness["be"] >= niceness["svc"] + 10, niceness
+    else:
+        weights = {task: cpu_weight(run["run_id"]) for task, run in runs.items()}
+        assert weights["be"] * 5 < weights["svc"], weights
 
     # The service grows into what it declared: the borrower is evicted, it is not.
     flag.write_text("now")
@@ -147,7 +195,7 @@ async def test_a_revocable_batch_job_survives_evictions(make_cluster: Any, drive
     service grows they are evicted, retried on ordinary resources without being
     charged (max_attempts=1), and the job succeeds with the exact output."""
     cluster = make_cluster(agents=1, resources="cpus:2;mem:1024;disk:1000",
-                           agent_args=AGENT_ARGS)
+                           agent_args=[*AGENT_ARGS, "--isolation", "posix"])
     flag, grow = grower(tmp_path)
     service = Recorder()
 
