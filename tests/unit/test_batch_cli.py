@@ -99,9 +99,9 @@ def test_status_and_list_read_job_records(tmp_path: Path,
 
 def test_progress_text_and_bar() -> None:
     text = progress_text(progress(maps=5, maps_running=3, failed_attempts=1, maps_rerun=2,
-                                  locality=0.96))
+                                  preempted_attempts=3, locality=0.96))
     assert text == ("maps 5/10 (3 running)  reduces 0/2  failures 1  re-run maps 2  "
-                    "locality 96%")
+                    "preempted 3  locality 96%")
     assert progress_bar(progress(maps=10, reduces=1), width=8) == "[######..]"
 
 
