@@ -283,14 +283,17 @@ class GreedyFramework(SimFramework):
 
 class BatchFramework(SimFramework):
     """One MapReduce job on the real `frameworks.batch.core.BatchCore`; like
-    `dyad-batch`, the job is its own framework and tears itself down when done."""
+    `dyad-batch`, the job is its own framework and tears itself down when done.
+    A *borrower* (oversubscription on) runs with the core's `revocable` option:
+    what an offer's ordinary part cannot hold runs on its revocable part."""
 
     kind = "job"
 
     def __init__(self, engine: Engine, job: JobArrival, seed: int, recorder: Recorder,
-                 master_info: MasterInfo, refuse_seconds: float, locality_wait: float) -> None:
-        super().__init__(engine, f"dyad-batch:{job.name}", job.role, job.priority, seed,
-                         recorder, master_info)
+                 master_info: MasterInfo, refuse_seconds: float, locality_wait: float,
+                 borrower: bool = False) -> None:
+        super().__init__(engine, job_framework(job), job.role, job.priority, seed,
+                         recorder, master_info, (revocable.CAPABILITY,) if borrower else ())
         self.job = job
         self.arrived = engine.now
         self.core = batch.BatchCore(CoreConfig(
@@ -303,7 +306,8 @@ class BatchFramework(SimFramework):
             map_resources=job.map.resources, reduce_resources=job.reduce.resources,
             job_payload="{}", output=f"/sim/{job.name}/output", max_attempts=job.max_attempts,
             locality_wait=locality_wait, refuse_seconds=refuse_seconds,
-            starvation_timeout=job.starvation_timeout, priority=job.priority))
+            starvation_timeout=job.starvation_timeout, priority=job.priority,
+            revocable=borrower))
         self._maps_done: set[int] = set()
         self._reduces_since: float | None = None
         self.done: batch.JobDone | None = None
@@ -378,6 +382,11 @@ class BatchFramework(SimFramework):
         # As `run_job` does, tear down once the callback that finished the job
         # returned (so its implicit acknowledgement still goes out).
         self.engine.call_at(self.engine.now, lambda now: self.driver.stop())
+
+
+def job_framework(job: JobArrival) -> str:
+    """A job's framework name, as `dyad-batch` subscribes it."""
+    return f"dyad-batch:{job.name}"
 
 
 def _attempt(task_id: str) -> tuple[str, int, int]:

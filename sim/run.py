@@ -29,7 +29,9 @@ from sim.agent import AgentSettings, SimAgent
 from sim.autopilot import RecommenderPolicy, UsageTap
 from sim.cell import Cell
 from sim.engine import Engine, SimulationError
-from sim.frameworks import BatchFramework, GreedyFramework, ServiceFramework, SimFramework
+from sim.frameworks import (
+    BatchFramework, GreedyFramework, ServiceFramework, SimFramework, job_framework,
+)
 from sim.nodes import AgentNode, MasterNode
 from sim.policy import Policy
 from sim.report import Recorder, Series, build_report, capacity_json
@@ -150,7 +152,9 @@ class Simulation:
             if isinstance(arrival, JobArrival):
                 framework = BatchFramework(self.engine, arrival, self.seed, self.recorder,
                                            self.info, self.policy.batch_refuse_seconds,
-                                           self.policy.batch_locality_wait)
+                                           self.policy.batch_locality_wait,
+                                           self._borrower(job_framework(arrival),
+                                                          arrival.priority))
                 self._add(framework, now)
             elif isinstance(arrival, AppArrival):
                 framework = self.frameworks.get(arrival.framework)
@@ -173,21 +177,22 @@ class Simulation:
                 if framework is None:
                     framework = self._add(GreedyFramework(
                         self.engine, arrival.framework, arrival.role, arrival.priority,
-                        self.seed, self.recorder, self.info, self._borrower(arrival),
+                        self.seed, self.recorder, self.info,
+                        self._borrower(arrival.framework, arrival.priority),
                         self._ask_after(arrival)), now)
                 assert isinstance(framework, GreedyFramework)
                 framework.add(arrival, now)
         return arrive
 
-    def _borrower(self, arrival: TasksArrival) -> bool:
-        """Whether a `tasks` framework runs on revocable resources: with
+    def _borrower(self, framework: str, priority: int) -> bool:
+        """Whether a `tasks` or job framework runs on revocable resources: with
         oversubscription on, those the policy names, else those below the
         production band (Borg puts non-production work in reclaimed room)."""
         if not self.policy.oversubscription:
             return False
         if self.policy.borrowers is not None:
-            return arrival.framework in self.policy.borrowers
-        return arrival.priority < PRODUCTION_MIN
+            return framework in self.policy.borrowers
+        return priority < PRODUCTION_MIN
 
     def _ask_after(self, arrival: TasksArrival) -> float | None:
         policy = self.policy

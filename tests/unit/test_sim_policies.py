@@ -181,24 +181,42 @@ def test_guarantee_preemption_stays_quiet_while_guarantees_hold(tmp_path: Path) 
     assert role_allocation(simulation)["prod"]["cpus"] == 6.0
 
 
-def test_a_preempted_map_is_retried_and_the_job_succeeds(tmp_path: Path) -> None:
-    """The real batch core sees its map killed with REASON_CONTAINER_PREEMPTED by
-    production work that asked for room, retries it, and the job succeeds."""
+def preempting_job(tmp_path: Path, refuse_seconds: float) -> dict[str, Any]:
+    """A job's three maps fill two agents' cpus (with its executors); at 50 s a
+    production task that asks for room arrives; it declines what it cannot use
+    for `refuse_seconds`."""
+    prod = {**tasks("prod", "prod", 1, 1, 512, duration=100, at=50), "priority": 200,
+            "refuse_seconds": refuse_seconds}
     _, report = simulate(
         tmp_path, cell({"name": "n", "count": 2, "resources": "cpus:2;mem:2048"}),
         [{"kind": "job", "at": 0, "name": "wc", "role": "batch", "maps": 3, "reduces": 1,
           "map": {"cpus": 1, "mem": 512, "duration": 300},
-          "reduce": {"cpus": 1, "mem": 512, "duration": 30}},
-         {**tasks("prod", "prod", 1, 1, 512, duration=100, at=50), "priority": 200}],
+          "reduce": {"cpus": 1, "mem": 512, "duration": 30}}, prod],
         policy(tmp_path, {"preemption": {"enabled": True, "askers": ["prod"]}}))
-    # Two, not one: the batch core revives when its map is killed, and a Revive
-    # lifts the master's preemption hold on the freed agent, so the batch job
-    # takes the room back and prod has to ask again (docs/simulator.md, "What
-    # the simulator showed").
-    assert report["tasks"]["preemptions"] == 2
-    assert report["tasks"]["by_reason"] == {"REASON_CONTAINER_PREEMPTED": 2}
-    assert report["tasks"]["by_final_state"] == {"TASK_FINISHED": 5, "TASK_KILLED": 2}
+    return report
+
+
+def test_a_preempted_map_is_retried_and_the_job_succeeds(tmp_path: Path) -> None:
+    """The real batch core sees its map killed with REASON_CONTAINER_PREEMPTED,
+    makes it pending again without charging an attempt, and the job succeeds.
+    (The production framework refuses nothing, see the next test for why.)"""
+    report = preempting_job(tmp_path, refuse_seconds=0)
+    assert report["tasks"]["preemptions"] == 1
+    assert report["tasks"]["by_reason"] == {"REASON_CONTAINER_PREEMPTED": 1}
+    assert report["tasks"]["by_final_state"] == {"TASK_FINISHED": 5, "TASK_KILLED": 1}
     assert report["jobs"] == {"succeeded": 1, "failed": 0, "unfinished": 0, "failures": {}}
+
+
+@pytest.mark.xfail(strict=True, reason="master: a victim framework's Revive lifts the "
+                                       "preemption hold (docs/simulator.md)")
+def test_the_preemption_hold_keeps_the_room_for_the_preemptor(tmp_path: Path) -> None:
+    """The same with a preemptor that declines leftovers for 1 s (the `tasks`
+    default): it is filtered from the victim's agent by its own decline, the hold
+    filters everyone else, and the batch core's Revive on the preemption drops
+    its hold filter, so the job takes the room back; every 10 s the production
+    task asks again. On main at 51b599c: 55 preemptions instead of 1."""
+    report = preempting_job(tmp_path, refuse_seconds=1)
+    assert report["tasks"]["preemptions"] == 1
 
 
 def test_policy_runs_are_deterministic(tmp_path: Path) -> None:
@@ -272,3 +290,24 @@ def test_a_bad_roles_record_is_named_with_its_line(tmp_path: Path) -> None:
                     '{"kind": "roles", "at": 5, "roles": {"prod": {"weight": -1}}}\n')
     with pytest.raises(InputError, match=r"w.jsonl:2: roles.prod.weight: must be > 0"):
         load_workload(path, strict=True)
+
+
+def test_a_batch_job_borrows_through_the_batch_cores_revocable_option(tmp_path: Path) -> None:
+    """The services hold all but 1 cpu and 1 GB: room for the job's executor, not
+    for a map. Off, the job starves (no offer big enough for a map within its
+    starvation timeout); on, the real batch core runs its maps and reduce on what
+    the agent lends and the job succeeds."""
+    workload = [owners(IDLE),
+                {"kind": "job", "at": 30, "name": "wc", "role": "batch", "maps": 4, "reduces": 1,
+                 "starvation_timeout": 600,
+                 "map": {"cpus": 1, "mem": 1024, "duration": 300},
+                 "reduce": {"cpus": 1, "mem": 1024, "duration": 30}},
+                {"kind": "end", "at": 3000}]
+    roomy = cell({"name": "n", "resources": "cpus:5;mem:9216"})
+    _, off = simulate(tmp_path, roomy, workload, policy(tmp_path, {}))
+    _, on = simulate(tmp_path, roomy, workload,
+                     policy(tmp_path, {"oversubscription": {"enabled": True, "window": 60}}))
+    assert off["jobs"]["failed"] == 1 and off["tasks"]["revocable_launched"] == 0
+    assert on["jobs"] == {"succeeded": 1, "failed": 0, "unfinished": 0, "failures": {}}
+    assert on["tasks"]["revocable_launched"] == 5
+    assert on["tasks"]["by_final_state"] == {"TASK_FINISHED": 5}
