@@ -214,7 +214,7 @@ def test_the_preemption_hold_keeps_the_room_for_the_preemptor(tmp_path: Path) ->
     default): it is filtered from the victim's agent by its own decline, the hold
     filters everyone else, and the batch core's Revive on the preemption drops
     its hold filter, so the job takes the room back; every 10 s the production
-    task asks again. On main at 51b599c: 55 preemptions instead of 1."""
+    task asks again: 55 preemptions instead of 1 (main at 51b599c)."""
     report = preempting_job(tmp_path, refuse_seconds=1)
     assert report["tasks"]["preemptions"] == 1
 
