@@ -211,13 +211,15 @@ class AgentServer:
         dealer, router = self._dealer, self._router
         self._loops.loop("core", self._run_core)
         self._loops.loop("master-socket", lambda: self._receive(dealer, "master"))
-        self._loops.loop("executor-socket", lambda: self._receive(router, "executor"))
         self._loops.loop("usage", self._watch_usage)
         self._loops.loop("disk", self._watch_disk)
         self._loops.loop("detector", self._leaders.run)
         self._started = True
         if saved is not None:
             await self._recover(saved)
+        # Executors are heard only once `Recover` is queued: a surviving executor's
+        # re-registration must reach a core that knows it, not be told to shut down.
+        self._loops.loop("executor-socket", lambda: self._receive(router, "executor"))
         self._detect()
         log.info("agent on %s, executors at %s, isolation %s", self.http_url,
                  self.executor_endpoint, self.isolator.name)
