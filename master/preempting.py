@@ -113,6 +113,9 @@ class PreemptionHandlers(MasterBooks):
             if victims:
                 self._kill_victims(victims, f"preempted to meet role {role}'s quota guarantee",
                                    role=role, beneficiaries={f.id for f in frameworks})
+                for framework in frameworks:
+                    if not framework.suppressed:  # its declines must not hide the room
+                        self.allocator.revive(framework.id)
 
     # ------------------------------------------------------------ helpers
 

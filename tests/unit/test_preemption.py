@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from dyad.messages import (
+    Decline,
+    Filters,
     KillTask,
     Preempt,
     Reason,
@@ -268,6 +270,23 @@ def test_an_unmet_guarantee_is_reclaimed_from_roles_above_theirs() -> None:
     # Met: nothing more is preempted, and the guaranteed role's tasks are protected.
     h.recv("p1", launch(prod, [offer], task("web", aid, "cpus:2;mem:1024", priority=0)))
     assert not messages(h.advance(30), KillTask)
+
+
+def test_a_guarantee_preemption_clears_the_starved_frameworks_filters() -> None:
+    """A starved framework that declined earlier must be offered what is free and
+    what is freed for it at once, not when its own filters expire."""
+    h = Harness(MasterConfig(preemption=PreemptionConfig(enabled=True)))
+    _, aid = batch_cluster(h, priorities=(50,))  # half of a1 stays free
+    prod = h.subscribe("p1", name="prod", roles=["prod"])
+    (offer,) = h.offers_to(h.allocate(), "p1")
+    h.recv("p1", Decline(framework_id=prod, offer_ids=[offer.id],
+                         filters=Filters(refuse_seconds=600)))
+    assert h.call(SetQuota({"prod": Quota(guarantee={"cpus": 4000})})).ok
+    sends = h.allocate()
+    (kill,) = messages(sends, KillTask, to="a1")
+    assert kill.task_id == "job50"
+    (offer,) = h.offers_to(sends + h.allocate(), "p1")
+    assert offer.agent_id == aid and offer.resources.get("cpus") == 2
 
 
 @pytest.mark.parametrize("suppressed", [True, False])
