@@ -20,6 +20,7 @@ import attrs
 import zmq
 import zmq.asyncio
 import zmq.auth
+from zmq.utils import z85
 from zmq.utils.monitor import recv_monitor_message
 
 if TYPE_CHECKING:
@@ -35,6 +36,13 @@ DYAD_CA = "DYAD_CA"
 
 class CredentialsError(ValueError):
     """A credentials, key or certificate file cannot be used; says which and why."""
+
+
+def _is_z85_key(text: bytes) -> bool:
+    try:
+        return len(text) == 40 and len(z85.decode(text)) == 32
+    except (ValueError, KeyError, IndexError):
+        return False
 
 
 @attrs.frozen
@@ -212,6 +220,9 @@ class ClientCredentials:
             if not advertised:
                 raise CredentialsError(f"the master advertises no CURVE key and we pin none "
                                        f"(${DYAD_MASTER_KEY})")
+            if not _is_z85_key(advertised):
+                raise CredentialsError(f"the master advertises {advertised[:60]!r}, "
+                                       "which is not a CURVE public key")
             return advertised
         if not advertised:
             return self.master_keys[0]

@@ -307,6 +307,9 @@ def test_a_client_pinning_no_master_key_learns_the_advertised_one_but_only_with_
     assert client.master_key(advertised) == advertised
     with pytest.raises(auth.CredentialsError, match="advertises no CURVE key"):
         client.master_key(None)
+    for garbage in (b"short", b"~" * 40, advertised[:39] + b"\xff"):
+        with pytest.raises(auth.CredentialsError, match="not a CURVE public key"):
+            client.master_key(garbage)
 
 
 def test_client_auth_keeps_executors_free_of_aiohttp() -> None:
