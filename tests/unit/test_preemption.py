@@ -18,6 +18,7 @@ from dyad.messages import (
     Preempt,
     Reason,
     Rejected,
+    Revive,
     StatusUpdate,
     Suppress,
     TaskState,
@@ -226,6 +227,37 @@ def test_a_flagged_framework_preempts_the_lowest_priority_task_and_holds_the_roo
     assert h.offers_to(sends, "p1") and not h.offers_to(sends, "o1")
     assert not h.offers_to(sends, "b1")
     assert other != prod
+
+
+def test_the_victims_revive_does_not_lift_the_hold() -> None:
+    """The victim's framework revives when it hears of the preemption (the batch
+    core does): the freed room must still go to the preemptor, or it would be
+    launched on again and preempted again, round after round."""
+    h = Harness(PREEMPTING)
+    batch, _ = batch_cluster(h)
+    prod = h.subscribe("p1", name="prod", capabilities=["PREEMPTION"])
+    (kill,) = messages(ask(h, "p1", prod, "cpus:2;mem:1024", 250), KillTask, to="a1")
+    h.recv("a1", StatusUpdate(framework_id=batch, status=status(
+        kill.task_id, TaskState.TASK_KILLED, uuid="k1", reason=Reason.CONTAINER_PREEMPTED)))
+    (offer,) = h.offers_to(h.allocate(), "p1")
+    # The preemptor declines for now (its task waits on something else) ...
+    h.recv("p1", Decline(framework_id=prod, offer_ids=[offer.id],
+                         filters=Filters(refuse_seconds=2)))
+    # ... and the victim's framework revives: it is still held off the room.
+    h.recv("b1", Revive(framework_id=batch))
+    assert not h.offers_to(h.allocate(), "b1")
+
+
+def test_room_freed_for_one_preemptor_is_not_free_for_another() -> None:
+    h = Harness(PREEMPTING)
+    batch_cluster(h)
+    prod = h.subscribe("p1", name="prod", capabilities=["PREEMPTION"])
+    low = h.subscribe("l1", name="best-effort", capabilities=["PREEMPTION"])
+    (kill,) = messages(ask(h, "p1", prod, "cpus:2;mem:1024", 250), KillTask, to="a1")
+    assert kill.task_id == "job50"
+    # While job50 dies for prod, a best-effort asker is not told its room is free.
+    (refusal,) = messages(ask(h, "l1", low, "cpus:2;mem:1024", 60), Rejected, to="l1")
+    assert "below priority 60" in refusal.reason
 
 
 def test_no_preemption_when_the_room_is_free() -> None:

@@ -207,14 +207,12 @@ def test_a_preempted_map_is_retried_and_the_job_succeeds(tmp_path: Path) -> None
     assert report["jobs"] == {"succeeded": 1, "failed": 0, "unfinished": 0, "failures": {}}
 
 
-@pytest.mark.xfail(strict=True, reason="master: a victim framework's Revive lifts the "
-                                       "preemption hold (docs/simulator.md)")
 def test_the_preemption_hold_keeps_the_room_for_the_preemptor(tmp_path: Path) -> None:
     """The same with a preemptor that declines leftovers for 1 s (the `tasks`
     default): it is filtered from the victim's agent by its own decline, the hold
-    filters everyone else, and the batch core's Revive on the preemption drops
-    its hold filter, so the job takes the room back; every 10 s the production
-    task asks again: 55 preemptions instead of 1 (main at 51b599c)."""
+    filters everyone else, and the batch core's Revive on the preemption must not
+    drop its hold filter. When it did, the job took the room back and every 10 s
+    the production task asked again: 55 preemptions instead of 1."""
     report = preempting_job(tmp_path, refuse_seconds=1)
     assert report["tasks"]["preemptions"] == 1
 
