@@ -36,14 +36,37 @@ def executor_env(config: AgentConfig, agent_id: str | None,
         "DYAD_RECOVERY_TIMEOUT": f"{config.recovery_timeout:g}s",
         # Where a task should listen: the address offers name as its host.
         "HOST": config.hostname, "LIBPROCESS_IP": config.ip,
-        "MESOS_AGENT_ENDPOINT": endpoint, "MESOS_FRAMEWORK_ID": executor.framework_id,
-        "MESOS_EXECUTOR_ID": executor.executor_id, "MESOS_DIRECTORY": executor.directory,
-        "MESOS_SANDBOX": executor.directory,
+        **mesos_env(config, agent_id, executor),
     }
 
 
+def mesos_env(config: AgentConfig, agent_id: str | None,
+              executor: AgentExecutor) -> dict[str, str]:
+    """What a Mesos v1 executor reads (docs/mesos-compat.md): the agent's HTTP
+    address (`POST /api/v1/executor`), its ids and sandbox. Dyad agents always
+    checkpoint (a restarted agent takes its executors back), so MESOS_CHECKPOINT
+    is 1, and the executor waits for an agent that went away rather than exiting."""
+    return {
+        "MESOS_AGENT_ENDPOINT": f"{config.ip}:{config.port}",
+        "MESOS_AGENT_ID": agent_id or "", "MESOS_SLAVE_ID": agent_id or "",
+        "MESOS_FRAMEWORK_ID": executor.framework_id, "MESOS_EXECUTOR_ID": executor.executor_id,
+        "MESOS_DIRECTORY": executor.directory, "MESOS_SANDBOX": executor.directory,
+        "MESOS_CHECKPOINT": "1",
+        "MESOS_RECOVERY_TIMEOUT": f"{config.recovery_timeout:g}secs",
+        "MESOS_EXECUTOR_SHUTDOWN_GRACE_PERIOD": f"{config.executor_shutdown_grace_period:g}secs",
+        "MESOS_HTTP_COMMAND_EXECUTOR": "0",
+    }
+
+
+def run_user(executor: AgentExecutor, task: TaskInfo, framework_user: str) -> str:
+    """Whom the run is for: a command task's own `user`, a custom executor's
+    command's, else the framework's (as the master authorized `run_task`)."""
+    command = task.command if executor.is_command else executor.info.command
+    return (command.user if command is not None else "") or framework_user
+
+
 def launch(config: AgentConfig, agent_id: str | None, executor: AgentExecutor,
-           task: TaskInfo) -> LaunchExecutor:
+           task: TaskInfo, framework_user: str = "") -> LaunchExecutor:
     """Start `executor` for its first task `task` (its limits already set)."""
     info = executor.info
     env = dict(info.command.environment)
@@ -51,7 +74,8 @@ def launch(config: AgentConfig, agent_id: str | None, executor: AgentExecutor,
     # A command task's URIs are fetched into its command executor's sandbox.
     uris = (task.command if executor.is_command and task.command else info.command).uris
     return LaunchExecutor(executor.framework_id, info.executor_id, executor.run_id,
-                          info.command, env, executor.directory, tuple(uris), executor.limits)
+                          info.command, env, executor.directory, tuple(uris), executor.limits,
+                          run_user(executor, task, framework_user))
 
 
 def task_env(config: AgentConfig, agent_id: str | None, executor: AgentExecutor,

@@ -29,7 +29,7 @@ import zmq
 from aiohttp import web
 
 import agent
-from agent import access, checkpoint, checkpoint_file, gc, volumes
+from agent import access, api_v1, checkpoint, checkpoint_file, gc, volumes
 from agent.checkpoint import CheckpointError, Recover, SavedAgent
 from agent.containerizer import Containerizer, LaunchError, describe_exit
 from agent.containers_core import LaunchContainer, RemoveContainer
@@ -51,7 +51,8 @@ from agent.state import AgentState, Event
 from agent.status_updates import SendMaster
 from dyad import security
 from dyad.auth import (
-    DYAD_CURVE_KEY, DYAD_MASTER_KEY, TOKEN_ENV, TOKEN_FILE_ENV, ClientCredentials, HandshakeWatch,
+    DYAD_CURVE_KEY, DYAD_MASTER_KEY, TOKEN_ENV, TOKEN_FILE_ENV, ClientCredentials,
+    CredentialsError, HandshakeWatch,
 )
 from dyad.clock import Clock, SystemClock
 from dyad.detector import Detector, LeaderFollower, make_detector
@@ -90,6 +91,7 @@ class AgentOptions:
     containerizers: tuple[str, ...] | None = None
     docker_socket: str = DEFAULT_SOCKET
     docker_pull_timeout: float = DEFAULT_PULL_TIMEOUT
+    switch_user: bool = False  # run tasks as the users they name (agent/users.py)
 
 
 def executor_base_env() -> dict[str, str]:
@@ -154,9 +156,13 @@ class AgentServer:
         self._dealer: Dealer | None = None
         self._runner: web.AppRunner | None = None
         self._base_env = executor_base_env()
+        self.v1_executors = api_v1.ExecutorStreams(
+            self._events.put_nowait, lambda: self.state, refused="" if self._executor_keys is None
+            else "the v1 executor API has no authentication: off while executors must")
         self._checkpoints = checkpoint_file.Writer(config.work_dir)
         isolator = isolator or detect(config.isolation, self.options.cgroups_root)
-        self._containerizer = Containerizer(self._on_process_exit, self._base_env, isolator)
+        self._containerizer = Containerizer(self._on_process_exit, self._base_env, isolator,
+                                            self.options.switch_user)
         cache_dir = self.options.fetcher_cache_dir or os.path.join(config.work_dir, "cache")
         self.fetcher = Fetcher(FetcherCache(cache_dir, self.options.fetcher_cache_size),
                                self.options.fetch_timeout, self.options.fetcher_allowed_paths)
@@ -199,8 +205,8 @@ class AgentServer:
         await self._connect_docker()
         self.state = AgentState(self.config)
         await asyncio.to_thread(self.fetcher.cache.load)
-        self._dealer = Dealer(curve=self.client.keys, server_key=self.client.master_key(None)
-                              if self.client.keys else None)
+        pinned = self.client.master_keys[0] if self.client.master_keys else None
+        self._dealer = Dealer(curve=self.client.keys, server_key=pinned)
         if self.client.keys is not None:  # say why the master does not answer, if it refuses us
             self._master_watch = HandshakeWatch(
                 self._dealer.socket, lambda where, why: self.refusals("by_master", where, why))
@@ -208,13 +214,15 @@ class AgentServer:
         dealer, router = self._dealer, self._router
         self._loops.loop("core", self._run_core)
         self._loops.loop("master-socket", lambda: self._receive(dealer, "master"))
-        self._loops.loop("executor-socket", lambda: self._receive(router, "executor"))
         self._loops.loop("usage", self._watch_usage)
         self._loops.loop("disk", self._watch_disk)
         self._loops.loop("detector", self._leaders.run)
         self._started = True
         if saved is not None:
             await self._recover(saved)
+        # Executors are heard only once `Recover` is queued: a surviving executor's
+        # re-registration must reach a core that knows it, not be told to shut down.
+        self._loops.loop("executor-socket", lambda: self._receive(router, "executor"))
         self._detect()
         log.info("agent on %s, executors at %s, isolation %s", self.http_url,
                  self.executor_endpoint, self.isolator.name)
@@ -253,6 +261,7 @@ class AgentServer:
             self._router = self._executor_router()
             executor_port = self._router.bind(self.config.ip, 0)
         app = make_app(self, self.config.work_dir)
+        api_v1.add_routes(app, self.v1_executors)
         security.protect(app, self.security, self.refusals, access.HttpAccess(
             self.security.acls, self.config.work_dir, self.config.hostname,
             lambda: self.state.records))
@@ -438,6 +447,12 @@ class AgentServer:
 
     def _master_detected(self, info: MasterInfo) -> None:
         log.info("master detected at %s", info.zmq_endpoint)
+        if self._dealer is not None and self._dealer.curve:
+            try:  # the advertised key, if we pin none or pin it (docs/security.md)
+                self._dealer.set_server_key(self.client.master_key(info.curve_key.encode() or None))
+            except CredentialsError as exc:
+                self.refusals("master_key", info.zmq_endpoint, str(exc))
+                return
         self._events.put_nowait(MasterDetected(info))
 
     def _timer_due(self, key: Hashable) -> None:
@@ -528,7 +543,8 @@ class AgentServer:
         if self.docker is not None and found is not None:
             result = await self.docker.probe(found[0].key, effect)
         if result is None:
-            result = await probe(effect, self._base_env, probe_host(self.config.ip))
+            result = await probe(effect, self._base_env, probe_host(self.config.ip),
+                                 self.options.switch_user)
         self._events.put_nowait(result)
 
     # ------------------------------------------------------------------ effects
@@ -538,7 +554,8 @@ class AgentServer:
         if isinstance(effect, SendMaster):
             await self._dealer.send(effect.message)
         elif isinstance(effect, Send):
-            await self._router.send(bytes.fromhex(effect.to), effect.message)
+            if not self.v1_executors.deliver(effect.to, effect.message):
+                await self._router.send(bytes.fromhex(effect.to), effect.message)
         elif isinstance(effect, Checkpoint):
             await asyncio.to_thread(self._checkpoints.write, self.state.saved())
             self.shell_counters["agent/checkpoints_written"] += 1
@@ -595,6 +612,7 @@ class AgentServer:
         principal_changes = {"agent/auth_failures/principal_changed":
                              self._router.principal_changes} if self._router else {}
         return {**self.state.metrics(), **self.fetcher.metrics(), **self.shell_counters,
+                **self.v1_executors.metrics(),
                 **self.refusals.counts, **principal_changes}
 
     def dead_loops(self) -> list[str]:
