@@ -389,12 +389,20 @@ class HierarchicalAllocator:
         result: list[Allocation] = []
         if not candidates:
             return result
-        if any(quota.guarantee for quota in self._quota.values()):
+        if self._guarantees_unmet():
             for agent_id in candidates:
                 self._fill(agent_id, now, result, guarantees=True)
         for agent_id in candidates:
             self._fill(agent_id, now, result, guarantees=False)
         return result
+
+    def _guarantees_unmet(self) -> bool:
+        """Whether some guarantee still misses something. When none does, the
+        guarantee stage would offer nothing (every role's cut there is None), so a
+        pass skips it. A guaranteed role's need covers its guaranteed sub-roles',
+        so the outermost ones tell."""
+        return any(milli for role in self._guaranteed_below("")
+                   for milli in self._need(role, self._quota[role]).values())
 
     def _expire_filters(self, now: float) -> None:
         heap = self._filter_expiry
@@ -432,7 +440,8 @@ class HierarchicalAllocator:
                 if capped != offerable:
                     self._quota_blocked[agent_id] = None
                 offerable = capped
-            if not self._worth(offerable):
+            # `_fill` found the agent's whole free part worth offering just now.
+            if offerable is not agent.free and not self._worth(offerable):
                 continue
             for framework_id in self._roles[role].sorter.iter_sorted():
                 if framework_id in agent.offered_to:

@@ -7,8 +7,10 @@ offers exactly the same resources to the same frameworks in the same order.
 The shortcuts (see the allocator's module docstring): the quota room of a role
 is kept until quota, an allocation or the free amounts change, and which roles
 hold guarantees below which until quota changes; `_worth` and `_cut` answer
-from scalar totals when they can. The reference recomputes both on every
-question and asks `get_milli` per name and `_cut_entries` for every cut.
+from scalar totals when they can; a pass skips the guarantee stage when no
+guarantee misses anything. The reference recomputes both on every question,
+asks `get_milli` per name and `_cut_entries` for every cut, and runs the
+guarantee stage whenever a role has a guarantee.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ class Reference(HierarchicalAllocator):
 
     def _worth(self, resources: Resources) -> bool:
         return any(resources.get_milli(name) >= milli for name, milli in self._min)
+
+    def _guarantees_unmet(self) -> bool:
+        return any(quota.guarantee for quota in self._quota.values())
 
 
 agent_resources = st.builds(
