@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import zmq
@@ -87,13 +87,25 @@ async def _send_nowait(sock: zmq.asyncio.Socket, frames: list[bytes]) -> bool:
 
 class Router:
     """A bound ROUTER socket: many peers, addressed by identity. With `curve`
-    (this server's key pair) only clients the context's ZAP handler admits get in."""
+    (this server's key pair) only clients the context's ZAP handler admits get in.
+
+    `send_queue` > 0 makes sends *mandatory*: each peer's outgoing queue holds that
+    many frames, and a send to a full queue or to an unknown peer returns False
+    (counted in `sends_full` / `sends_unroutable`) instead of vanishing as it does
+    by ZMQ's default."""
 
     def __init__(self, context: zmq.asyncio.Context | None = None, *,
-                 curve: CurveKeys | None = None) -> None:
+                 curve: CurveKeys | None = None, send_queue: int = 0) -> None:
         self._ctx = context or zmq.asyncio.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         _configure(self._sock)
+        # Reads without a future per frame (`recv_batch`); only ever non-blocking.
+        self._now = zmq.Socket.shadow(self._sock.underlying)
+        self.sends_full = 0
+        self.sends_unroutable = 0
+        if send_queue > 0:
+            self._sock.setsockopt(zmq.SNDHWM, send_queue)
+            self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.curve = curve is not None
         self._principals: dict[bytes, str | None] = {}
         self.principal_changes = 0  # frames dropped: their identity came as someone else
@@ -121,14 +133,34 @@ class Router:
         return port
 
     async def recv(self) -> Inbound:
-        if not self.curve:
-            return _parse_routed(await self._sock.recv_multipart())
         while True:
-            frames = await self._sock.recv_multipart(copy=False)
-            principal = self._frame_principal(frames[-1])
-            inbound = _parse_routed([frame.bytes for frame in frames])
-            if self._same_principal(inbound.identity, principal):
-                return attrs.evolve(inbound, principal=principal)
+            inbound = self._inbound(await self._sock.recv_multipart(copy=not self.curve))
+            if inbound is not None:
+                return inbound
+
+    async def recv_batch(self, most: int) -> list[Inbound]:
+        """Wait for one frame, then take the frames already here, up to `most` in
+        all, without waiting again: a burst costs one wake-up, not one per frame."""
+        batch = [await self.recv()]
+        while len(batch) < most:
+            try:
+                frames = self._now.recv_multipart(zmq.NOBLOCK, copy=not self.curve)
+            except zmq.Again:
+                break
+            inbound = self._inbound(frames)
+            if inbound is not None:
+                batch.append(inbound)
+        return batch
+
+    def _inbound(self, frames: list[Any]) -> Inbound | None:
+        """None: the frame is dropped (its identity came as someone else)."""
+        if not self.curve:
+            return _parse_routed(frames)
+        principal = self._frame_principal(frames[-1])
+        inbound = _parse_routed([frame.bytes for frame in frames])
+        if self._same_principal(inbound.identity, principal):
+            return attrs.evolve(inbound, principal=principal)
+        return None
 
     def _same_principal(self, identity: bytes, principal: str | None) -> bool:
         known = self._principals.get(identity, principal)
@@ -149,9 +181,19 @@ class Router:
         return await self.send_raw(identity, encode(message))
 
     async def send_raw(self, identity: bytes, frame: bytes) -> bool:
-        """False when the peer's queue is full; unknown peers are dropped silently
-        (ZMQ's ROUTER default), exactly like a message lost on the network."""
-        return await _send_nowait(self._sock, [identity, frame])
+        """False when the peer's queue is full. Unknown peers: dropped silently
+        (ZMQ's ROUTER default, like a message lost on the network), or False with
+        a `send_queue` (mandatory sends)."""
+        try:
+            sent = await _send_nowait(self._sock, [identity, frame])
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            self.sends_unroutable += 1
+            return False
+        if not sent:
+            self.sends_full += 1
+        return sent
 
     def close(self) -> None:
         self._sock.close(linger=0)

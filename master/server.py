@@ -57,6 +57,7 @@ from master.registry import (
     FileRegistry, Registry, RegistryData, RegistryError, ZooKeeperRegistry, snapshot_of,
 )
 from master.restore import restore
+from master.inflow import Inflow
 from master.metrics import LATENCY_BOUNDS, Histogram
 from master.operator import INTERNAL, OperatorCall, Reply, Request
 from master.model import (
@@ -85,6 +86,17 @@ registry, so a burst of a thousand new agents must not become a thousand writes.
 OPERATOR_CALL_TIMEOUT = 10.0
 """Seconds an operator call waits for the core's answer: a leader whose lease is
 unconfirmed handles nothing, and the caller must hear so rather than hang."""
+
+RECEIVE_BATCH = 256
+"""Frames taken from the socket per wake-up of the receive loop (at most)."""
+PROCESS_BATCH = 64
+"""Events handled between two yields to the event loop: few enough that HTTP and
+the lease renewals are never starved, many enough that a burst does not pay the
+loop's round trip for every event."""
+SEND_QUEUE = 50_000
+"""Frames queued for one peer before a send to it fails (counted in
+`master/dropped_sends`, never silently). ZMQ's default (1,000) is below what a
+busy framework, reading at its own pace, has in flight."""
 
 DEFAULT_ZK_SESSION_TIMEOUT = 4.0
 """Seconds. ZooKeeper's own minimum with its stock tickTime (2 s): the shortest
@@ -128,7 +140,12 @@ class MasterServer:
         self._state: MasterState | None = None
         self._router: Router | None = None
         self._runner: web.AppRunner | None = None
-        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        # Events for the core; True marks a frame from the socket, which counts
+        # against `_inflow` (backpressure, master/inflow.py).
+        self._events: asyncio.Queue[tuple[Event, bool]] = asyncio.Queue()
+        self._inflow = Inflow()
+        self._room = asyncio.Event()
+        self._room.set()
         self._timers = TimerTable(self._clock.now, self._fire)
         self._internal_errors = 0
         self._supervisor = Supervisor(self._give_up, self._count_internal_error, logger=log)
@@ -163,7 +180,7 @@ class MasterServer:
         if self.security.curve is not None and self.security.credentials is not None:
             self._zap = security.Zap(self.security.credentials, self._refusals)
         router = Router(self._zap.context if self._zap else self._context,
-                        curve=self.security.curve)
+                        curve=self.security.curve, send_queue=SEND_QUEUE)
         if self._zap is not None:
             self._zap.watch(router.socket)
         try:
@@ -292,7 +309,7 @@ class MasterServer:
 
     def submit(self, event: Event) -> None:
         """Queue an event for the core, in turn with the messages and timers."""
-        self._events.put_nowait(event)
+        self._events.put_nowait((event, False))
 
     async def call(self, request: Request, timeout: float = OPERATOR_CALL_TIMEOUT,
                    principal: str | None = None) -> Reply:
@@ -314,6 +331,12 @@ class MasterServer:
         result["master/elected"] = 1 if self.is_leader else 0
         result["master/internal_errors"] = self._internal_errors
         result["master/dropped_sends"] = self._dropped_sends
+        result["master/inbound_queued"] = self._inflow.queued
+        result["master/inbound_queued_most"] = self._inflow.most
+        result["master/inbound_full"] = self._inflow.full
+        if self._router is not None:
+            result["master/sends_full"] = self._router.sends_full
+            result["master/sends_unroutable"] = self._router.sends_unroutable
         result["master/registry_writes"] = self._counts["registry_writes"]
         result["master/messages_received_as_standby"] = self._counts["received_as_standby"]
         result["master/leadership_pauses"] = self._counts["paused"]
@@ -381,7 +404,8 @@ class MasterServer:
         cutoff = time.monotonic() - EARLY_FRAMES_WINDOW
         for received, event in self._early:  # ahead of them, in arrival order
             if received >= cutoff:
-                self._events.put_nowait(event)
+                self._events.put_nowait((event, True))
+                self._inflow.taken(1)
         self._early.clear()
         self.leader = self.info
         for effect in effects:
@@ -451,12 +475,19 @@ class MasterServer:
     # ----------------------------------------------------------------- loops
 
     async def _receive(self) -> None:
-        """Frames -> events. One frame never ends the loop: whatever decoding or
-        queueing it raises is counted, logged (at most once per peer per
-        interval) and the next frame is read."""
+        """Frames -> events, read only while the core has room for them
+        (`Inflow`); beyond that they wait in ZMQ, which pushes back to senders.
+        One frame never ends the loop: whatever decoding or queueing it raises
+        is counted, logged (at most once per peer per interval) and the next
+        frame is read."""
         while self._router is not None:
+            room = self._inflow.room()
+            if room == 0:
+                self._room.clear()
+                await self._room.wait()
+                continue
             try:
-                inbound = await self._router.recv()
+                batch = await self._router.recv_batch(min(room, RECEIVE_BATCH))
             except zmq.ZMQError as exc:
                 if exc.errno in (zmq.ENOTSOCK, zmq.ETERM):
                     return  # the socket is gone: we are stopping
@@ -468,13 +499,14 @@ class MasterServer:
                 self._log_limited("decode", logging.ERROR, "a frame broke the decoder (%s: %s); "
                                   "it is dropped", type(exc).__name__, str(exc)[:200])
                 continue
-            try:
-                self._take(inbound)
-            except Exception:
-                self._internal_errors += 1
-                self._log_limited(inbound.identity.hex()[:64], logging.ERROR,
-                                  "failed to take a frame from %s", inbound.identity.hex()[:64],
-                                  exc_info=True)
+            for inbound in batch:
+                try:
+                    self._take(inbound)
+                except Exception:
+                    self._internal_errors += 1
+                    self._log_limited(inbound.identity.hex()[:64], logging.ERROR,
+                                      "failed to take a frame from %s",
+                                      inbound.identity.hex()[:64], exc_info=True)
             await asyncio.sleep(0)  # see _process
 
     def _take(self, inbound: Inbound) -> None:
@@ -497,33 +529,42 @@ class MasterServer:
                 self._early.popleft()
             self._early.append((now, event))
         else:
-            self._events.put_nowait(event)
+            self._events.put_nowait((event, True))
+            self._inflow.taken(1)
 
     async def _process(self) -> None:
         while True:
-            event = await self._events.get()
-            await self._may_act()
-            try:
-                await self._step(event)
-            except Exception:
-                self._internal_errors += 1
-                key = (event.peer if isinstance(event, (Received, InvalidFrame))
-                       else type(event).__name__)
-                self._log_limited(key, logging.ERROR, "master failed to handle %.300r", event,
-                                  exc_info=True)
-                if isinstance(event, OperatorCall):  # its caller must not wait in vain
-                    self._answer(Reply(event.call_id, refusal=INTERNAL,
-                                       error="the master failed to handle this call"))
+            batch = [await self._events.get()]
+            while len(batch) < PROCESS_BATCH and not self._events.empty():
+                batch.append(self._events.get_nowait())
+            for event, from_socket in batch:
+                await self._may_act()
+                if from_socket and self._inflow.handled():
+                    self._room.set()
+                await self._handle(event)
             # Awaiting a ready queue or socket does not yield: without this, a
             # burst (a thousand agents re-registering) would starve HTTP and the
             # lease renewals until it is all handled.
             await asyncio.sleep(0)
 
+    async def _handle(self, event: Event) -> None:
+        try:
+            await self._step(event)
+        except Exception:
+            self._internal_errors += 1
+            key = (event.peer if isinstance(event, (Received, InvalidFrame))
+                   else type(event).__name__)
+            self._log_limited(key, logging.ERROR, "master failed to handle %.300r", event,
+                              exc_info=True)
+            if isinstance(event, OperatorCall):  # its caller must not wait in vain
+                self._answer(Reply(event.call_id, refusal=INTERNAL,
+                                   error="the master failed to handle this call"))
+
     async def _step(self, event: Event) -> None:
         started = time.perf_counter()
         effects = self.state.handle(event, self._clock.now())
         if isinstance(event, TimerFired) and isinstance(event.key, Allocate):
-            self._events.put_nowait(AllocationTimed(time.perf_counter() - started))
+            self._events.put_nowait((AllocationTimed(time.perf_counter() - started), False))
         for effect in effects:
             await self._perform(effect)
 
@@ -556,4 +597,4 @@ class MasterServer:
             future.set_result(reply)
 
     def _fire(self, key: Hashable) -> None:
-        self._events.put_nowait(TimerFired(key))
+        self._events.put_nowait((TimerFired(key), False))
