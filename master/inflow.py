@@ -1,65 +1,118 @@
-"""How much the master takes from its socket before it has handled it: backpressure.
+"""The frames the master has read and not yet handled: what it takes from its
+socket, and in which order the core gets it (issue 19).
 
-The master's shell reads frames into a queue that one task hands to the core. If
-it read whatever arrived, a flood would pile up in that queue faster than the core
-works it off: every frame would wait longer than the peers' retry and offer
-timeouts, their resends would add to the pile, and the master would collapse
-(issue 19). So the shell reads only while fewer than `limit` received frames wait
-for the core. Beyond that it leaves them in ZeroMQ, whose per-peer queues fill up
-to their high-water marks; then a sender's socket refuses more, and a sender that
-must not lose a message waits (a driver's outbox) or retries later (an agent's
-status updates). Nothing the master has read is ever dropped, and a peer's share
-of what is read is ZeroMQ's fair queueing over peers, so one busy framework cannot
-crowd out a thousand agents' pings.
+Two rules keep a flood from collapsing the master.
 
-`Inflow` is the count behind that rule, kept apart from the sockets so it can be
-tested on its own: the shell asks `room()` before each read, reports `taken` and
-`handled` frames, and wakes its reader when `handled` says room has opened.
+Frameworks first. A flood is agents' traffic -- status updates, their resends,
+pongs -- that frameworks' frames unblock: an `Accept` must be handled before its
+offers time out, and an `Acknowledge` is what lets an agent send its next update
+and stop resending the last. Handled in arrival order, 40,000 updates of a burst
+sit ahead of every acknowledgement and accept, whose delay then exceeds the
+retry and offer timeouts: resends pile up and accepted tasks are dropped. So
+frames that only schedulers send wait in a lane of their own, and the core takes
+up to `FRAMEWORK_TURNS` of them for every agent frame. Agents are never starved
+(they get at least one turn in `FRAMEWORK_TURNS + 1`); each peer's own frames stay
+in the order they came.
+
+Bounded, and nothing silently dropped. The shell reads only while fewer than
+`limit` frames wait (`room()`); beyond that frames stay in ZeroMQ, whose per-peer
+queues fill to their high-water marks, and then a sender's socket refuses more:
+a driver waits (its outbox), an agent resends later. The only frame not queued
+is a status update whose very copy (same peer, same uuid) already waits here: it
+is `coalesced` into that one, which is still handled, and counted.
+
+The limit is a valve against memory exhaustion, not the working point: once it is
+reached ZeroMQ reads its peers in turn, a framework among ten thousand agents gets
+one frame in ten thousand, and frameworks starve. So it is set far above a busy
+master's queue (tens of thousands of frames: a few hundred MB of decoded events).
 """
 
 from __future__ import annotations
 
+from collections import deque
+
 import attrs
 
-DEFAULT_LIMIT = 1024
-"""Received frames waiting for the core at most. At the master's ~0.3 ms a frame
-(busy, shared machine) that is a queue of about 0.3 s: far below the 10 s first
-status-update retry and the 30 s offer timeout."""
+from dyad.messages import (
+    Accept, Acknowledge, Decline, FrameworkToExecutor, Kill, Message, Preempt, Reconcile,
+    Revive, SchedulerHeartbeat, StatusUpdate, Subscribe, Suppress, Teardown, Unsubscribe)
+from master.model import Event, InvalidFrame, Received
+
+DEFAULT_LIMIT = 100_000
+FRAMEWORK_TURNS = 4
+
+FRAMEWORK_MESSAGES: tuple[type[Message], ...] = (
+    Subscribe, Unsubscribe, Teardown, Accept, Decline, Revive, Suppress, Kill, Acknowledge,
+    Reconcile, SchedulerHeartbeat, Preempt, FrameworkToExecutor)
+"""What only a scheduler sends: the frames of the framework lane."""
 
 
 @attrs.define
 class Inflow:
-    """Frames read from the socket and not yet handled, against a limit."""
+    """Frames read and not yet handled: two lanes, a limit, copies coalesced."""
 
     limit: int = DEFAULT_LIMIT
-    queued: int = 0
+    turns: int = FRAMEWORK_TURNS
     most: int = 0
     """The most frames ever waiting at once (a gauge)."""
     full: int = 0
-    """How many times reading stopped because `limit` frames were waiting."""
+    """How many times the limit was reached (reading stopped)."""
+    coalesced: int = 0
+    """Status updates not queued because the same one already waited."""
+    _frameworks: deque[Event] = attrs.field(factory=deque)
+    _agents: deque[Event] = attrs.field(factory=deque)
+    _updates: set[tuple[str, str]] = attrs.field(factory=set)
+    _streak: int = 0
 
     def __attrs_post_init__(self) -> None:
-        if self.limit < 1:
-            raise ValueError(f"an inflow limit must be at least 1, not {self.limit}")
+        if self.limit < 1 or self.turns < 1:
+            raise ValueError(f"an inflow needs a limit and turns of at least 1, "
+                             f"not {self.limit} and {self.turns}")
+
+    def __len__(self) -> int:
+        return len(self._frameworks) + len(self._agents)
 
     def room(self) -> int:
-        """How many frames may be read now (0: wait until `handled` opens room)."""
-        return max(0, self.limit - self.queued)
+        """How many frames may be read now (0: wait until `take` makes room)."""
+        return max(0, self.limit - len(self))
 
-    def taken(self, count: int) -> None:
-        """`count` frames were read (or released from a standby's early buffer,
-        which may take the count past `limit`: they are already ours)."""
-        if count < 0:
-            raise ValueError(f"cannot take {count} frames")
-        self.queued += count
-        self.most = max(self.most, self.queued)
-        if count and self.queued >= self.limit:
+    def put(self, event: Received | InvalidFrame) -> None:
+        """Queue a frame read from the socket (or released from a standby's early
+        buffer, which may pass `limit`: those are already ours)."""
+        key = _update_key(event)
+        if key is not None:
+            if key in self._updates:
+                self.coalesced += 1
+                return
+            self._updates.add(key)
+        if isinstance(event, Received) and isinstance(event.message, FRAMEWORK_MESSAGES):
+            self._frameworks.append(event)
+        else:
+            self._agents.append(event)
+        self.most = max(self.most, len(self))
+        if len(self) == self.limit:
             self.full += 1
 
-    def handled(self) -> bool:
-        """One frame was handed to the core. True when that opened room that was
-        closed, so the reader, which stopped, must be woken."""
-        if self.queued == 0:
-            raise ValueError("handled a frame that was never taken")
-        self.queued -= 1
-        return self.queued == self.limit - 1
+    def take(self) -> Event | None:
+        """The next frame for the core (None: nothing waits)."""
+        if self._frameworks and (self._streak < self.turns or not self._agents):
+            self._streak += 1
+            event = self._frameworks.popleft()
+        elif self._agents:
+            self._streak = 0
+            event = self._agents.popleft()
+        else:
+            return None
+        key = _update_key(event)
+        if key is not None:
+            self._updates.discard(key)
+        return event
+
+
+def _update_key(event: Event) -> tuple[str, str] | None:
+    """A status update's identity, if it has one (an update without a uuid is
+    never taken for a copy of another)."""
+    if (isinstance(event, Received) and isinstance(event.message, StatusUpdate)
+            and event.message.status.uuid):
+        return event.peer, event.message.status.uuid
+    return None

@@ -140,10 +140,12 @@ class MasterServer:
         self._state: MasterState | None = None
         self._router: Router | None = None
         self._runner: web.AppRunner | None = None
-        # Events for the core; True marks a frame from the socket, which counts
-        # against `_inflow` (backpressure, master/inflow.py).
-        self._events: asyncio.Queue[tuple[Event, bool]] = asyncio.Queue()
+        # Frames from the socket wait in `_inflow` (its lanes and bound:
+        # master/inflow.py); timers, operator calls and HTTP subscribers' calls
+        # in `_events`, ahead of them. `_work` is set while either holds any.
+        self._events: asyncio.Queue[Event] = asyncio.Queue()
         self._inflow = Inflow()
+        self._work = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
         self._timers = TimerTable(self._clock.now, self._fire)
@@ -167,7 +169,7 @@ class MasterServer:
         self._counts = {"registry_writes": 0, "received_as_standby": 0, "paused": 0}
         self._lost: asyncio.Future[str] | None = None
         self._elected = asyncio.Event()
-        self._early: collections.deque[tuple[float, Event]] = collections.deque(
+        self._early: collections.deque[tuple[float, Received | InvalidFrame]] = collections.deque(
             maxlen=EARLY_FRAMES_MAX)
 
     # ----------------------------------------------------------------- lifecycle
@@ -309,7 +311,8 @@ class MasterServer:
 
     def submit(self, event: Event) -> None:
         """Queue an event for the core, in turn with the messages and timers."""
-        self._events.put_nowait((event, False))
+        self._events.put_nowait(event)
+        self._work.set()
 
     async def call(self, request: Request, timeout: float = OPERATOR_CALL_TIMEOUT,
                    principal: str | None = None) -> Reply:
@@ -331,9 +334,10 @@ class MasterServer:
         result["master/elected"] = 1 if self.is_leader else 0
         result["master/internal_errors"] = self._internal_errors
         result["master/dropped_sends"] = self._dropped_sends
-        result["master/inbound_queued"] = self._inflow.queued
+        result["master/inbound_queued"] = len(self._inflow)
         result["master/inbound_queued_most"] = self._inflow.most
         result["master/inbound_full"] = self._inflow.full
+        result["master/status_updates_coalesced"] = self._inflow.coalesced
         if self._router is not None:
             result["master/sends_full"] = self._router.sends_full
             result["master/sends_unroutable"] = self._router.sends_unroutable
@@ -404,8 +408,8 @@ class MasterServer:
         cutoff = time.monotonic() - EARLY_FRAMES_WINDOW
         for received, event in self._early:  # ahead of them, in arrival order
             if received >= cutoff:
-                self._events.put_nowait((event, True))
-                self._inflow.taken(1)
+                self._inflow.put(event)
+                self._work.set()
         self._early.clear()
         self.leader = self.info
         for effect in effects:
@@ -513,7 +517,7 @@ class MasterServer:
         """Queue one received frame for the core (or keep it, as a standby)."""
         peer = inbound.identity.hex()
         if inbound.message is not None:
-            event: Event = Received(peer, inbound.message, inbound.principal)
+            event: Received | InvalidFrame = Received(peer, inbound.message, inbound.principal)
         elif inbound.error is not None:
             self._log_limited(peer, logging.INFO, "bad frame from %s: %s", peer,
                               inbound.error.reason)
@@ -529,23 +533,33 @@ class MasterServer:
                 self._early.popleft()
             self._early.append((now, event))
         else:
-            self._events.put_nowait((event, True))
-            self._inflow.taken(1)
+            self._inflow.put(event)
+            self._work.set()
 
     async def _process(self) -> None:
         while True:
-            batch = [await self._events.get()]
-            while len(batch) < PROCESS_BATCH and not self._events.empty():
-                batch.append(self._events.get_nowait())
-            for event, from_socket in batch:
+            if self._events.empty() and not self._inflow:
+                self._work.clear()
+                await self._work.wait()
+            for event in self._next_batch():
                 await self._may_act()
-                if from_socket and self._inflow.handled():
-                    self._room.set()
                 await self._handle(event)
             # Awaiting a ready queue or socket does not yield: without this, a
             # burst (a thousand agents re-registering) would starve HTTP and the
             # lease renewals until it is all handled.
             await asyncio.sleep(0)
+
+    def _next_batch(self) -> list[Event]:
+        """Timers and calls first (few, and they keep time), then frames in the
+        order `Inflow` gives them; reading resumes once there is room."""
+        batch: list[Event] = []
+        while len(batch) < PROCESS_BATCH and not self._events.empty():
+            batch.append(self._events.get_nowait())
+        while len(batch) < PROCESS_BATCH and (event := self._inflow.take()) is not None:
+            batch.append(event)
+        if self._inflow.room():
+            self._room.set()
+        return batch
 
     async def _handle(self, event: Event) -> None:
         try:
@@ -564,7 +578,7 @@ class MasterServer:
         started = time.perf_counter()
         effects = self.state.handle(event, self._clock.now())
         if isinstance(event, TimerFired) and isinstance(event.key, Allocate):
-            self._events.put_nowait((AllocationTimed(time.perf_counter() - started), False))
+            self.submit(AllocationTimed(time.perf_counter() - started))
         for effect in effects:
             await self._perform(effect)
 
@@ -597,4 +611,4 @@ class MasterServer:
             future.set_result(reply)
 
     def _fire(self, key: Hashable) -> None:
-        self._events.put_nowait((TimerFired(key), False))
+        self.submit(TimerFired(key))
