@@ -1,5 +1,5 @@
-"""The frames the master has read and not yet handled: what it takes from its
-socket, and in which order the core gets it (issue 19).
+"""The events the master has not yet handled: what it takes from its socket, and
+in which order the core gets it (issue 19).
 
 Two rules keep a flood from collapsing the master.
 
@@ -10,9 +10,14 @@ and stop resending the last. Handled in arrival order, 40,000 updates of a burst
 sit ahead of every acknowledgement and accept, whose delay then exceeds the
 retry and offer timeouts: resends pile up and accepted tasks are dropped. So
 frames that only schedulers send wait in a lane of their own, and the core takes
-up to `FRAMEWORK_TURNS` of them for every agent frame. Agents are never starved
-(they get at least one turn in `FRAMEWORK_TURNS + 1`); each peer's own frames stay
-in the order they came.
+up to `FRAMEWORK_TURNS` of them for every other event. The other lane is never
+starved (it gets at least one turn in `FRAMEWORK_TURNS + 1`); each peer's own
+frames stay in the order they came.
+
+Timers and operator calls wait in the other lane, in arrival order with agents'
+frames: a liveness check (an agent's ping timeout, a framework's heartbeat) must
+never overtake the frame that would have answered it. A framework's frame may
+overtake a timer, which only makes an offer's timeout find the offer accepted.
 
 Bounded, and nothing silently dropped. The shell reads only while fewer than
 `limit` frames wait (`room()`); beyond that frames stay in ZeroMQ, whose per-peer
@@ -36,7 +41,7 @@ import attrs
 from dyad.messages import (
     Accept, Acknowledge, Decline, FrameworkToExecutor, Kill, Message, Preempt, Reconcile,
     Revive, SchedulerHeartbeat, StatusUpdate, Subscribe, Suppress, Teardown, Unsubscribe)
-from master.model import Event, InvalidFrame, Received
+from master.model import Event, Received
 
 DEFAULT_LIMIT = 100_000
 FRAMEWORK_TURNS = 4
@@ -49,7 +54,7 @@ FRAMEWORK_MESSAGES: tuple[type[Message], ...] = (
 
 @attrs.define
 class Inflow:
-    """Frames read and not yet handled: two lanes, a limit, copies coalesced."""
+    """Events not yet handled: two lanes, a limit on frames, copies coalesced."""
 
     limit: int = DEFAULT_LIMIT
     turns: int = FRAMEWORK_TURNS
@@ -60,7 +65,7 @@ class Inflow:
     coalesced: int = 0
     """Status updates not queued because the same one already waited."""
     _frameworks: deque[Event] = attrs.field(factory=deque)
-    _agents: deque[Event] = attrs.field(factory=deque)
+    _others: deque[Event] = attrs.field(factory=deque)
     _updates: set[tuple[str, str]] = attrs.field(factory=set)
     _streak: int = 0
 
@@ -70,15 +75,16 @@ class Inflow:
                              f"not {self.limit} and {self.turns}")
 
     def __len__(self) -> int:
-        return len(self._frameworks) + len(self._agents)
+        return len(self._frameworks) + len(self._others)
 
     def room(self) -> int:
         """How many frames may be read now (0: wait until `take` makes room)."""
         return max(0, self.limit - len(self))
 
-    def put(self, event: Received | InvalidFrame) -> None:
-        """Queue a frame read from the socket (or released from a standby's early
-        buffer, which may pass `limit`: those are already ours)."""
+    def put(self, event: Event) -> None:
+        """Queue an event: a frame read from the socket, a timer, a call. Never
+        refused: `limit` binds only what the shell reads (frames released from a
+        standby's early buffer, timers and calls may pass it)."""
         key = _update_key(event)
         if key is not None:
             if key in self._updates:
@@ -88,19 +94,19 @@ class Inflow:
         if isinstance(event, Received) and isinstance(event.message, FRAMEWORK_MESSAGES):
             self._frameworks.append(event)
         else:
-            self._agents.append(event)
+            self._others.append(event)
         self.most = max(self.most, len(self))
         if len(self) == self.limit:
             self.full += 1
 
     def take(self) -> Event | None:
-        """The next frame for the core (None: nothing waits)."""
-        if self._frameworks and (self._streak < self.turns or not self._agents):
+        """The next event for the core (None: nothing waits)."""
+        if self._frameworks and (self._streak < self.turns or not self._others):
             self._streak += 1
             event = self._frameworks.popleft()
-        elif self._agents:
+        elif self._others:
             self._streak = 0
-            event = self._agents.popleft()
+            event = self._others.popleft()
         else:
             return None
         key = _update_key(event)

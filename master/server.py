@@ -140,10 +140,8 @@ class MasterServer:
         self._state: MasterState | None = None
         self._router: Router | None = None
         self._runner: web.AppRunner | None = None
-        # Frames from the socket wait in `_inflow` (its lanes and bound:
-        # master/inflow.py); timers, operator calls and HTTP subscribers' calls
-        # in `_events`, ahead of them. `_work` is set while either holds any.
-        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        # Every event for the core waits in `_inflow` (its lanes and its bound on
+        # frames: master/inflow.py); `_work` is set while it holds any.
         self._inflow = Inflow()
         self._work = asyncio.Event()
         self._room = asyncio.Event()
@@ -311,7 +309,7 @@ class MasterServer:
 
     def submit(self, event: Event) -> None:
         """Queue an event for the core, in turn with the messages and timers."""
-        self._events.put_nowait(event)
+        self._inflow.put(event)
         self._work.set()
 
     async def call(self, request: Request, timeout: float = OPERATOR_CALL_TIMEOUT,
@@ -538,7 +536,7 @@ class MasterServer:
 
     async def _process(self) -> None:
         while True:
-            if self._events.empty() and not self._inflow:
+            if not self._inflow:
                 self._work.clear()
                 await self._work.wait()
             for event in self._next_batch():
@@ -550,11 +548,9 @@ class MasterServer:
             await asyncio.sleep(0)
 
     def _next_batch(self) -> list[Event]:
-        """Timers and calls first (few, and they keep time), then frames in the
-        order `Inflow` gives them; reading resumes once there is room."""
+        """Events in the order `Inflow` gives them; reading resumes once there is
+        room."""
         batch: list[Event] = []
-        while len(batch) < PROCESS_BATCH and not self._events.empty():
-            batch.append(self._events.get_nowait())
         while len(batch) < PROCESS_BATCH and (event := self._inflow.take()) is not None:
             batch.append(event)
         if self._inflow.room():

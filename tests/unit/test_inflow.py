@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dyad.effects import TimerFired
 from dyad.messages import (
     Acknowledge, MessageError, Pong, Source, StatusUpdate, TaskState, TaskStatus)
 from master.inflow import Inflow
@@ -42,7 +43,17 @@ def test_frameworks_get_their_turns_and_agents_theirs() -> None:
                              acks[4], agents[2]]
 
 
-def test_bad_frames_and_agent_frames_share_the_agent_lane_in_order() -> None:
+def test_a_timer_never_overtakes_an_agent_frame_but_a_framework_frame_may_pass_it() -> None:
+    """A ping timeout handled before the pong that came first would call a live
+    agent unreachable; an accept handled before an offer's timeout saves it."""
+    inflow = Inflow()
+    pong, timer, accept = Received("a", Pong(agent_id="a")), TimerFired("k"), ack()
+    for event in (pong, timer, accept):
+        inflow.put(event)
+    assert drain(inflow) == [accept, pong, timer]
+
+
+def test_bad_frames_and_agent_frames_share_the_other_lane_in_order() -> None:
     inflow = Inflow()
     bad = InvalidFrame("a", MessageError("not JSON"))
     events = [update("a", "u1"), bad, Received("a", Pong(agent_id="a"))]
