@@ -50,6 +50,22 @@ class Inbound:
     principal: str | None = None  # who ZAP said sent it; None without CURVE
 
 
+@attrs.frozen
+class Undecoded:
+    """What a ROUTER read from one peer, before decoding: cheap to hold, and
+    `frames` can be compared byte for byte (a resend is an exact copy)."""
+
+    identity: bytes
+    frames: list[bytes]
+    principal: str | None = None
+
+    def decode(self) -> Inbound:
+        """Never raises: a message, or the error the frames earned."""
+        inbound = _parse_routed([self.identity, *self.frames])
+        return inbound if self.principal is None else attrs.evolve(
+            inbound, principal=self.principal)
+
+
 def _configure(sock: zmq.asyncio.Socket) -> None:
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.MAXMSGSIZE, _HARD_FRAME_LIMIT)
@@ -133,34 +149,32 @@ class Router:
         return port
 
     async def recv(self) -> Inbound:
-        while True:
-            inbound = self._inbound(await self._sock.recv_multipart(copy=not self.curve))
-            if inbound is not None:
-                return inbound
+        return (await self.recv_undecoded(1))[0].decode()
 
-    async def recv_batch(self, most: int) -> list[Inbound]:
-        """Wait for one frame, then take the frames already here, up to `most` in
-        all, without waiting again: a burst costs one wake-up, not one per frame."""
-        batch = [await self.recv()]
+    async def recv_undecoded(self, most: int) -> list[Undecoded]:
+        """Wait for one message, then take those already here, up to `most` in
+        all, without waiting again: a burst costs one wake-up, not one per frame,
+        and decoding waits until the caller wants it (`Undecoded.decode`)."""
+        batch: list[Undecoded] = []
+        while not batch:
+            self._add(batch, await self._sock.recv_multipart(copy=not self.curve))
         while len(batch) < most:
             try:
-                frames = self._now.recv_multipart(zmq.NOBLOCK, copy=not self.curve)
+                self._add(batch, self._now.recv_multipart(zmq.NOBLOCK, copy=not self.curve))
             except zmq.Again:
                 break
-            inbound = self._inbound(frames)
-            if inbound is not None:
-                batch.append(inbound)
         return batch
 
-    def _inbound(self, frames: list[Any]) -> Inbound | None:
-        """None: the frame is dropped (its identity came as someone else)."""
+    def _add(self, batch: list[Undecoded], frames: list[Any]) -> None:
+        """Append what arrived, unless its identity came as someone else."""
         if not self.curve:
-            return _parse_routed(frames)
+            batch.append(Undecoded(frames[0] if frames else b"", frames[1:]))
+            return
         principal = self._frame_principal(frames[-1])
-        inbound = _parse_routed([frame.bytes for frame in frames])
-        if self._same_principal(inbound.identity, principal):
-            return attrs.evolve(inbound, principal=principal)
-        return None
+        parts = [frame.bytes for frame in frames]
+        identity = parts[0] if parts else b""
+        if self._same_principal(identity, principal):
+            batch.append(Undecoded(identity, parts[1:], principal))
 
     def _same_principal(self, identity: bytes, principal: str | None) -> bool:
         known = self._principals.get(identity, principal)

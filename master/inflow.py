@@ -19,17 +19,21 @@ frames: a liveness check (an agent's ping timeout, a framework's heartbeat) must
 never overtake the frame that would have answered it. A framework's frame may
 overtake a timer, which only makes an offer's timeout find the offer accepted.
 
+Read early, decode late. Frames wait here as read (the shell's undecoded form,
+a few hundred bytes each, with the peer's identity and the frame's bytes), sorted into their lane by the type that opens them, and are decoded
+only when their turn comes. Reading is then cheap enough to keep ZeroMQ's
+queues nearly empty: once frames wait there, ZeroMQ reads its peers in turn, and
+one framework among ten thousand agents gets one frame in ten thousand.
+
 Bounded, and nothing silently dropped. The shell reads only while fewer than
-`limit` frames wait (`room()`); beyond that frames stay in ZeroMQ, whose per-peer
+`limit` events wait (`room()`); beyond that frames stay in ZeroMQ, whose per-peer
 queues fill to their high-water marks, and then a sender's socket refuses more:
 a driver waits (its outbox), an agent resends later. The only frame not queued
-is a status update whose very copy (same peer, same uuid) already waits here: it
-is `coalesced` into that one, which is still handled, and counted.
-
-The limit is a valve against memory exhaustion, not the working point: once it is
-reached ZeroMQ reads its peers in turn, a framework among ten thousand agents gets
-one frame in ten thousand, and frameworks starve. So it is set far above a busy
-master's queue (tens of thousands of frames: a few hundred MB of decoded events).
+is an exact copy, from the same peer, of a status update or registration that
+still waits here (an agent's retry): it is `coalesced` into the waiting one,
+which is handled, and counted. The limit is a valve against memory exhaustion,
+not the working point (100,000 frames are some 40 MB): at it, frameworks starve
+as above.
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ import attrs
 
 from dyad.messages import (
     Accept, Acknowledge, Decline, FrameworkToExecutor, Kill, Message, Preempt, Reconcile,
-    Revive, SchedulerHeartbeat, StatusUpdate, Subscribe, Suppress, Teardown, Unsubscribe)
+    RegisterAgent, Revive, SchedulerHeartbeat, StatusUpdate, Subscribe, Suppress, Teardown,
+    Unsubscribe)
 from master.model import Event, Received
 
 DEFAULT_LIMIT = 100_000
@@ -50,6 +55,20 @@ FRAMEWORK_MESSAGES: tuple[type[Message], ...] = (
     Subscribe, Unsubscribe, Teardown, Accept, Decline, Revive, Suppress, Kill, Acknowledge,
     Reconcile, SchedulerHeartbeat, Preempt, FrameworkToExecutor)
 """What only a scheduler sends: the frames of the framework lane."""
+COALESCED_MESSAGES: tuple[type[Message], ...] = (StatusUpdate, RegisterAgent)
+"""What an agent resends until answered, so that an exact copy is a retry."""
+
+
+def _openings(types: tuple[type[Message], ...]) -> tuple[bytes, ...]:
+    """How `dyad.messages.encode` starts a frame of each type. A frame encoded
+    otherwise only loses its place in a lane: it is decoded and judged as usual."""
+    return tuple(b'{"type":"%s",' % cls.TYPE.encode() for cls in types)
+
+
+_FRAMEWORK_OPENINGS = _openings(FRAMEWORK_MESSAGES)
+_COALESCED_OPENINGS = _openings(COALESCED_MESSAGES)
+
+Key = tuple[bytes, bytes]
 
 
 @attrs.define
@@ -63,10 +82,10 @@ class Inflow:
     full: int = 0
     """How many times the limit was reached (reading stopped)."""
     coalesced: int = 0
-    """Status updates not queued because the same one already waited."""
-    _frameworks: deque[Event] = attrs.field(factory=deque)
-    _others: deque[Event] = attrs.field(factory=deque)
-    _updates: set[tuple[str, str]] = attrs.field(factory=set)
+    """Frames not queued because an exact copy already waited."""
+    _frameworks: deque[tuple[object, Key | None]] = attrs.field(factory=deque)
+    _others: deque[tuple[object, Key | None]] = attrs.field(factory=deque)
+    _copies: set[Key] = attrs.field(factory=set)
     _streak: int = 0
 
     def __attrs_post_init__(self) -> None:
@@ -82,43 +101,40 @@ class Inflow:
         return max(0, self.limit - len(self))
 
     def put(self, event: Event) -> None:
-        """Queue an event: a frame read from the socket, a timer, a call. Never
-        refused: `limit` binds only what the shell reads (frames released from a
-        standby's early buffer, timers and calls may pass it)."""
-        key = _update_key(event)
-        if key is not None:
-            if key in self._updates:
+        """Queue an event: a timer, a call, a frame a standby decoded and kept.
+        Never refused: `limit` binds only what the shell reads."""
+        framework = isinstance(event, Received) and isinstance(event.message, FRAMEWORK_MESSAGES)
+        self._queue(event, None, framework)
+
+    def put_frame(self, item: object, identity: bytes, frame: bytes | None) -> None:
+        """Queue `item`, what the shell read from peer `identity`: `frame` is its
+        one frame (None: it came in several, and will be refused when decoded)."""
+        key = None
+        if frame is not None and frame.startswith(_COALESCED_OPENINGS):
+            key = (identity, frame)
+            if key in self._copies:
                 self.coalesced += 1
                 return
-            self._updates.add(key)
-        if isinstance(event, Received) and isinstance(event.message, FRAMEWORK_MESSAGES):
-            self._frameworks.append(event)
-        else:
-            self._others.append(event)
+            self._copies.add(key)
+        self._queue(item, key, frame is not None and frame.startswith(_FRAMEWORK_OPENINGS))
+
+    def _queue(self, item: object, key: Key | None, framework: bool) -> None:
+        (self._frameworks if framework else self._others).append((item, key))
         self.most = max(self.most, len(self))
         if len(self) == self.limit:
             self.full += 1
 
-    def take(self) -> Event | None:
-        """The next event for the core (None: nothing waits)."""
+    def take(self) -> object | None:
+        """The next in turn, an event or a frame as the shell put it (None:
+        nothing waits)."""
         if self._frameworks and (self._streak < self.turns or not self._others):
             self._streak += 1
-            event = self._frameworks.popleft()
+            item, key = self._frameworks.popleft()
         elif self._others:
             self._streak = 0
-            event = self._others.popleft()
+            item, key = self._others.popleft()
         else:
             return None
-        key = _update_key(event)
         if key is not None:
-            self._updates.discard(key)
-        return event
-
-
-def _update_key(event: Event) -> tuple[str, str] | None:
-    """A status update's identity, if it has one (an update without a uuid is
-    never taken for a copy of another)."""
-    if (isinstance(event, Received) and isinstance(event.message, StatusUpdate)
-            and event.message.status.uuid):
-        return event.peer, event.message.status.uuid
-    return None
+            self._copies.discard(key)
+        return item

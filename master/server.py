@@ -31,7 +31,7 @@ import socket
 import time
 from collections.abc import Hashable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import zmq
@@ -46,7 +46,7 @@ from dyad.ids import IdGenerator
 from dyad.timers import TimerTable
 from dyad.messages import Address, MasterInfo
 from dyad.supervision import LogLimiter, Supervisor
-from dyad.transport import Inbound, Router
+from dyad.transport import Router, Undecoded
 from dyad.zk import (
     CONNECTED, LOST, SUSPENDED, LeaderWatch, Lease, SessionState, ZkAddress, ZkError,
     ZkSession, create_contender,
@@ -87,8 +87,9 @@ OPERATOR_CALL_TIMEOUT = 10.0
 """Seconds an operator call waits for the core's answer: a leader whose lease is
 unconfirmed handles nothing, and the caller must hear so rather than hang."""
 
-RECEIVE_BATCH = 256
-"""Frames taken from the socket per wake-up of the receive loop (at most)."""
+RECEIVE_BATCH = 1024
+"""Frames taken from the socket per wake-up of the receive loop (at most). They
+are decoded later, in turn (master/inflow.py), so reading one costs microseconds."""
 PROCESS_BATCH = 64
 """Events handled between two yields to the event loop: few enough that HTTP and
 the lease renewals are never starved, many enough that a burst does not pay the
@@ -477,11 +478,10 @@ class MasterServer:
     # ----------------------------------------------------------------- loops
 
     async def _receive(self) -> None:
-        """Frames -> events, read only while the core has room for them
-        (`Inflow`); beyond that they wait in ZMQ, which pushes back to senders.
-        One frame never ends the loop: whatever decoding or queueing it raises
-        is counted, logged (at most once per peer per interval) and the next
-        frame is read."""
+        """Frames -> `Inflow`, undecoded, read only while it has room; beyond
+        that they wait in ZMQ, which pushes back to senders. One frame never
+        ends the loop: whatever queueing it raises is counted, logged (at most
+        once per peer per interval) and the next frame is read."""
         while self._router is not None:
             room = self._inflow.room()
             if room == 0:
@@ -489,40 +489,33 @@ class MasterServer:
                 await self._room.wait()
                 continue
             try:
-                batch = await self._router.recv_batch(min(room, RECEIVE_BATCH))
+                batch = await self._router.recv_undecoded(min(room, RECEIVE_BATCH))
             except zmq.ZMQError as exc:
                 if exc.errno in (zmq.ENOTSOCK, zmq.ETERM):
                     return  # the socket is gone: we are stopping
                 self._internal_errors += 1
                 self._log_limited("receive", logging.ERROR, "master receive failed: %s", exc)
                 continue
-            except Exception as exc:  # the decoder raised instead of refusing: its bug
-                self._internal_errors += 1
-                self._log_limited("decode", logging.ERROR, "a frame broke the decoder (%s: %s); "
-                                  "it is dropped", type(exc).__name__, str(exc)[:200])
-                continue
-            for inbound in batch:
+            for raw in batch:
                 try:
-                    self._take(inbound)
+                    self._take(raw)
                 except Exception:
                     self._internal_errors += 1
-                    self._log_limited(inbound.identity.hex()[:64], logging.ERROR,
+                    self._log_limited(raw.identity.hex()[:64], logging.ERROR,
                                       "failed to take a frame from %s",
-                                      inbound.identity.hex()[:64], exc_info=True)
+                                      raw.identity.hex()[:64], exc_info=True)
             await asyncio.sleep(0)  # see _process
 
-    def _take(self, inbound: Inbound) -> None:
-        """Queue one received frame for the core (or keep it, as a standby)."""
-        peer = inbound.identity.hex()
-        if inbound.message is not None:
-            event: Received | InvalidFrame = Received(peer, inbound.message, inbound.principal)
-        elif inbound.error is not None:
-            self._log_limited(peer, logging.INFO, "bad frame from %s: %s", peer,
-                              inbound.error.reason)
-            event = InvalidFrame(peer, inbound.error)
-        else:
+    def _take(self, raw: Undecoded) -> None:
+        """Queue one frame for the core, undecoded (or keep it decoded, as a
+        standby)."""
+        if self._state is not None:
+            frame = raw.frames[0] if len(raw.frames) == 1 else None
+            self._inflow.put_frame(raw, raw.identity, frame)
+            self._work.set()
             return
-        if self._state is None:
+        event = self._decoded(raw)
+        if event is not None:
             # A standby acts on nothing (as Mesos' do); it keeps the last few
             # seconds' frames in case it is about to lead (EARLY_FRAMES_WINDOW).
             self._counts["received_as_standby"] += 1
@@ -530,40 +523,52 @@ class MasterServer:
             while self._early and self._early[0][0] < now - EARLY_FRAMES_WINDOW:
                 self._early.popleft()
             self._early.append((now, event))
-        else:
-            self._inflow.put(event)
-            self._work.set()
+
+    def _decoded(self, raw: Undecoded) -> Received | InvalidFrame | None:
+        inbound = raw.decode()
+        peer = inbound.identity.hex()
+        if inbound.message is not None:
+            return Received(peer, inbound.message, inbound.principal)
+        if inbound.error is not None:
+            self._log_limited(peer, logging.INFO, "bad frame from %s: %s", peer,
+                              inbound.error.reason)
+            return InvalidFrame(peer, inbound.error)
+        return None
 
     async def _process(self) -> None:
         while True:
             if not self._inflow:
                 self._work.clear()
                 await self._work.wait()
-            for event in self._next_batch():
+            for item in self._next_batch():
                 await self._may_act()
-                await self._handle(event)
+                await self._handle(item)
             # Awaiting a ready queue or socket does not yield: without this, a
             # burst (a thousand agents re-registering) would starve HTTP and the
             # lease renewals until it is all handled.
             await asyncio.sleep(0)
 
-    def _next_batch(self) -> list[Event]:
-        """Events in the order `Inflow` gives them; reading resumes once there is
-        room."""
-        batch: list[Event] = []
-        while len(batch) < PROCESS_BATCH and (event := self._inflow.take()) is not None:
-            batch.append(event)
+    def _next_batch(self) -> list[object]:
+        """Events and frames in the order `Inflow` gives them; reading resumes
+        once there is room."""
+        batch: list[object] = []
+        while len(batch) < PROCESS_BATCH and (item := self._inflow.take()) is not None:
+            batch.append(item)
         if self._inflow.room():
             self._room.set()
         return batch
 
-    async def _handle(self, event: Event) -> None:
+    async def _handle(self, item: object) -> None:
+        """Decode (a frame) and hand to the core; a bug is logged and counted."""
+        event: Event | None = None
         try:
-            await self._step(event)
+            event = self._decoded(item) if isinstance(item, Undecoded) else cast(Event, item)
+            if event is not None:
+                await self._step(event)
         except Exception:
             self._internal_errors += 1
             key = (event.peer if isinstance(event, (Received, InvalidFrame))
-                   else type(event).__name__)
+                   else type(event or item).__name__)
             self._log_limited(key, logging.ERROR, "master failed to handle %.300r", event,
                               exc_info=True)
             if isinstance(event, OperatorCall):  # its caller must not wait in vain

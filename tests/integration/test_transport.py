@@ -92,17 +92,17 @@ def test_a_frame_without_identity_is_an_error() -> None:
     assert "identity" in transport._parse_routed([b"", b"{}"]).error.reason
 
 
-async def test_recv_batch_takes_what_is_there_up_to_most(
+async def test_recv_undecoded_takes_what_is_there_up_to_most(
         router: tuple[Router, zmq.asyncio.Socket]) -> None:
     ours, raw = router
     for _ in range(5):
         await raw.send_multipart([m.encode(m.Heartbeat())])
-    await raw.send_multipart([b"a", b"b"])  # a bad frame is an Inbound too
+    await raw.send_multipart([b"a", b"b"])  # decodes to an error, as `recv` gives it
     got: list[Inbound] = []
     while len(got) < 6:
-        batch = await ours.recv_batch(4)
-        assert 1 <= len(batch) <= 4
-        got += batch
+        batch = await ours.recv_undecoded(4)
+        assert 1 <= len(batch) <= 4 and {r.identity for r in batch} == {b"raw-peer"}
+        got += [r.decode() for r in batch]
     assert [i.message for i in got[:5]] == [m.Heartbeat()] * 5
     assert got[5].error is not None and "expected 1 frame" in got[5].error.reason
 
