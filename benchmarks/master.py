@@ -382,7 +382,10 @@ def report(args: argparse.Namespace, total: int, reference: float, launchers: li
           f"status updates resent: {sum(r['retried'] for r in reports)}; "
           f"agent sends refused: {sum(r['send_failures'] for r in reports)}; "
           f"driver sends that waited: {sum(d.send_waits for d in drivers)}; "
-          f"master dropped sends: {after.get('master/dropped_sends', 0):.0f}; "
+          f"master dropped sends: {after.get('master/dropped_sends', 0):.0f} "
+          f"(to a full queue {after.get('master/sends_full', 0):.0f}, to a peer gone "
+          f"{after.get('master/sends_unroutable', 0):.0f}); resends coalesced by the master: "
+          f"{after.get('master/resends_coalesced', 0):.0f}; "
           f"offers frames: {offers_frames:.0f}")
     runs = after["allocator/allocation_runs"] - before["allocator/allocation_runs"]
     print(f"CPU per task (ms): " + ", ".join(f"{k} {v * 1000 / max(done, 1):.2f}"

@@ -336,7 +336,7 @@ class MasterServer:
         result["master/inbound_queued"] = len(self._inflow)
         result["master/inbound_queued_most"] = self._inflow.most
         result["master/inbound_full"] = self._inflow.full
-        result["master/status_updates_coalesced"] = self._inflow.coalesced
+        result["master/resends_coalesced"] = self._inflow.coalesced
         if self._router is not None:
             result["master/sends_full"] = self._router.sends_full
             result["master/sends_unroutable"] = self._router.sends_unroutable
