@@ -14,10 +14,13 @@ up to `FRAMEWORK_TURNS` of them for every other event. The other lane is never
 starved (it gets at least one turn in `FRAMEWORK_TURNS + 1`); each peer's own
 frames stay in the order they came.
 
-Timers and operator calls wait in the other lane, in arrival order with agents'
-frames: a liveness check (an agent's ping timeout, a framework's heartbeat) must
-never overtake the frame that would have answered it. A framework's frame may
-overtake a timer, which only makes an offer's timeout find the offer accepted.
+A timer waits in the lane of the peers it checks, in arrival order with their
+frames, so a liveness check never overtakes the frame that would have answered
+it: frameworks' heartbeats and failover timeouts in the framework lane (there,
+too, the master's heartbeats to frameworks are not held up behind a flood of
+agents' frames), the rest -- agents' ping timeouts, offer timeouts, allocation --
+and operator calls in the other lane. A framework's frame may overtake an offer
+timeout, which only makes the timeout find the offer accepted.
 
 Read early, decode late. Frames wait here as read (the shell's undecoded form,
 a few hundred bytes each, with the peer's identity and the frame's bytes), sorted into their lane by the type that opens them, and are decoded
@@ -46,7 +49,8 @@ from dyad.messages import (
     Accept, Acknowledge, Decline, FrameworkToExecutor, Kill, Message, Preempt, Reconcile,
     RegisterAgent, Revive, SchedulerHeartbeat, StatusUpdate, Subscribe, Suppress, Teardown,
     Unsubscribe)
-from master.model import Event, Received
+from dyad.effects import TimerFired
+from master.model import Event, FailoverTimeout, HeartbeatDue, Received
 
 DEFAULT_LIMIT = 100_000
 FRAMEWORK_TURNS = 4
@@ -55,6 +59,8 @@ FRAMEWORK_MESSAGES: tuple[type[Message], ...] = (
     Subscribe, Unsubscribe, Teardown, Accept, Decline, Revive, Suppress, Kill, Acknowledge,
     Reconcile, SchedulerHeartbeat, Preempt, FrameworkToExecutor)
 """What only a scheduler sends: the frames of the framework lane."""
+FRAMEWORK_TIMERS = (HeartbeatDue, FailoverTimeout)
+"""Timers that check on frameworks: they wait in the framework lane."""
 COALESCED_MESSAGES: tuple[type[Message], ...] = (StatusUpdate, RegisterAgent)
 """What an agent resends until answered, so that an exact copy is a retry."""
 
@@ -103,7 +109,9 @@ class Inflow:
     def put(self, event: Event) -> None:
         """Queue an event: a timer, a call, a frame a standby decoded and kept.
         Never refused: `limit` binds only what the shell reads."""
-        framework = isinstance(event, Received) and isinstance(event.message, FRAMEWORK_MESSAGES)
+        framework = (
+            isinstance(event, Received) and isinstance(event.message, FRAMEWORK_MESSAGES)
+            or isinstance(event, TimerFired) and isinstance(event.key, FRAMEWORK_TIMERS))
         self._queue(event, None, framework)
 
     def put_frame(self, item: object, identity: bytes, frame: bytes | None) -> None:

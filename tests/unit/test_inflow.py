@@ -16,7 +16,7 @@ from dyad.messages import (
 from dyad.messages import AgentInfo
 from dyad.resources import Resources
 from master.inflow import Inflow
-from master.model import Received
+from master.model import HeartbeatDue, PingDue, Received
 
 Frame = tuple[bytes, bytes]
 """What the shell would put: (peer identity, the frame's bytes)."""
@@ -74,6 +74,18 @@ def test_a_timer_never_overtakes_an_agent_frame_but_a_framework_frame_may_pass_i
     inflow.put(timer)
     put(inflow, ack())
     assert drain(inflow) == [ack(), pong(), timer]
+
+
+def test_a_framework_timer_waits_behind_framework_frames_not_agent_frames() -> None:
+    """A heartbeat check must see the heartbeat that came first, and the master's
+    heartbeat to a framework must not wait behind a flood of agents' frames."""
+    inflow = Inflow()
+    heartbeat, ping = TimerFired(HeartbeatDue("F")), TimerFired(PingDue("A"))
+    put(inflow, pong())
+    inflow.put(ping)
+    put(inflow, ack())
+    inflow.put(heartbeat)
+    assert drain(inflow) == [ack(), heartbeat, pong(), ping]
 
 
 def test_events_a_standby_kept_take_their_lane_by_type() -> None:
