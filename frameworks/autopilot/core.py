@@ -130,11 +130,14 @@ class Recommended:
 
 @attrs.frozen
 class ApplyLimits:
-    """Auto mode: roll the app's tasks to these limits (a rolling upgrade)."""
+    """Auto mode: roll the app's tasks to these limits (a rolling upgrade). `oom`:
+    memory raised after an OOM kill, which should not wait for a deployment in
+    progress (one whose tasks die for memory cannot finish anyway)."""
 
     app_id: str
     limits: Limits
     reason: str
+    oom: bool = False
 
 
 Event = AppConfigured | AppRemoved | UsageSampled | TaskOomKilled | TimerFired
@@ -159,6 +162,7 @@ class _App:
         self.first_sample: float | None = None
         self.last_applied: float | None = None
         self.ooms = 0
+        self.last_oom = ""  # what the latest OOM kill did, for every reason list after it
         self.published: Recommendation | None = None
 
 
@@ -245,12 +249,13 @@ class Autopilot:
         recommendation = self._recommend(app, now)
         raised = self._bound_mem(app.spec, max(event.mem_limit_bytes * self.config.oom_growth,
                                                float(recommendation.mem_bytes)))
+        app.last_oom = (f"task {event.task_id} was OOM-killed at "
+                        f"{event.mem_limit_bytes / MIB:.0f} MiB")
         if app.spec.mode == AUTO and raised > app.current.mem_bytes:
             app.current = Limits(app.current.cpus, raised)
             app.last_applied = now
-            effects.append(ApplyLimits(app.app_id, app.current, (
-                f"task {event.task_id} was OOM-killed at "
-                f"{event.mem_limit_bytes / MIB:.0f} MiB: memory raised to {raised / MIB:.0f} MiB")))
+            app.last_oom += f": memory raised at once to {raised / MIB:.0f} MiB"
+            effects.append(ApplyLimits(app.app_id, app.current, app.last_oom, oom=True))
             recommendation = self._recommend(app, now)
         effects.extend(self._publish(app, recommendation))
         return effects
@@ -301,15 +306,20 @@ class Autopilot:
                       f"{span:.0f}s of {config.warmup:.0f}s")
             return Recommendation(app.app_id, now, False, app.current.cpus,
                                   app.current.mem_bytes, app.current, "", "", samples,
-                                  app.ooms, (reason,))
+                                  app.ooms, (reason, *self._oom_reasons(app)))
         reasons = [f"cpus {cpu.value:.3f}: {cpu.explanation}",
                    f"mem {mem.value / MIB:.0f} MiB: {mem.explanation}"]
-        if app.ooms:
-            reasons.append(f"{app.ooms} OOM kill(s) seen; each counts as a sample at the "
-                           "limit the task died at")
+        reasons += self._oom_reasons(app)
         return Recommendation(app.app_id, now, True, cpu.value, int(mem.value),
                               app.current, cpu.variant, mem.variant, samples, app.ooms,
                               tuple(reasons))
+
+    @staticmethod
+    def _oom_reasons(app: _App) -> list[str]:
+        if not app.ooms:
+            return []
+        return [f"{app.ooms} OOM kill(s) seen, each counted as a memory sample at the "
+                f"limit the task died at; latest: {app.last_oom}"]
 
     def _publish(self, app: _App, rec: Recommendation) -> list[Effect]:
         last = app.published
