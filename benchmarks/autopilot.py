@@ -1,7 +1,7 @@
 """Autopilot over a synthetic fleet: slack and OOM kills of hand-set limits against
 the pure recommender's, over a simulated week (issue 14, done-when 4).
 
-    python -m benchmarks.autopilot [--quick] [--apps 300] [--days 7] [--seed 1] [--json]
+    python -m benchmarks.autopilot [--quick] [--apps 200] [--days 7] [--seed 1] [--json]
 
 A seeded fleet of apps (`fleet`), each one task with a usage pattern for cores and
 memory: steady, daily cycles, spikes, slow growth, memory leaks. Each app's user
@@ -180,6 +180,7 @@ class Score:
     changes: int = 0
     apps: int = 0
     warm_in_oom_apps: int = 0  # killed during the warm-in day (not scored)
+    oom_kinds: dict[str, int] = attrs.Factory(dict)  # OOM-affected apps per kind
 
     @property
     def mem_slack(self) -> float:
@@ -197,7 +198,8 @@ class Score:
         return {"mem_slack": round(self.mem_slack, 4), "cpu_slack": round(self.cpu_slack, 4),
                 "oom_apps": self.oom_apps, "ooms": self.ooms,
                 "cpu_throttled": round(self.throttled, 4), "changes": self.changes,
-                "apps": self.apps, "warm_in_oom_apps": self.warm_in_oom_apps}
+                "apps": self.apps, "warm_in_oom_apps": self.warm_in_oom_apps,
+                "oom_apps_by_kind": dict(sorted(self.oom_kinds.items()))}
 
 
 Approach = Callable[[], Config | None]  # None: the user's limits, never changed
@@ -257,6 +259,8 @@ def replay(app: AppModel, days: float, config: Config | None, score: Score,
     score.apps += 1
     score.ooms += ooms
     score.oom_apps += ooms > 0
+    if ooms:
+        score.oom_kinds[app.kind] = score.oom_kinds.get(app.kind, 0) + 1
     score.warm_in_oom_apps += warm_in_ooms > 0
 
 
@@ -298,6 +302,9 @@ def report(scores: dict[str, Score], models: list[AppModel], elapsed: float,
         lines.append(f"{name:<26}{s.mem_slack:>10.1%}{_ratio(s.mem_slack, user.mem_slack):>8}"
                      f"{s.cpu_slack:>11.1%}{s.oom_apps:>10}{_ratio(s.oom_apps, user.oom_apps):>8}"
                      f"{s.ooms:>7}{s.throttled:>11.2%}{s.changes:>9}{s.warm_in_oom_apps:>18}")
+    lines.append("OOM-affected apps by kind: " + "; ".join(
+        f"{name} " + (", ".join(f"{k} {n}" for k, n in sorted(s.oom_kinds.items())) or "none")
+        for name, s in scores.items()))
     meta = scores["meta"]
     slack_ok = meta.mem_slack <= GOAL_SLACK
     oom_ok = meta.oom_apps <= GOAL_OOM_RATIO * user.oom_apps
@@ -317,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.autopilot",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="60 apps over 2 days")
-    p.add_argument("--apps", type=int, default=300)
+    p.add_argument("--apps", type=int, default=200)
     p.add_argument("--days", type=float, default=7.0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true", help="print the figures as JSON")

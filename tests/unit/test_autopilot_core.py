@@ -151,6 +151,23 @@ def test_oom_before_any_evidence_raises_at_once_and_is_marked_urgent() -> None:
     assert all(not c.oom and c.limits.mem_bytes > 100e6 for c in later)
 
 
+def test_after_an_oom_kill_memory_is_not_cut_for_the_hold() -> None:
+    d = Driver(attrs.evolve(FAST, oom_hold=3600))
+    configure(d)
+    d.run("/web", 400, cpus=0.05, mem=30e6)
+    limit = d.pilot.recommendation("/web").current.mem_bytes
+    [raise_] = applied(d.send(TaskOomKilled("/web", "t1", d.now, limit)))
+    configure(d, cpus=raise_.limits.cpus, mem_mib=raise_.limits.mem_bytes // MIB)
+    killed_at = d.now
+    # Usage stays low and every window forgets the kill within 30 minutes, yet
+    # memory stays up for the hour's hold, and is cut only after it.
+    d.run("/web", 3600, cpus=0.05, mem=30e6)
+    assert all(c.limits.mem_bytes == raise_.limits.mem_bytes
+               for c in applied([e for t, e in d.stamped if t > killed_at]))
+    later = applied(d.run("/web", 1200, cpus=0.05, mem=30e6))
+    assert later and later[-1].limits.mem_bytes < raise_.limits.mem_bytes
+
+
 def test_oom_at_the_cap_cannot_raise() -> None:
     d = Driver()
     configure(d, bounds=Bounds(max_mem_bytes=64 * MIB), mem_mib=64)
