@@ -199,9 +199,12 @@ class ContainerRuns(ExecutorRuns):
             env.update(launch.executor_env(self.config, self.agent_id, executor))
             command, uris, resources = info.command, info.command, info.resources
         assert command is not None and uris is not None
-        # Inside, the sandbox is at its mount point, whatever the host calls it.
+        # Inside, the sandbox is at its mount point, whatever the host calls it; where
+        # the host has it is said too, for paths handed to others (the agent's /files).
         env.update({"MESOS_SANDBOX": SANDBOX_MOUNT, "MESOS_DIRECTORY": SANDBOX_MOUNT,
-                    "DYAD_SANDBOX_DIRECTORY": SANDBOX_MOUNT})
+                    "DYAD_SANDBOX_DIRECTORY": SANDBOX_MOUNT,
+                    "DYAD_HOST_SANDBOX_DIRECTORY": executor.directory,
+                    "DYAD_CONTAINER": "docker"})
         run = ContainerRun(
             agent_id=self.agent_id or "", framework_id=executor.framework_id,
             executor_id=executor.executor_id, run_id=executor.run_id, container=info.container,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -88,6 +89,23 @@ def _parent_alive() -> Callable[[], bool]:
     is our parent, and an orphan is re-parented (so getppid changes)."""
     parent = os.getppid()
     return lambda: os.getppid() == parent
+
+
+def _endpoint_alive(endpoint: str) -> Callable[[], bool]:
+    """A probe for an executor in a container, where the agent's pid means nothing
+    (another pid namespace) and the container's init is our parent: true while the
+    agent's executor socket accepts connections (the executor shares the host's
+    network, so the connect is local and answers at once)."""
+    host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+
+    def alive() -> bool:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    return alive
 
 
 def _process_alive(pid: int) -> Callable[[], bool]:
@@ -198,7 +216,7 @@ class ExecutorDriver(DriverRuntime[ExecutorCore]):
     async def _open(self) -> None:
         assert self._dealer is not None
         self._dealer.connect(self.environment.agent_endpoint)
-        self._agent_alive = _parent_alive()
+        self._agent_alive = self._agent_probe(0)
         self._spawn(self._watch_agent())
 
     async def _watch_agent(self) -> None:
@@ -212,10 +230,13 @@ class ExecutorDriver(DriverRuntime[ExecutorCore]):
     def _perform_other(self, effect: Any) -> None:
         if not isinstance(effect, WatchAgent):
             super()._perform_other(effect)
-        elif effect.pid > 0:
-            self._agent_alive = _process_alive(effect.pid)
         else:
-            self._agent_alive = _parent_alive()
+            self._agent_alive = self._agent_probe(effect.pid)
+
+    def _agent_probe(self, pid: int) -> Callable[[], bool]:
+        if os.environ.get("DYAD_CONTAINER"):
+            return _endpoint_alive(self.environment.agent_endpoint)
+        return _process_alive(pid) if pid > 0 else _parent_alive()
 
     def _apply(self, effects: Iterable[Any]) -> None:
         super()._apply(effects)

@@ -11,7 +11,9 @@ Routes (added by master/http.py): `POST /usage/query` with
 ``{"sql": "SELECT ...", "max_rows": 100, "timeout": 2}`` answers the result as
 JSON (columns, types, rows, truncated, elapsed_ms); a refused or failed query
 answers its `QueryError`'s 4xx with the engine's message; `GET /usage/tables`
-lists the tables, their columns and row counts. With the store off both are 404.
+lists the tables, their columns and row counts; `GET /usage/view?by=app&window=3600`
+answers the web UI's usage view from canned queries (master/usage_view.py), so
+the page sends no SQL of its own for it. With the store off all three are 404.
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from dyad import bounded_json
+from master import usage_view
 from master.usage import TABLES, QueryError, StoreConfig, UsageStore
 from master.usage.duckdb_engine import DuckDBEngine
 
@@ -68,6 +71,10 @@ class UsageService:
         except Exception:
             log.exception("usage store: closing failed")
 
+    def now(self) -> float:
+        """The master's clock: the one the rows' times were taken with."""
+        return self._now()
+
     def metrics(self) -> dict[str, float]:
         """The store's figures for `/metrics/snapshot` (`usage/...`)."""
         figures = {f"usage/{name}": value for name, value in self.store.stats.items()}
@@ -82,33 +89,34 @@ UsageOf = Callable[[web.Request], "UsageService | None"]
 def routes(usage_of: UsageOf) -> list[web.RouteDef]:
     """The usage routes; `usage_of(request)` is the master's service (None: off)."""
 
-    def service(request: web.Request) -> UsageService:
-        usage = usage_of(request)
-        if usage is None:
-            raise _Refused(404, "the usage store is off (dyad-master --usage-store off)")
-        return usage
+    Handler = Callable[[web.Request, UsageService], Awaitable[web.Response]]
 
-    async def query(request: web.Request) -> web.Response:
-        try:
-            usage = service(request)
-        except _Refused as refused:
-            return _error(request, refused.status, refused.message)
+    def answering(handler: Handler) -> Callable[[web.Request], Awaitable[web.Response]]:
+        """The handler with the store found, and refusals and query errors answered."""
+        async def answer(request: web.Request) -> web.Response:
+            try:
+                usage = usage_of(request)
+                if usage is None:
+                    raise _Refused(404, "the usage store is off (dyad-master --usage-store off)")
+                return await handler(request, usage)
+            except _Refused as refused:
+                return _error(request, refused.status, refused.message)
+            except QueryError as error:
+                return _error(request, error.status, str(error))
+        return answer
+
+    @answering
+    async def query(request: web.Request, usage: UsageService) -> web.Response:
         try:
             sql, max_rows, timeout = _query_body(await request.read())
-        except _Refused as refused:
+        except _Refused:
             usage.bad_requests += 1
-            return _error(request, refused.status, refused.message)
-        try:
-            result = await usage.store.query(sql, max_rows, timeout)
-        except QueryError as error:
-            return _error(request, error.status, str(error))
+            raise
+        result = await usage.store.query(sql, max_rows, timeout)
         return web.json_response(_finite(result.as_json()))
 
-    async def tables(request: web.Request) -> web.Response:
-        try:
-            usage = service(request)
-        except _Refused as refused:
-            return _error(request, refused.status, refused.message)
+    @answering
+    async def tables(request: web.Request, usage: UsageService) -> web.Response:
         counts = await usage.store.counts()
         return web.json_response({
             "tables": {name: {"rows": counts.get(name, 0),
@@ -118,7 +126,23 @@ def routes(usage_of: UsageOf) -> list[web.RouteDef]:
             "max_rows": usage.config.max_rows, "query_rows": usage.config.query_rows,
             "query_timeout_seconds": usage.config.query_timeout})
 
-    return [web.post("/usage/query", query), web.get("/usage/tables", tables)]
+    @answering
+    async def view(request: web.Request, usage: UsageService) -> web.Response:
+        try:
+            wanted = usage_view.parse(request.query)
+        except usage_view.ViewError as error:
+            usage.bad_requests += 1
+            raise _Refused(400, str(error)) from None
+        now = usage.now()
+        # One query after another: the view never holds more than one query slot.
+        series, groups, events = [await usage.store.query(sql(wanted, now)) for sql in (
+            usage_view.series_sql, usage_view.groups_sql, usage_view.events_sql)]
+        return web.json_response(_finite(usage_view.shape(
+            wanted, now, *(answer.as_json()["rows"] for answer in (series, groups, events)),
+            groups_truncated=groups.truncated)))
+
+    return [web.post("/usage/query", query), web.get("/usage/tables", tables),
+            web.get("/usage/view", view)]
 
 
 class _Refused(Exception):

@@ -84,6 +84,16 @@ def build_parser() -> argparse.ArgumentParser:
         submit.add_argument(f"--{kind}-mem", type=float, default=256.0, help="MB")
     submit.add_argument("--executor-cpus", type=float, default=0.1)
     submit.add_argument("--executor-mem", type=float, default=64.0, help="MB")
+    submit.add_argument("--executor-image", default=None,
+                        help="run the executor in this Docker image (Python 3.11+ with "
+                        "Dyad installed); inputs and output are mounted at their paths")
+    submit.add_argument("--executor-python", default="python3",
+                        help="the interpreter inside --executor-image (default python3)")
+    submit.add_argument("--executor-volume", action="append", default=[],
+                        metavar="HOST:CONTAINER[:ro]",
+                        help="another bind mount for the executor's container (repeatable)")
+    submit.add_argument("--executor-env", action="append", default=[], type=_assignment,
+                        metavar="NAME=VALUE", help="environment for the executor (repeatable)")
     submit.add_argument("--max-attempts", type=int, default=4)
     submit.add_argument("--priority", type=_priority, default=priorities.DEFAULT_BATCH,
                         help="task priority, an integer or a band name (default 100, "
@@ -107,6 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _assignment(text: str) -> tuple[str, str]:
+    name, equals, value = text.partition("=")
+    if not equals or not name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    return name, value
+
+
 def _job(args: argparse.Namespace) -> Job:
     return Job(module=args.module, inputs=args.input, output=args.output,
                map_command=args.map_command, reduce_command=args.reduce_command,
@@ -115,7 +132,9 @@ def _job(args: argparse.Namespace) -> Job:
                executor_cpus=args.executor_cpus, executor_mem=args.executor_mem,
                max_attempts=args.max_attempts, locality_wait=args.locality_wait,
                speculative=args.speculative, split_size=args.split_size,
-               output_format=args.format, priority=args.priority)
+               output_format=args.format, priority=args.priority,
+               executor_image=args.executor_image, executor_python=args.executor_python,
+               executor_volumes=args.executor_volume, executor_env=dict(args.executor_env))
 
 
 def submit(args: argparse.Namespace) -> int:

@@ -26,6 +26,7 @@ from pathlib import Path
 import attrs
 
 from dyad import priority as priorities
+from dyad.containers import DOCKER, ContainerInfo, DockerInfo, Network, Volume, VolumeMode
 from dyad.messages import CommandInfo, ExecutorInfo
 from dyad.resources import Resources
 from frameworks.batch.config import CoreConfig, Split
@@ -84,6 +85,15 @@ class Job:
     output_format: str = TEXT
     starvation_timeout: float = 60.0
     priority: int = priorities.DEFAULT_BATCH  # dyad/priority.py: the batch band
+    executor_image: str | None = None
+    """Run the executor in this Docker image (it must hold Python 3.11+ with Dyad
+    installed); None runs it as a host process with this interpreter."""
+    executor_python: str = "python3"
+    """The interpreter inside `executor_image`."""
+    executor_volumes: tuple[str, ...] = attrs.field(default=(), converter=_tuple_of_str)
+    """More bind mounts for the executor's container, ``HOST:CONTAINER[:ro|rw]``."""
+    executor_env: dict[str, str] = attrs.field(factory=dict)
+    """More environment for the executor (either kind)."""
 
 
 @attrs.frozen
@@ -100,7 +110,7 @@ class PreparedJob:
     def core_config(self) -> CoreConfig:
         job = self.job
         return CoreConfig(
-            splits=self.splits, reducers=job.reducers, executor=executor_info(job),
+            splits=self.splits, reducers=job.reducers, executor=executor_info(self),
             map_resources=Resources.of(cpus=job.map_cpus, mem=job.map_mem),
             reduce_resources=Resources.of(cpus=job.reduce_cpus, mem=job.reduce_mem),
             job_payload=self.payload, output=self.output, max_attempts=job.max_attempts,
@@ -108,15 +118,49 @@ class PreparedJob:
             starvation_timeout=job.starvation_timeout, priority=job.priority)
 
 
-def executor_info(job: Job) -> ExecutorInfo:
+def executor_info(prepared: PreparedJob) -> ExecutorInfo:
     """The same ExecutorInfo for every task of the job (the master refuses an
-    executor id reused with a different one). The agent runs it with this
-    interpreter, so the path must exist on every agent, as it does on `dyad local`."""
+    executor id reused with a different one). As a host process the agent runs it
+    with this interpreter, so the path must exist on every agent, as it does on
+    `dyad local`; in an image, with the image's `executor_python`."""
+    job = prepared.job
+    resources = Resources.of(cpus=job.executor_cpus, mem=job.executor_mem)
+    environment = {**job.executor_env, **_shuffle_credentials()}
+    if job.executor_image is None:
+        return ExecutorInfo(
+            executor_id=EXECUTOR_ID, name="dyad-batch executor", resources=resources,
+            command=CommandInfo(argv=[sys.executable, "-m", "frameworks.batch.executor"],
+                                environment=environment))
     return ExecutorInfo(
-        executor_id=EXECUTOR_ID, name="dyad-batch executor",
-        resources=Resources.of(cpus=job.executor_cpus, mem=job.executor_mem),
-        command=CommandInfo(argv=[sys.executable, "-m", "frameworks.batch.executor"],
-                            environment=_shuffle_credentials()))
+        executor_id=EXECUTOR_ID, name="dyad-batch executor", resources=resources,
+        command=CommandInfo(argv=[job.executor_python, "-m", "frameworks.batch.executor"],
+                            environment=environment),
+        container=ContainerInfo(type=DOCKER, docker=DockerInfo(
+            image=job.executor_image, network=Network.HOST),  # it reaches its agent
+            volumes=_executor_volumes(prepared)))
+
+
+def _executor_volumes(prepared: PreparedJob) -> list[Volume]:
+    """What an executor in a container must see at the paths the job names: the
+    directories of local inputs (read-only) and the output (read-write), mounted at
+    their own paths, then the user's extra mounts. The agent refuses host paths
+    outside its ``--docker-volume-root``s, naming them."""
+    inputs = sorted({os.path.dirname(s.path) for s in prepared.splits
+                     if not s.path.startswith(("http://", "https://"))})
+    volumes = [Volume(container_path=d, host_path=d, mode=VolumeMode.RO) for d in inputs]
+    volumes.append(Volume(container_path=prepared.output, host_path=prepared.output))
+    return volumes + [parse_volume(text) for text in prepared.job.executor_volumes]
+
+
+def parse_volume(text: str) -> Volume:
+    """``HOST:CONTAINER[:ro|rw]`` (docker run -v's shape) -> a Volume; JobError if not."""
+    parts = text.split(":")
+    mode = parts.pop().upper() if len(parts) == 3 else VolumeMode.RW
+    if len(parts) != 2 or not all(p.startswith("/") for p in parts) or mode not in (
+            VolumeMode.RO, VolumeMode.RW):
+        raise JobError(f"executor volume {text!r} must be HOST:CONTAINER[:ro|rw] "
+                       "with absolute paths")
+    return Volume(container_path=parts[1], host_path=parts[0], mode=mode)
 
 
 def _shuffle_credentials() -> dict[str, str]:
@@ -173,6 +217,13 @@ def _check_numbers(job: Job) -> None:
         problems.append("starvation_timeout must be positive")
     if job.output_format not in OUTPUT_FORMATS:
         problems.append(f"output_format must be one of {', '.join(OUTPUT_FORMATS)}")
+    if job.executor_volumes and job.executor_image is None:
+        problems.append("executor volumes need an executor image")
+    for text in job.executor_volumes:
+        try:
+            parse_volume(text)
+        except JobError as exc:
+            problems.append(str(exc))
     if problems:
         raise JobError("; ".join(problems))
 

@@ -261,9 +261,20 @@ def run_map(task: dict[str, Any], code: Code, sandbox: str,
     for number, bucket in enumerate(buckets):
         target = os.path.join(workdir, f"part-{number:05d}")
         written += _spill(bucket, combine, target, _checker(cancel))
-        outputs.append(os.path.abspath(target))
+        outputs.append(agent_path(target, sandbox))
     return {"outputs": outputs, "records_in": counted.count, "records_out": written,
             "cached": cached}
+
+
+def agent_path(path: str, sandbox: str) -> str:
+    """Where the agent sees `path` (reducers fetch it through the agent's /files):
+    in a container the sandbox is mounted elsewhere, and the agent says where it
+    really is in ``DYAD_HOST_SANDBOX_DIRECTORY``."""
+    path = os.path.abspath(path)
+    host = os.environ.get("DYAD_HOST_SANDBOX_DIRECTORY")
+    if not host:
+        return path
+    return os.path.join(host, os.path.relpath(path, os.path.abspath(sandbox)))
 
 
 class _Counted:

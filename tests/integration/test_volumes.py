@@ -1,11 +1,13 @@
 """Real master, agent and executor processes: data a task writes into a persistent
 volume is there for the next task of its role on that agent, after the agent is
-SIGKILLed and restarted, and after the (standalone) master restarts from its
-registry; DESTROY of a volume in use is refused with a reason."""
+SIGKILLed and restarted, after the (standalone) master restarts from its
+registry, and after the leading master is SIGKILLed and a standby elected through
+a real ZooKeeper takes over; DESTROY of a volume in use is refused with a reason."""
 
 from __future__ import annotations
 
 import asyncio
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,8 @@ from frameworks import (
 )
 
 from .conftest import Recorder, wait_for
+from .test_ha import ha_cluster, leading  # noqa: F401 (ha_cluster: the fixture)
+from .zookeeper import zookeeper  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -119,11 +123,11 @@ async def test_a_volume_keeps_its_data_across_tasks_agent_restarts_and_master_re
     # volume return.
     cluster.port = int(cluster.master.url.rsplit(":", 1)[1])
     cluster.zmq_port = int(cluster.master.zmq.rsplit(":", 1)[1])
+    keeper.used |= {o.id for o in keeper.offers}  # offers of the old master are void
     cluster.master.process.kill()
     cluster.master.process.wait()
     await asyncio.to_thread(cluster.start_master)
     await wait_for(lambda: keeper.named("reregistered"), 30, "the framework back")
-    keeper.used |= {o.id for o in keeper.offers}  # offers of the old master are void
     assert await run_on_volume(runner, keeper, "after-master",
                                "grep -q three data/log") == "TASK_FINISHED"
     assert (volume_dir / "log").read_text().split() == ["one", "two", "three"]
@@ -147,3 +151,30 @@ async def test_a_volume_keeps_its_data_across_tasks_agent_restarts_and_master_re
     await wait_for(lambda: "TASK_KILLED" in keeper.states("holder"), 30, "holder killed")
     await accept(runner, keeper, True, Operation(type=OperationType.DESTROY, volumes=[VOLUME]))
     await wait_for(lambda: not volume_dir.exists(), 20, "the volume removed")
+
+
+async def test_a_volume_and_its_reservation_survive_a_master_failover(
+        ha_cluster: Any, drivers: Any) -> None:
+    cluster = ha_cluster(masters=2, agents=1)
+    keeper = Keeper()
+    runner = drivers(keeper, FrameworkInfo(name="vols", roles=["eng"], failover_timeout=60),
+                     cluster.master_address)
+    await runner.registered()
+    await accept(runner, keeper, False,
+                 Operation(type=OperationType.RESERVE, resources=Resources.parse("disk(eng):64")),
+                 Operation(type=OperationType.CREATE, volumes=[VOLUME]))
+    assert await run_on_volume(runner, keeper, "write", "echo one > data/log") == "TASK_FINISHED"
+
+    # The leader dies; the standby, elected through ZooKeeper, reads the registry
+    # the old leader wrote there: the reservation and the volume are offered again.
+    keeper.used |= {o.id for o in keeper.offers}  # offers of the old leader are void
+    leader = cluster.leader()
+    leader.process.send_signal(signal.SIGKILL)
+    await wait_for(lambda: leading(cluster) not in (None, leader), 20, "a new leader")
+    await wait_for(lambda: keeper.named("reregistered"), 30, "the framework back")
+    assert await run_on_volume(runner, keeper, "after-failover",
+                               "grep -q one data/log && echo two >> data/log") == "TASK_FINISHED"
+    volume_dir = Path(cluster.work_dir, "agent0", "volumes", "roles", "eng", "v1")
+    assert (volume_dir / "log").read_text().split() == ["one", "two"]
+    (agent,) = cluster.state()["agents"]
+    assert [v["id"] for v in agent["volumes"]] == ["v1"]

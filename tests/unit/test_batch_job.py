@@ -11,7 +11,9 @@ import pytest
 from frameworks.batch.config import Split
 from frameworks.batch.job import (
     EXECUTOR_ID, InputFile, Job, JobError, commit_output, create_output, expand_inputs,
-    make_splits, parse_input, prepare, remove_output)
+    make_splits, parse_input, parse_volume, prepare, remove_output)
+from dyad.containers import Network, Volume, VolumeMode
+from frameworks.batch.work import agent_path
 
 WORDCOUNT = str(Path(__file__).resolve().parents[2] / "examples" / "wordcount.py")
 
@@ -75,6 +77,51 @@ def test_prepare_builds_splits_and_the_payload(tmp_path: Path) -> None:
     assert config.executor.executor_id == EXECUTOR_ID
     assert str(config.map_resources) == "cpus:0.5;mem:256"
     assert [s.path for s in config.splits] == [str(tmp_path / "in" / "a.txt")]
+
+
+def test_an_executor_image_mounts_the_inputs_and_output_at_their_paths(
+        tmp_path: Path) -> None:
+    prepared = prepare(Job(module=WORDCOUNT, inputs=write_inputs(tmp_path),
+                           output=str(tmp_path / "out"), executor_image="batch:1",
+                           executor_python="/usr/bin/python3",
+                           executor_volumes=["/opt/dyad:/opt/dyad:ro"],
+                           executor_env={"PYTHONPATH": "/opt/dyad"}))
+    executor = prepared.core_config().executor
+    assert executor.command.argv == ["/usr/bin/python3", "-m", "frameworks.batch.executor"]
+    assert executor.command.environment == {"PYTHONPATH": "/opt/dyad"}
+    assert executor.container.docker.image == "batch:1"
+    assert executor.container.docker.network == Network.HOST
+    inputs, output = str(tmp_path / "in"), str(tmp_path / "out")
+    assert executor.container.volumes == [
+        Volume(container_path=inputs, host_path=inputs, mode=VolumeMode.RO),
+        Volume(container_path=output, host_path=output, mode=VolumeMode.RW),
+        Volume(container_path="/opt/dyad", host_path="/opt/dyad", mode=VolumeMode.RO)]
+    host = prepare(Job(module=WORDCOUNT, inputs=inputs,
+                       output=str(tmp_path / "out2"))).core_config().executor
+    assert host.container is None
+
+
+@pytest.mark.parametrize("text", ["/a", "a:/b", "/a:/b:rx", "/a:/b:ro:x", ""])
+def test_bad_executor_volumes_are_refused(tmp_path: Path, text: str) -> None:
+    with pytest.raises(JobError, match="HOST:CONTAINER"):
+        parse_volume(text)
+    with pytest.raises(JobError, match="HOST:CONTAINER"):
+        prepare(Job(module=WORDCOUNT, inputs=write_inputs(tmp_path), output=str(
+            tmp_path / "out"), executor_image="i", executor_volumes=[text]))
+
+
+def test_executor_volumes_need_an_image(tmp_path: Path) -> None:
+    with pytest.raises(JobError, match="need an executor image"):
+        prepare(Job(module=WORDCOUNT, inputs=write_inputs(tmp_path), output=str(
+            tmp_path / "out"), executor_volumes=["/a:/b"]))
+
+
+def test_map_outputs_are_named_where_the_agent_sees_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    inside = "/mnt/mesos/sandbox/maps/m1/part-00000"
+    assert agent_path(inside, "/mnt/mesos/sandbox") == inside  # a host process
+    monkeypatch.setenv("DYAD_HOST_SANDBOX_DIRECTORY", "/var/dyad/runs/r1")
+    assert agent_path(inside, "/mnt/mesos/sandbox") == "/var/dyad/runs/r1/maps/m1/part-00000"
 
 
 def test_command_jobs_need_both_commands(tmp_path: Path) -> None:
