@@ -13,7 +13,8 @@ peak, CPU its mean):
 
 - **user**: the hand-set limits, never changed;
 - **each variant** of `DEFAULT_CPU_VARIANTS` / `DEFAULT_MEMORY_VARIANTS` alone
-  (the k-th CPU variant with the k-th memory variant), through the full policy
+  (the k-th CPU variant with the k-th memory variant; the last CPU variant with
+  `SPREAD`, a memory variant that is not a default), through the full policy
   (`Autopilot` in `auto`: evidence, bounds, hysteresis, the OOM raise);
 - **meta**: the policy with every variant, the meta-recommender choosing per app.
 
@@ -47,7 +48,8 @@ import attrs
 from dyad.effects import ArmTimer, TimerFired
 from frameworks.autopilot import (
     AUTO, DEFAULT_CPU_VARIANTS, DEFAULT_MEMORY_VARIANTS, MIB, AppConfigured, ApplyLimits,
-    Autopilot, AutopilotSpec, Config, Evaluate, Limits, TaskOomKilled, UsageSampled)
+    Autopilot, AutopilotSpec, Config, Evaluate, Limits, MemoryVariant, TaskOomKilled,
+    UsageSampled)
 
 DAY = 86_400.0
 STEP = 300.0  # seconds between samples (and the policy's evaluation step)
@@ -264,11 +266,17 @@ def replay(app: AppModel, days: float, config: Config | None, score: Score,
     score.warm_in_oom_apps += warm_in_ooms > 0
 
 
+SPREAD = MemoryVariant("mem-spread-72h", window=72 * 3600.0, margin=0.05, spread=1.0)
+"""Not a default: room for spikes bigger than the last, shown alone for its trade-off."""
+
+
 def approaches() -> dict[str, Config | None]:
-    """The user's limits, each default variant alone, and the meta-recommender."""
+    """The user's limits, each default variant alone (and `SPREAD`), and the
+    meta-recommender over the defaults."""
     out: dict[str, Config | None] = {"user": None}
     base = Config(step=STEP)
-    for cpu, mem in zip(DEFAULT_CPU_VARIANTS, DEFAULT_MEMORY_VARIANTS):
+    pairs = list(zip(DEFAULT_CPU_VARIANTS, (*DEFAULT_MEMORY_VARIANTS, SPREAD)))
+    for cpu, mem in pairs:
         out[f"{cpu.name}+{mem.name}"] = attrs.evolve(base, cpu_variants=(cpu,),
                                                      memory_variants=(mem,))
     out["meta"] = base
