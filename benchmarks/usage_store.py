@@ -188,7 +188,7 @@ def launches(rounds: int) -> None:
     for _ in range(rounds):
         for store in ("off", "on"):
             runs[store].append(launch_run(store))
-    for i, what in enumerate(("launches/s", "master CPU ms per task")):
+    for i, what in enumerate(("launches/s", "CPU ms per task")):
         off, on = (statistics.median(r[i] for r in runs[k]) for k in ("off", "on"))
         shown = {k: ", ".join(f"{r[i]:,.2f}" for r in v) for k, v in runs.items()}
         verdict = "met" if abs(on - off) / off < 0.05 else "MISSED"
