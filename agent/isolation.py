@@ -15,6 +15,12 @@ Three isolators behind one interface, chosen once at start (`detect`):
 - **posix**: no kernel help. The agent samples the process tree (psutil) and kills
   the run when its RSS passes the limit. CPU is measured, not enforced.
 
+Revocable tasks add no CPU weight (`Limits.weight_share`): under cgroups a run's
+``cpu.shares`` (v1) or ``cpu.weight`` (v2) is scaled by the non-revocable share of
+its cpus, updated as its tasks change; under posix a run launched mostly for
+revocable work starts niced (`POSIX_MAX_NICE` times its revocable share), fixed
+at launch.
+
 A run joins its cgroup before it execs (a tiny ``/bin/sh`` that writes its own pid
 into ``cgroup.procs`` and ``exec``s the executor), so its pid, its parent and its
 whole process tree are the executor's own from the first instruction on.
@@ -41,6 +47,7 @@ from agent.model import Limits, RunKey, RunSample
 log = logging.getLogger(__name__)
 
 CFS_PERIOD_US = 100_000
+POSIX_MAX_NICE = 19
 # Joins every cgroup named before "--", then execs the rest: the executor keeps
 # this shell's pid, so the agent's child is the executor itself.
 JOIN_SCRIPT = ('while [ "$1" != -- ]; do echo $$ > "$1" || exit 126; shift; done; '
@@ -123,11 +130,16 @@ class PosixIsolator:
     name = "posix"
     kind = "posix"
 
+    def __init__(self) -> None:
+        self._nice: dict[RunKey, int] = {}  # runs being launched -> their niceness
+
     def prepare(self, key: RunKey, limits: Limits) -> None:
-        pass  # nothing to set up: enforcement is the agent's sampling
+        # Enforcement is the agent's sampling; only the CPU weight is set, by nice.
+        self._nice[key] = round(POSIX_MAX_NICE * (1 - limits.weight_share))
 
     def wrap(self, key: RunKey, argv: list[str]) -> list[str]:
-        return argv
+        nice = self._nice.pop(key, 0)
+        return ["nice", "-n", str(nice), *argv] if nice else argv
 
     def update(self, key: RunKey, limits: Limits) -> None:
         pass
@@ -140,7 +152,7 @@ class PosixIsolator:
         return measure(key, pids) if pids else None
 
     def cleanup(self, key: RunKey) -> None:
-        pass
+        self._nice.pop(key, None)
 
 
 # ------------------------------------------------------------------------ cgroups
@@ -286,7 +298,8 @@ class CgroupsV1(_Cgroups):
         _write(os.path.join(cpu, "cpu.cfs_period_us"), str(CFS_PERIOD_US))
         quota = max(1000, int(limits.cpus * CFS_PERIOD_US)) if limits.cpus else -1
         _write(os.path.join(cpu, "cpu.cfs_quota_us"), str(quota))
-        _write(os.path.join(cpu, "cpu.shares"), str(max(2, int((limits.cpus or 1) * 1024))))
+        shares = (limits.cpus or 1) * 1024 * limits.weight_share
+        _write(os.path.join(cpu, "cpu.shares"), str(max(2, int(shares))))
 
     def _files(self, key: RunKey) -> _Files:
         memory, cpu = self._dirs(key)
@@ -316,6 +329,9 @@ class CgroupsV2(_Cgroups):
                str(limits.mem_bytes) if limits.mem_bytes else "max")
         quota = max(1000, int(limits.cpus * CFS_PERIOD_US)) if limits.cpus else "max"
         _write(os.path.join(directory, "cpu.max"), f"{quota} {CFS_PERIOD_US}")
+        # 100 is the kernel's default weight: revocable cpus scale it down.
+        _write(os.path.join(directory, "cpu.weight"),
+               str(max(1, round(100 * limits.weight_share))))
 
     def _files(self, key: RunKey) -> _Files:
         (directory,) = self._dirs(key)

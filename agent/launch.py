@@ -36,9 +36,25 @@ def executor_env(config: AgentConfig, agent_id: str | None,
         "DYAD_RECOVERY_TIMEOUT": f"{config.recovery_timeout:g}s",
         # Where a task should listen: the address offers name as its host.
         "HOST": config.hostname, "LIBPROCESS_IP": config.ip,
-        "MESOS_AGENT_ENDPOINT": endpoint, "MESOS_FRAMEWORK_ID": executor.framework_id,
-        "MESOS_EXECUTOR_ID": executor.executor_id, "MESOS_DIRECTORY": executor.directory,
-        "MESOS_SANDBOX": executor.directory,
+        **mesos_env(config, agent_id, executor),
+    }
+
+
+def mesos_env(config: AgentConfig, agent_id: str | None,
+              executor: AgentExecutor) -> dict[str, str]:
+    """What a Mesos v1 executor reads (docs/mesos-compat.md): the agent's HTTP
+    address (`POST /api/v1/executor`), its ids and sandbox. Dyad agents always
+    checkpoint (a restarted agent takes its executors back), so MESOS_CHECKPOINT
+    is 1, and the executor waits for an agent that went away rather than exiting."""
+    return {
+        "MESOS_AGENT_ENDPOINT": f"{config.ip}:{config.port}",
+        "MESOS_AGENT_ID": agent_id or "", "MESOS_SLAVE_ID": agent_id or "",
+        "MESOS_FRAMEWORK_ID": executor.framework_id, "MESOS_EXECUTOR_ID": executor.executor_id,
+        "MESOS_DIRECTORY": executor.directory, "MESOS_SANDBOX": executor.directory,
+        "MESOS_CHECKPOINT": "1",
+        "MESOS_RECOVERY_TIMEOUT": f"{config.recovery_timeout:g}secs",
+        "MESOS_EXECUTOR_SHUTDOWN_GRACE_PERIOD": f"{config.executor_shutdown_grace_period:g}secs",
+        "MESOS_HTTP_COMMAND_EXECUTOR": "0",
     }
 
 

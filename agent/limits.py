@@ -24,7 +24,10 @@ def limits(executor: AgentExecutor) -> Limits:
     if executor.is_command and executor.info.container is None:
         cpus += COMMAND_EXECUTOR_CPUS if cpus else 0.0
         mem_mb += COMMAND_EXECUTOR_MEM_MB if mem_mb else 0.0
-    return Limits(cpus=round(cpus, 3), mem_bytes=int(mem_mb * MIB))
+    revocable = sum(t.info.resources.get("cpus") for t in executor.live_tasks()
+                    if t.info.revocable)
+    return Limits(cpus=round(cpus, 3), mem_bytes=int(mem_mb * MIB),
+                  revocable_cpus=round(revocable, 3))
 
 
 def usage(executor: AgentExecutor, sample: RunSample) -> ExecutorUsage:

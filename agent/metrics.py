@@ -50,6 +50,14 @@ COUNTERS = {
     "agent/auth_failures/forbidden": "Requests and registrations refused: the principal may not (403, Rejected).",
     "agent/auth_failures/principal_changed": "Executor frames dropped: their identity came with another principal before.",
     "agent/auth_failures/by_master": "Handshakes with the master that failed (it refused our key, or is not the master we trust).",
+    # The Mesos v1 executor API (`agent.api_v1`; docs/mesos-compat.md).
+    "agent/v1/subscribes": "SUBSCRIBE calls to /api/v1/executor that converted.",
+    "agent/v1/calls": "Other calls to /api/v1/executor taken (202).",
+    "agent/v1/calls_invalid": "Calls to /api/v1/executor refused with a 4xx.",
+    "agent/v1/events": "Events written to v1 executors' streams.",
+    "agent/v1/events_dropped": "Messages for v1 executors without an open stream (or no Mesos event).",
+    "agent/v1/replaced": "v1 executor streams ended because the executor subscribed again.",
+    "agent/v1/overflows": "v1 executor streams ended because their executor stopped reading.",
     # Kept by the fetcher.
     "fetcher/cache_hits": "URI fetches served from the fetcher cache.",
     "fetcher/cache_misses": "Cached URI fetches that had to get the file first.",
@@ -64,6 +72,7 @@ GAUGES = {
     "agent/executors_running": "Executors not yet terminated.",
     "agent/tasks_running": "Tasks in TASK_RUNNING.",
     "agent/status_updates_pending": "Status updates waiting for an acknowledgement.",
+    "agent/v1/streams": "Open Mesos v1 executor event streams.",
     "fetcher/cache_bytes": "Bytes held in the fetcher cache.",
     "fetcher/cache_entries": "Files held in the fetcher cache.",
 }

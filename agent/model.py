@@ -151,10 +151,20 @@ class UsageSampled:
 
 @attrs.frozen
 class Limits:
-    """What a run may use; 0 means no limit for that kind."""
+    """What a run may use; 0 means no limit for that kind. `revocable_cpus` is
+    the part of `cpus` its revocable tasks hold: those add no CPU weight."""
 
     cpus: float = 0.0
     mem_bytes: int = 0
+    revocable_cpus: float = 0.0
+
+    @property
+    def weight_share(self) -> float:
+        """The share of its normal CPU weight the run gets: the non-revocable part
+        of its cpus (docs/oversubscription.md: revocable work yields to owners)."""
+        if self.cpus <= 0:
+            return 1.0
+        return max(0.0, self.cpus - self.revocable_cpus) / self.cpus
 
 
 @attrs.frozen

@@ -29,7 +29,7 @@ import zmq
 from aiohttp import web
 
 import agent
-from agent import access, checkpoint, checkpoint_file, gc, volumes
+from agent import access, api_v1, checkpoint, checkpoint_file, gc, volumes
 from agent.checkpoint import CheckpointError, Recover, SavedAgent
 from agent.containerizer import Containerizer, LaunchError, describe_exit
 from agent.containers_core import LaunchContainer, RemoveContainer
@@ -154,6 +154,9 @@ class AgentServer:
         self._dealer: Dealer | None = None
         self._runner: web.AppRunner | None = None
         self._base_env = executor_base_env()
+        self.v1_executors = api_v1.ExecutorStreams(
+            self._events.put_nowait, lambda: self.state, refused="" if self._executor_keys is None
+            else "the v1 executor API has no authentication: off while executors must")
         self._checkpoints = checkpoint_file.Writer(config.work_dir)
         isolator = isolator or detect(config.isolation, self.options.cgroups_root)
         self._containerizer = Containerizer(self._on_process_exit, self._base_env, isolator)
@@ -208,13 +211,15 @@ class AgentServer:
         dealer, router = self._dealer, self._router
         self._loops.loop("core", self._run_core)
         self._loops.loop("master-socket", lambda: self._receive(dealer, "master"))
-        self._loops.loop("executor-socket", lambda: self._receive(router, "executor"))
         self._loops.loop("usage", self._watch_usage)
         self._loops.loop("disk", self._watch_disk)
         self._loops.loop("detector", self._leaders.run)
         self._started = True
         if saved is not None:
             await self._recover(saved)
+        # Executors are heard only once `Recover` is queued: a surviving executor's
+        # re-registration must reach a core that knows it, not be told to shut down.
+        self._loops.loop("executor-socket", lambda: self._receive(router, "executor"))
         self._detect()
         log.info("agent on %s, executors at %s, isolation %s", self.http_url,
                  self.executor_endpoint, self.isolator.name)
@@ -253,6 +258,7 @@ class AgentServer:
             self._router = self._executor_router()
             executor_port = self._router.bind(self.config.ip, 0)
         app = make_app(self, self.config.work_dir)
+        api_v1.add_routes(app, self.v1_executors)
         security.protect(app, self.security, self.refusals, access.HttpAccess(
             self.security.acls, self.config.work_dir, self.config.hostname,
             lambda: self.state.records))
@@ -538,7 +544,8 @@ class AgentServer:
         if isinstance(effect, SendMaster):
             await self._dealer.send(effect.message)
         elif isinstance(effect, Send):
-            await self._router.send(bytes.fromhex(effect.to), effect.message)
+            if not self.v1_executors.deliver(effect.to, effect.message):
+                await self._router.send(bytes.fromhex(effect.to), effect.message)
         elif isinstance(effect, Checkpoint):
             await asyncio.to_thread(self._checkpoints.write, self.state.saved())
             self.shell_counters["agent/checkpoints_written"] += 1
@@ -595,6 +602,7 @@ class AgentServer:
         principal_changes = {"agent/auth_failures/principal_changed":
                              self._router.principal_changes} if self._router else {}
         return {**self.state.metrics(), **self.fetcher.metrics(), **self.shell_counters,
+                **self.v1_executors.metrics(),
                 **self.refusals.counts, **principal_changes}
 
     def dead_loops(self) -> list[str]:

@@ -1,6 +1,10 @@
 """Oversubscription off vs on, through the real master core, on a virtual clock.
 
     python -m benchmarks.oversubscription [--agents 20] [--hours 3] [--overdeclare 3]
+    python -m benchmarks.oversubscription --real [--agents 2] [--maps 12] [--quick]
+
+`--real` runs the same comparison on a real local cluster instead
+(benchmarks/oversubscription_real.py); without it, the stand-in cell below.
 
 A stop-gap until the simulator (sim/) takes these switches: the real
 `MasterState` (allocator, revocable offers) and the real estimator and QoS
@@ -312,11 +316,30 @@ def measure(agents: int, hours: float, overdeclare: float, surge: float,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--agents", type=int, default=20)
+    parser.add_argument("--agents", type=int, default=None,
+                        help="agents (default 20 stand-ins, or 2 real ones with --real)")
     parser.add_argument("--hours", type=float, default=3.0)
     parser.add_argument("--overdeclare", type=float, default=3.0)
-    parser.add_argument("--surge", type=float, default=600.0, help="seconds owners surge")
+    parser.add_argument("--surge", type=float, default=None,
+                        help="seconds owners surge (default 600 simulated, 4 real)")
+    real = parser.add_argument_group("a real local cluster")
+    real.add_argument("--real", action="store_true",
+                      help="real master, agents and processes (oversubscription_real.py)")
+    real.add_argument("--maps", type=int, default=12)
+    real.add_argument("--map-seconds", type=float, default=3.0)
+    real.add_argument("--owner-mb", type=int, default=160, help="what each owner holds")
+    real.add_argument("--surge-at", type=float, default=4.0, help="seconds into the job")
+    real.add_argument("--quick", action="store_true", help="6 maps of 2 s")
     args = parser.parse_args(argv)
+    if args.real:
+        from benchmarks import oversubscription_real
+
+        return oversubscription_real.main(oversubscription_real.Settings(
+            agents=args.agents or 2, maps=6 if args.quick else args.maps,
+            map_seconds=2.0 if args.quick else args.map_seconds, owner_mb=args.owner_mb,
+            surge_at=args.surge_at, surge=4.0 if args.surge is None else args.surge))
+    args.agents = args.agents or 20
+    args.surge = 600.0 if args.surge is None else args.surge
     rows = {name: measure(args.agents, args.hours, args.overdeclare, args.surge, on)
             for name, on in (("off", False), ("on", True))}
     print(f"{args.agents} agents x cpus:16;mem:65536, services at 75% declaring "

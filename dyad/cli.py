@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     operator_cli.add_parsers(commands)
     query_cli.add_parser(commands)
     commands.add_parser("sim", help="simulate a cell and a workload (dyad sim --help)")
+    commands.add_parser("checkpoint", help="save a live cell for dyad sim (dyad checkpoint save)")
     return parser
 
 
@@ -139,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["sim"]:  # the simulator lives in sim/, which may import every role
         from sim.cli import main as sim_main
         return sim_main(argv[1:])
+    if argv[:1] == ["checkpoint"]:
+        from sim.cli import checkpoint_main
+        return checkpoint_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "local":
         return run_local(args)

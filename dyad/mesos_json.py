@@ -176,7 +176,8 @@ def to_b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-def _duration(seconds: float) -> dict[str, int]:
+def duration(seconds: float) -> dict[str, int]:
+    """Seconds as a Mesos `DurationInfo`."""
     return {"nanoseconds": round(seconds * NANOS)}
 
 
@@ -626,7 +627,7 @@ def task_info_to_mesos(task: TaskInfo) -> dict[str, Any]:
         out["labels"] = {"labels": [{"key": key, "value": text}
                                     for key, text in sorted(task.labels.items())]}
     if task.kill_grace_period is not None:
-        out["kill_policy"] = {"grace_period": _duration(task.kill_grace_period)}
+        out["kill_policy"] = {"grace_period": duration(task.kill_grace_period)}
     if task.health_check is not None:
         out["health_check"] = health_check_to_mesos(task.health_check)
     return out

@@ -28,17 +28,16 @@ sends later (`Rejected`) are not events in Mesos' vocabulary: they are counted
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import uuid
-from typing import Any, Protocol
+from typing import Protocol
 
 from aiohttp import web
 
-from dyad import bounded_json
 from dyad.auth import request_principal
 from dyad.mesos_calls import SUBSCRIBE, ShutdownExecutorCall, V1Call, call_from_mesos
 from dyad.mesos_calls import event_to_mesos
+from dyad.mesos_http import Refused, read_json, record
 from dyad.mesos_json import MESOS_VERSION, MesosJsonError
 from dyad.messages import (
     Error, Heartbeat, Kill, Message, Rejected, SchedulerHeartbeat, Subscribed, Teardown,
@@ -138,13 +137,6 @@ class SchedulerStreams:
         stream.queue.put_nowait(_END)
 
 
-class _Refused(Exception):
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-
-
 V1 = web.AppKey("v1_master", V1Master)
 
 
@@ -174,30 +166,18 @@ async def _scheduler(request: web.Request) -> web.StreamResponse:
             return await _subscribe(request, master, call)
         streams.counts["calls"] += 1
         _perform(master, _caller(request, streams, call), call)
-    except _Refused as refused:
+    except Refused as refused:
         streams.counts["calls_invalid"] += 1
         return web.Response(status=refused.status, text=refused.reason)
     return web.Response(status=202)
 
 
 async def _read_call(request: web.Request) -> V1Call:
-    if request.content_type == "application/x-protobuf":
-        raise _Refused(415, "this master speaks the v1 API in JSON only: send "
-                            "Content-Type: application/json")
-    if request.content_type != "application/json":
-        raise _Refused(415, "expecting Content-Type: application/json")
-    accept = request.headers.get("Accept", "")
-    if accept and not any(kind in accept for kind in ("application/json", "*/*",
-                                                      "application/*")):
-        raise _Refused(406, "this master answers application/json only")
-    try:
-        body = bounded_json.loads(await request.read())
-    except bounded_json.JsonInputError as exc:
-        raise _Refused(400, f"the body must be JSON: {exc.reason}") from None
+    body = await read_json(request, "master")
     try:
         return call_from_mesos(body)
     except MesosJsonError as exc:
-        raise _Refused(400, f"invalid call: {exc}") from None
+        raise Refused(400, f"invalid call: {exc}") from None
 
 
 def _caller(request: web.Request, streams: SchedulerStreams, call: V1Call) -> _Stream:
@@ -205,17 +185,17 @@ def _caller(request: web.Request, streams: SchedulerStreams, call: V1Call) -> _S
     belong to the framework the call names."""
     stream_id = request.headers.get(STREAM_ID, "")
     if not stream_id:
-        raise _Refused(400, f"a {call.kind} call needs the {STREAM_ID} header of its "
+        raise Refused(400, f"a {call.kind} call needs the {STREAM_ID} header of its "
                             "subscription")
     stream = streams.get(stream_id)
     if stream is None or stream.framework_id is None:
-        raise _Refused(400, f"stream {stream_id[:64]!r} is not open on this master; "
+        raise Refused(400, f"stream {stream_id[:64]!r} is not open on this master; "
                             "subscribe again")
     if stream.framework_id != call.framework_id:
-        raise _Refused(400, f"stream {stream_id} belongs to framework {stream.framework_id}, "
+        raise Refused(400, f"stream {stream_id} belongs to framework {stream.framework_id}, "
                             f"not {call.framework_id}")
     if request_principal(request) != stream.principal:
-        raise _Refused(403, f"stream {stream_id} was opened by another principal")
+        raise Refused(403, f"stream {stream_id} was opened by another principal")
     return stream
 
 
@@ -239,7 +219,7 @@ def _perform(master: V1Master, stream: _Stream, call: V1Call) -> None:
 async def _subscribe(request: web.Request, master: V1Master,
                      call: V1Call) -> web.StreamResponse:
     if request.headers.get(STREAM_ID):
-        raise _Refused(400, f"a SUBSCRIBE call must not carry a {STREAM_ID} header")
+        raise Refused(400, f"a SUBSCRIBE call must not carry a {STREAM_ID} header")
     assert call.message is not None and not isinstance(call.message, ShutdownExecutorCall)
     streams = master.v1_streams
     streams.counts["subscribes"] += 1
@@ -289,7 +269,7 @@ async def _pump(request: web.Request, response: web.StreamResponse, master: V1Ma
                          item.message_type, item.reason)
         else:
             try:
-                await response.write(_record(event))
+                await response.write(record(event))
             except (ConnectionError, RuntimeError):  # the client is gone
                 return
             master.v1_streams.counts["events"] += 1
@@ -306,9 +286,3 @@ async def _next(request: web.Request, master: V1Master, stream: _Stream) -> Mess
             transport = request.transport
             if transport is None or transport.is_closing() or not master.is_leader:
                 return _END
-
-
-def _record(event: dict[str, Any]) -> bytes:
-    """One RecordIO record: the JSON's length in bytes, a newline, the JSON."""
-    data = json.dumps(event, separators=(",", ":")).encode("utf-8")
-    return b"%d\n%s" % (len(data), data)

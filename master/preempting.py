@@ -24,7 +24,10 @@ REASON_CONTAINER_PREEMPTED and a message naming why, so its framework hears
 TASK_KILLED with that reason; the events log records `task_preempted`. The
 agents that victims free are *held*: every other framework is filtered from
 them for `hold` seconds, so the room goes to the preemptor rather than back
-into the general pool (no cascade). At most `max_per_minute` victims a minute.
+into the general pool (no cascade). A hold outlives a `Revive`: the victim's
+framework typically revives when it hears of the preemption, and dropping its
+hold filter then would hand the room straight back to it, to be preempted
+again (the simulator found that loop). At most `max_per_minute` victims a minute.
 """
 
 from __future__ import annotations
@@ -47,9 +50,12 @@ class PreemptionHandlers(MasterBooks):
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        # Victims killed and not yet ended: (framework, task) -> (agent, resources, role).
-        self.preempting: dict[tuple[str, str], tuple[str, Resources, str]] = {}
+        # Victims killed and not yet ended:
+        # (framework, task) -> (agent, resources, role, frameworks the room is for).
+        self.preempting: dict[tuple[str, str], tuple[str, Resources, str, frozenset[str]]] = {}
         self._preempted_at: collections.deque[float] = collections.deque()
+        # Agents held for preemptors: agent -> (until, frameworks the room is for).
+        self._holds: dict[str, tuple[float, frozenset[str]]] = {}
 
     # ----------------------------------------------------------- triggers
 
@@ -78,7 +84,7 @@ class PreemptionHandlers(MasterBooks):
             self._kill_victims(plan.victims, why_text, role=framework.info.roles[0],
                                beneficiaries={framework.id})
         if not framework.suppressed:
-            self.allocator.revive(framework.id)  # its filters must not hide the room
+            self._revive(framework.id)  # its filters must not hide the room
         self._request_allocation()
 
     def _preempt_refusal(self, framework: MasterFramework, message: Preempt) -> str:
@@ -113,6 +119,19 @@ class PreemptionHandlers(MasterBooks):
             if victims:
                 self._kill_victims(victims, f"preempted to meet role {role}'s quota guarantee",
                                    role=role, beneficiaries={f.id for f in frameworks})
+                for framework in frameworks:
+                    if not framework.suppressed:  # its declines must not hide the room
+                        self._revive(framework.id)
+
+    def _revive(self, framework_id: str) -> None:
+        """Drop a framework's filters, except the holds that keep room freed by
+        preemption for someone else."""
+        self.allocator.revive(framework_id)
+        for agent_id, (until, beneficiaries) in list(self._holds.items()):
+            if until <= self._now:
+                del self._holds[agent_id]
+            elif framework_id not in beneficiaries and agent_id in self.agents:
+                self.allocator.add_filter(framework_id, agent_id, until)
 
     # ------------------------------------------------------------ helpers
 
@@ -123,7 +142,7 @@ class PreemptionHandlers(MasterBooks):
         if quota is None or not quota.guarantee:
             return {}
         have = collections.Counter(self.allocator.role_allocation(role))
-        for _, resources, for_role in self.preempting.values():
+        for _, resources, for_role, _ in self.preempting.values():
             if for_role == role:
                 have.update(resources.scalar_items())
         if count_free:
@@ -136,10 +155,11 @@ class PreemptionHandlers(MasterBooks):
 
     def _free_for(self, framework: MasterFramework, agent_id: str) -> Resources:
         """Free resources on the agent a framework's role may use, and what victims
-        already being killed there will free."""
+        already being killed there for it will free (room freed for another is not
+        this framework's: a lower-priority asker must not be told it is free)."""
         free = self.allocator.free(agent_id).allocatable_for(framework.info.roles[0])
-        for agent, resources, _ in self.preempting.values():
-            if agent == agent_id:
+        for agent, resources, _, beneficiaries in self.preempting.values():
+            if agent == agent_id and framework.id in beneficiaries:
                 free = free + resources
         return free
 
@@ -173,6 +193,8 @@ class PreemptionHandlers(MasterBooks):
             del self.preempting[key]
         while self._preempted_at and self._preempted_at[0] <= self._now - MINUTE:
             self._preempted_at.popleft()
+        for agent_id in [a for a, (until, _) in self._holds.items() if until <= self._now]:
+            del self._holds[agent_id]
 
     def _kill_victims(self, victims: Iterable[Candidate], why: str, role: str,
                       beneficiaries: set[str]) -> None:
@@ -184,7 +206,8 @@ class PreemptionHandlers(MasterBooks):
                 break
             self._preempted_at.append(self._now)
             task = self.frameworks[victim.framework_id].tasks[victim.task_id]
-            self.preempting[victim.key] = (victim.agent_id, victim.resources, role)
+            self.preempting[victim.key] = (victim.agent_id, victim.resources, role,
+                                           frozenset(beneficiaries))
             self.counters.inc("master/preemptions")
             self._note(task, why)
             self.events.record(self._now, "task_preempted", framework_id=victim.framework_id,
@@ -196,9 +219,11 @@ class PreemptionHandlers(MasterBooks):
                 message=why))
             held.add(victim.agent_id)
         if config.hold > 0:
+            until = self._now + config.hold
             for agent_id in sorted(held):
+                self._holds[agent_id] = (until, frozenset(beneficiaries))
                 for framework_id in sorted(set(self.frameworks) - beneficiaries):
-                    self.allocator.add_filter(framework_id, agent_id, self._now + config.hold)
+                    self.allocator.add_filter(framework_id, agent_id, until)
 
 
 def _started(task: MasterTask) -> float:

@@ -269,7 +269,7 @@ class MasterState(PreemptionHandlers, AgentHandlers):
         framework = self._owned_framework(peer, message)
         if framework is not None:
             framework.suppressed = False
-            self.allocator.revive(framework.id)
+            self._revive(framework.id)
             for key in [k for k in self.revocable_filters if k[0] == framework.id]:
                 del self.revocable_filters[key]
             self._request_allocation()

@@ -21,7 +21,13 @@ frameworks *do* see is reproduced here from docs/protocol.md:
   unacknowledged one is resent with backoff (1 s doubling to 30 s, the real
   agent's defaults);
 - every `usage_report_interval` seconds a `UsageReport` with each executor's
-  usage read from the plans' curves.
+  usage read from the plans' curves;
+- with oversubscription on (`AgentSettings.reclaim`), at each report the real
+  estimator and QoS controller (sim/lending.py) say what the agent lends (the
+  report's `revocable`) and which revocable tasks to evict: those end
+  TASK_KILLED with REASON_CONTAINER_PREEMPTED and the controller's message,
+  before the report goes out. A `KillTask` with a reason (a master preemption)
+  ends the task with that reason and message, as the real agent does.
 
 A custom executor (`TaskInfo.executor`) is remembered per framework and lives
 until the framework shuts down, as the batch executor does.
@@ -40,12 +46,16 @@ from typing import Protocol
 
 import attrs
 
+from agent.qos import QosConfig
+from agent.reclaim import ReclaimConfig
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired, TimerKey, UnknownTimer
 from dyad.messages import (
     AgentInfo, AgentRegistered, ExecutorUsage, FrameworkInfo, FrameworkToExecutor, KillTask,
     Message, Ping, Pong, Reason, RegisterAgent, Rejected, RunTask, ShutdownFramework, Source,
     StatusUpdate, StatusUpdateAck, TaskInfo, TaskState, TaskStatus, UsageReport,
 )
+from dyad.resources import Resources
+from sim.lending import ExecutorView, Lending, RunView, TaskView
 from sim.usage import TaskPlan
 
 MASTER = "master"
@@ -106,7 +116,8 @@ Event = Start | FromMaster | TimerFired
 
 
 class Observer(Protocol):
-    def task_started(self, key: TaskKey, plan: TaskPlan, now: float) -> None: ...
+    def task_started(self, key: TaskKey, plan: TaskPlan, now: float,
+                     revocable: bool = False) -> None: ...
 
     def task_stopped(self, key: TaskKey, now: float) -> None: ...
 
@@ -116,6 +127,8 @@ class AgentSettings:
     launch_delay: float = 0.5
     usage_report_interval: float = 0.0  # 0: no usage reports
     register_retry: float = 1.0
+    reclaim: ReclaimConfig | None = None  # None: oversubscription off, nothing lent
+    qos: QosConfig = QosConfig()
 
 
 @attrs.define(eq=False)
@@ -146,6 +159,8 @@ class SimAgent:
         self._done_set: set[TaskKey] = set()
         self._uuids = 0
         self._out: list[Effect] = []
+        self._lending = (None if settings.reclaim is None
+                         else Lending(settings.reclaim, settings.qos, info.resources))
 
     @property
     def live_tasks(self) -> int:
@@ -185,7 +200,8 @@ class SimAgent:
         elif isinstance(message, StatusUpdateAck):
             self._acknowledged((message.framework_id, message.task_id), message.uuid, now)
         elif isinstance(message, KillTask):
-            self._kill((message.framework_id, message.task_id), now)
+            self._kill((message.framework_id, message.task_id), now, message.reason,
+                       message.message)
         elif isinstance(message, ShutdownFramework):
             self._shutdown_framework(message.framework_id, now)
         elif isinstance(message, AgentRegistered):
@@ -234,7 +250,7 @@ class SimAgent:
         task.started_at = now
         self._update(key, task, TaskState.TASK_RUNNING, now)
         if self._observer is not None:
-            self._observer.task_started(key, task.plan, now)
+            self._observer.task_started(key, task.plan, now, task.info.revocable)
         plan = task.plan
         ends = None if plan.duration is None else now + plan.duration
         oom = plan.mem.first_above(task.info.resources.get("mem"))
@@ -255,14 +271,16 @@ class SimAgent:
         else:
             self._finish(key, task, plan.end, now, "", plan.message, plan.data)
 
-    def _kill(self, key: TaskKey, now: float) -> None:
+    def _kill(self, key: TaskKey, now: float, reason: str = "", message: str = "") -> None:
         task = self._tasks.get(key)
         if task is None:
             if key not in self._done_set:
                 self._lone_update(key, now)
             return
         if not task.state.is_terminal:
-            self._finish(key, task, TaskState.TASK_KILLED, now, "", "killed")
+            if reason == Reason.CONTAINER_PREEMPTED:
+                self.counters["preempted"] += 1
+            self._finish(key, task, TaskState.TASK_KILLED, now, reason, message or "killed")
 
     def _lone_update(self, key: TaskKey, now: float) -> None:
         """A kill of a task this agent never ran: say so, as the real agent does."""
@@ -359,20 +377,44 @@ class SimAgent:
 
     def _report_usage(self, now: float) -> None:
         assert self.agent_id is not None
-        by_executor: dict[tuple[str, str], list[_Task]] = {}
+        runs: dict[tuple[str, str], list[_Task]] = {}
         for (framework_id, _), task in self._tasks.items():
-            if task.started_at is not None and not task.state.is_terminal:
-                by_executor.setdefault((framework_id, task.executor_id), []).append(task)
-        executors = []
-        for (framework_id, executor_id), tasks in sorted(by_executor.items()):
-            cpus = sum(t.plan.cpus.at(now - t.started_at) for t in tasks)  # type: ignore[operator]
-            mem = sum(t.plan.mem.at(now - t.started_at) for t in tasks)  # type: ignore[operator]
-            executors.append(ExecutorUsage(
+            if not task.state.is_terminal:
+                runs.setdefault((framework_id, task.executor_id), []).append(task)
+        executors: dict[tuple[str, str], ExecutorUsage] = {}
+        for (framework_id, executor_id), tasks in sorted(runs.items()):
+            started = [t for t in tasks if t.started_at is not None]
+            if not started:
+                continue
+            ages = [now - t.started_at for t in started]  # type: ignore[operator]
+            cpus = sum(t.plan.cpus.at(age) for t, age in zip(started, ages))
+            mem = sum(t.plan.mem.at(age) for t, age in zip(started, ages))
+            executors[(framework_id, executor_id)] = ExecutorUsage(
                 framework_id=framework_id, executor_id=executor_id,
-                task_ids=[t.info.task_id for t in tasks], timestamp=now,
-                cpus_used=round(cpus, 3), cpus_limit=sum(t.info.resources.get("cpus") for t in tasks),
+                task_ids=[t.info.task_id for t in started], timestamp=now,
+                cpus_used=round(cpus, 3),
+                cpus_limit=sum(t.info.resources.get("cpus") for t in started),
                 mem_rss_bytes=int(mem * _MB),
-                mem_limit_bytes=int(sum(t.info.resources.get("mem") for t in tasks) * _MB),
-                processes=len(tasks)))
-        self._send(UsageReport(agent_id=self.agent_id, executors=executors))
+                mem_limit_bytes=int(sum(t.info.resources.get("mem") for t in started) * _MB),
+                processes=len(started))
+        revocable = reservation = Resources()
+        if self._lending is not None:
+            views = [self._run_view(key, tasks, executors.get(key))
+                     for key, tasks in sorted(runs.items())]
+            sample = self._lending.sampled(views, now)
+            for key, why in sample.evict:
+                self.counters["evictions"] += 1
+                self._finish(key, self._tasks[key], TaskState.TASK_KILLED, now,
+                             Reason.CONTAINER_PREEMPTED, why)
+            revocable, reservation = sample.revocable, sample.reservation
+        self._send(UsageReport(agent_id=self.agent_id, executors=list(executors.values()),
+                               revocable=revocable, reservation=reservation))
         self._out.append(ArmTimer(UsageReportDue(), now + self.settings.usage_report_interval))
+
+    @staticmethod
+    def _run_view(key: tuple[str, str], tasks: list[_Task], usage: ExecutorUsage | None
+                  ) -> RunView:
+        executor = next((t.info.executor for t in tasks if t.info.executor is not None), None)
+        return RunView(key[0], key[1],
+                       ExecutorView(executor.resources if executor else Resources()),
+                       tuple(TaskView(key[0], t.info, t.state) for t in tasks), usage)

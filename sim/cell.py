@@ -86,6 +86,14 @@ def parse_cell(obj: Obj) -> Cell:
     names = [g.name for g in groups]
     if len(names) != len(set(names)):
         raise fields.fail("agent_groups", "agent group names must be unique")
+    weights, quota = parse_roles(fields)
+    fields.done()
+    return Cell(name=name, groups=tuple(groups), weights=weights, quota=quota)
+
+
+def parse_roles(fields: Fields) -> tuple[dict[str, float], dict[str, Quota]]:
+    """The `roles` field (of a cell, or of a workload's `roles` record): weights
+    and quota, validated as `PUT /weights` and `PUT /quota` validate them."""
     weights: dict[str, float] = {}
     quota: dict[str, Quota] = {}
     roles = fields.sub("roles")
@@ -95,12 +103,11 @@ def parse_cell(obj: Obj) -> Cell:
             if role_fields is not None:
                 _role(role, role_fields, weights, quota)
         roles.done()
-    fields.done()
     try:
         check_quotas(quota)
     except PolicyError as exc:
         raise fields.fail("roles", str(exc)) from None
-    return Cell(name=name, groups=tuple(groups), weights=weights, quota=quota)
+    return weights, quota
 
 
 def _group(item: Any, path: str, parent: Obj) -> AgentGroup:

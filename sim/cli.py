@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="simulate a workload on a cell")
     run.add_argument("--cell", type=Path, required=True,
-                     help="cell spec (JSON) or a checkpoint (dyad sim checkpoint)")
+                     help="cell spec (JSON) or a checkpoint (dyad checkpoint save)")
     run.add_argument("--workload", type=Path, help="workload (JSON Lines); default: none")
     run.add_argument("--policy", type=Path, help="policy (JSON); default: production defaults")
     run.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("run_b", type=Path)
     fit = commands.add_parser("fit", help="how many more instances of an app fit, and where")
     fit.add_argument("--cell", type=Path, required=True,
-                     help="cell spec (JSON) or a checkpoint (dyad sim checkpoint)")
+                     help="cell spec (JSON) or a checkpoint (dyad checkpoint save)")
     fit.add_argument("--app", type=Path, required=True, help="Marathon-style app definition")
     fit.add_argument("--role", default="*", help="the service framework's role (default *)")
     fit.add_argument("--workload", type=Path, help="replay this workload first ...")
@@ -76,10 +76,31 @@ def build_parser() -> argparse.ArgumentParser:
     google.add_argument("--cell", type=Path, required=True, help="cell spec to write")
     google.add_argument("--workload", type=Path, required=True, help="workload to write")
     google.add_argument("--strict", action="store_true", help="a malformed row is fatal")
-    save = commands.add_parser("checkpoint", help="save a live master's /state to replay from")
+    save = commands.add_parser("checkpoint", help="the same as `dyad checkpoint save` "
+                                                  "(kept for scripts written before it)")
     save.add_argument("--master", required=True, help="the master's HTTP address (host:port)")
     save.add_argument("--out", type=Path, required=True, help="the checkpoint file to write")
     return parser
+
+
+def build_checkpoint_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dyad checkpoint", description="checkpoints of a live cell, for `dyad sim`")
+    commands = parser.add_subparsers(dest="command", required=True)
+    save = commands.add_parser("save", help="save a live master's /state to replay from")
+    save.add_argument("--master", required=True, help="the master's HTTP address (host:port)")
+    save.add_argument("out", type=Path, metavar="FILE", help="the checkpoint file to write")
+    return parser
+
+
+def checkpoint_main(argv: Sequence[str] | None = None) -> int:
+    """`dyad checkpoint save --master M FILE` (docs/simulator.md)."""
+    args = build_checkpoint_parser().parse_args(argv)
+    try:
+        return checkpoint(args)
+    except InputError as exc:
+        print(f"dyad checkpoint: {exc}", file=sys.stderr)
+        return 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -167,7 +188,17 @@ def summary(report: Mapping[str, Any], timing: Mapping[str, Any]) -> str:
     states = ", ".join(f"{state.removeprefix('TASK_').lower()} {n}"
                        for state, n in tasks["by_final_state"].items()) or "none ended"
     lines.append(f"tasks: {states}; running at end {tasks['running_at_end']}; "
-                 f"OOMs {tasks['ooms']}")
+                 f"OOMs {tasks['ooms']}; preemptions {tasks['preemptions']}; "
+                 f"evictions {tasks['evictions']}")
+    if tasks["revocable_launched"] or report["utilization"]["mem"]["revocable"]:
+        lines.append(f"revocable: {tasks['revocable_launched']} tasks launched on it; " + "; ".join(
+            f"{kind} lent {u['revocable']:.1%} used by borrowers {u['revocable_used']:.1%}"
+            for kind, u in sorted(report["utilization"].items())))
+    for framework, pilot in report["recommender"].items():
+        for app_id, app in pilot["apps"].items():
+            lines.append(f"recommender {framework} {app_id} ({app['mode']}): declared cpus "
+                         f"{app['declared']['cpus']:g} mem {app['declared']['mem']:g}, now cpus "
+                         f"{app['final']['cpus']:g} mem {app['final']['mem']:g}")
     jobs = report["jobs"]
     lines.append(f"jobs: {jobs['succeeded']} succeeded, {jobs['failed']} failed, "
                  f"{jobs['unfinished']} unfinished")
@@ -294,7 +325,7 @@ def comparison_rows(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[tuple[st
     row("agents", "inputs", "agents")
     row("simulated seconds", "span", "seconds")
     for kind in ("cpus", "mem"):
-        for what in ("allocated", "used", "slack", "offered"):
+        for what in ("allocated", "used", "slack", "offered", "revocable", "revocable_used"):
             row(f"{kind} {what} (mean fraction)", "utilization", kind, what)
     for band, _, _ in BANDS:
         for p in ("p50", "p90", "p99"):
@@ -303,8 +334,14 @@ def comparison_rows(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[tuple[st
                     | set(pick(b, "tasks", "by_final_state") or {}))
     for state in states:
         row(f"tasks {state}", "tasks", "by_final_state", state)
-    for what in ("running_at_end", "ooms", "preemptions", "evictions"):
+    for what in ("running_at_end", "ooms", "preemptions", "evictions", "revocable_launched"):
         row(f"tasks {what}", "tasks", what)
+    apps = sorted({(framework, app_id) for report in (a, b)
+                   for framework, pilot in (pick(report, "recommender") or {}).items()
+                   for app_id in pilot["apps"]})
+    for framework, app_id in apps:
+        for kind in ("cpus", "mem"):
+            row(f"{app_id} {kind} at end", "recommender", framework, "apps", app_id, "final", kind)
     for what in ("succeeded", "failed", "unfinished"):
         row(f"jobs {what}", "jobs", what)
     for what in ("made", "accepted", "declined", "rescinded"):

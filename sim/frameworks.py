@@ -28,22 +28,29 @@ from collections import deque
 from collections.abc import Hashable, Iterable
 from typing import Any, Protocol
 
-from dyad.effects import ArmTimer, CancelTimer, TimerFired
+import attrs
+
+from dyad.effects import ArmTimer, CancelTimer, TimerFired, TimerKey, UnknownTimer
 from dyad.messages import (
-    CommandInfo, ExecutorInfo, Filters, FrameworkInfo, MasterInfo, Message, Offer, TaskInfo,
-    TaskState, TaskStatus,
+    CommandInfo, ExecutorInfo, Filters, FrameworkInfo, MasterInfo, Message, Offer, Preempt,
+    Reason, TaskInfo, TaskState, TaskStatus,
 )
+from dyad.resources import Resources
+from frameworks.autopilot import Evaluate
 from frameworks.batch import core as batch
 from frameworks.batch.config import CoreConfig, Split
 from frameworks.batch.wire import MAP
 from frameworks.effects import LaunchTasks, perform
 from frameworks.scheduler import Scheduler
 from frameworks.service import core as service
+from master import preempting, revocable
+from master.usage.schema import UsageSample
+from sim.autopilot import Recommender, RecommenderPolicy
 from sim.engine import Engine
 from sim.nodes import SimDriver
-from sim.usage import TaskPlan
+from sim.usage import Curve, TaskPlan
 from sim.workload import (
-    AppArrival, AppDeletion, JobArrival, Shape, TasksArrival, band,
+    AppArrival, AppDeletion, JobArrival, Shape, TasksArrival, UsageSpec, band,
 )
 
 
@@ -64,7 +71,8 @@ class SimFramework(Scheduler):
     kind = ""
 
     def __init__(self, engine: Engine, name: str, role: str, priority: int, seed: int,
-                 recorder: Recorder, master_info: MasterInfo) -> None:
+                 recorder: Recorder, master_info: MasterInfo,
+                 capabilities: tuple[str, ...] = ()) -> None:
         self.engine = engine
         self.name = name
         self.role = role
@@ -72,8 +80,8 @@ class SimFramework(Scheduler):
         self.seed = seed
         self.recorder = recorder
         self.timer_owner = f"{name}/core"
-        self.driver = SimDriver(engine, f"fw:{name}", FrameworkInfo(name=name, roles=[role]),
-                                self, master_info)
+        self.driver = SimDriver(engine, f"fw:{name}", FrameworkInfo(
+            name=name, roles=[role], capabilities=list(capabilities)), self, master_info)
         engine.add_node(self.timer_owner, self)
 
     def start(self, now: float) -> None:
@@ -83,14 +91,16 @@ class SimFramework(Scheduler):
         return random.Random(f"{self.seed}/{self.name}/{task_id}")
 
     def plan_shape(self, shape: Shape, index: int, task: TaskInfo,
-                   data: bytes = b"") -> TaskPlan:
-        rng = self.rng(task.task_id)
+                   data: bytes = b"", draw_as: str = "") -> TaskPlan:
+        """`draw_as`: the task id whose draws to take (a relaunch repeats its
+        first launch's duration and fate)."""
+        rng = self.rng(draw_as or task.task_id)
         duration = None if shape.duration is None else shape.duration.draw(index, rng)
         failed = shape.fail > 0 and rng.random() < shape.fail
         return TaskPlan(
             duration=duration,
-            cpus=shape.cpus_usage.resolve(task.resources.get("cpus")),
-            mem=shape.mem_usage.resolve(task.resources.get("mem")),
+            cpus=_usage(shape.cpus_usage, shape.cpus, task.resources.get("cpus")),
+            mem=_usage(shape.mem_usage, shape.mem, task.resources.get("mem")),
             end=TaskState.TASK_FAILED if failed else TaskState.TASK_FINISHED,
             data=b"" if failed else data, message="simulated failure" if failed else "")
 
@@ -119,11 +129,24 @@ class SimFramework(Scheduler):
             self.engine.cancel(self.timer_owner, effect.key)
 
 
+def _usage(spec: UsageSpec, declared: float, given: float) -> Curve:
+    """A fraction is of what the workload declared (so a task the recommender
+    resized keeps using what it did); no curve means all the task was given."""
+    return spec.resolve(given if spec.curve is None else declared)
+
+
 # ------------------------------------------------------------------------ greedy
 
 
 SCAN = 1000
 """Queued tasks the greedy framework looks at per offer (first fit)."""
+
+MASTER = "master"
+
+
+@attrs.frozen
+class AskPreempt(TimerKey):
+    """An asker's next look at its oldest waiting task."""
 
 
 class GreedyFramework(SimFramework):
@@ -131,55 +154,62 @@ class GreedyFramework(SimFramework):
     that wait), at most `per_offer` (of the oldest waiting arrival) per offer, and
     refuses the rest of each offer for the arrival's `refuse_seconds`: small
     steps, so the allocator's DRF order decides who gets what. Suppresses offers
-    while nothing waits; a failed task is not retried."""
+    while nothing waits; a failed task is not retried.
+
+    A *borrower* (oversubscription on, sim/policy.py) has the REVOCABLE_RESOURCES
+    capability: what an offer's non-revocable part cannot hold it launches on
+    the offer's revocable part (`TaskInfo.revocable`). A task killed with
+    REASON_CONTAINER_PREEMPTED (a QoS eviction or a master preemption) goes back
+    to the head of the queue and is relaunched later with the same plan (a
+    fresh run, as a batch framework retries it). An *asker* (preemption on,
+    `preemption.askers`) has the PREEMPTION capability and, while its oldest
+    waiting task has waited `preemption.ask_after`, sends the master a `Preempt`
+    for it every `ask_after` seconds."""
 
     kind = "tasks"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._queue: deque[tuple[float, TasksArrival, int]] = deque()
-        self._plans: dict[str, tuple[TasksArrival, int]] = {}
+    def __init__(self, engine: Engine, name: str, role: str, priority: int, seed: int,
+                 recorder: Recorder, master_info: MasterInfo, borrower: bool = False,
+                 ask_after: float | None = None) -> None:
+        capabilities = ((revocable.CAPABILITY,) if borrower else ()) + (
+            (preempting.CAPABILITY,) if ask_after is not None else ())
+        super().__init__(engine, name, role, priority, seed, recorder, master_info,
+                         capabilities)
+        self.ask_after = ask_after
+        # (wanted since, arrival, index, the first launch's task id or "")
+        self._queue: deque[tuple[float, TasksArrival, int, str]] = deque()
+        self._plans: dict[str, tuple[TasksArrival, int, str]] = {}
         self._launched = 0
         self._suppressed = False
+        self.borrower = borrower
+        self.asked = 0
 
     def add(self, arrival: TasksArrival, now: float) -> None:
-        self._queue.extend((now, arrival, i) for i in range(arrival.count))
+        self._queue.extend((now, arrival, i, "") for i in range(arrival.count))
+        self._revive()
+
+    def _revive(self) -> None:
         if self._suppressed:
             self._suppressed = False
             self.driver.revive_offers()
+        if self.ask_after is not None and not self.engine.armed(self.timer_owner, AskPreempt()):
+            self.engine.arm(self.timer_owner, AskPreempt(), self.engine.now + self.ask_after)
 
     def waiting(self) -> int:
         return len(self._queue)
 
     def live(self) -> int:
         """Tasks launched and not yet ended, of those that end by themselves."""
-        return sum(1 for arrival, _ in self._plans.values() if arrival.shape.duration is not None)
+        return sum(1 for arrival, _, _ in self._plans.values()
+                   if arrival.shape.duration is not None)
 
     def resource_offers(self, driver: Any, offers: list[Offer]) -> None:
-        now = self.engine.now
         for offer in offers:
-            left = offer.resources
-            tasks: list[TaskInfo] = []
             refuse = self._queue[0][1].refuse_seconds if self._queue else 1.0
             per_offer = self._queue[0][1].per_offer if self._queue else 0
-            # First fit over the head of the queue, so one big task does not
-            # block the small ones behind it.
-            position = 0
-            while position < min(len(self._queue), SCAN) and len(tasks) < per_offer:
-                since, arrival, index = self._queue[position]
-                need = arrival.shape.resources
-                if not need <= left or arrival.agent not in (None, offer.hostname):
-                    position += 1
-                    continue
-                del self._queue[position]
-                left = left - need
-                self._launched += 1
-                task_id = f"{self.name}-{self._launched:06d}"
-                self._plans[task_id] = (arrival, index)
-                tasks.append(TaskInfo(task_id=task_id, name=f"{self.name} task",
-                                      agent_id=offer.agent_id, resources=need,
-                                      command=CommandInfo(shell="sim")))
-                self.recorder.launched(self.band, now - since)
+            tasks = self._fill(offer, offer.resources, per_offer, False)
+            if self.borrower and offer.revocable:
+                tasks += self._fill(offer, offer.revocable, per_offer - len(tasks), True)
             if tasks:
                 driver.launch_tasks([offer.id], tasks, Filters(refuse_seconds=refuse))
             else:
@@ -188,17 +218,64 @@ class GreedyFramework(SimFramework):
             self._suppressed = True
             driver.suppress_offers()
 
+    def _fill(self, offer: Offer, left: Resources, most: int, on_revocable: bool
+              ) -> list[TaskInfo]:
+        """First fit over the head of the queue, so one big task does not block
+        the small ones behind it."""
+        now = self.engine.now
+        tasks: list[TaskInfo] = []
+        position = 0
+        while position < min(len(self._queue), SCAN) and len(tasks) < most:
+            since, arrival, index, first = self._queue[position]
+            need = arrival.shape.resources
+            if not need <= left or arrival.agent not in (None, offer.hostname) or (
+                    on_revocable and need.names() - set(revocable.LENT_KINDS)):
+                position += 1
+                continue
+            del self._queue[position]
+            left = left - need
+            self._launched += 1
+            task_id = f"{self.name}-{self._launched:06d}"
+            self._plans[task_id] = (arrival, index, first or task_id)
+            tasks.append(TaskInfo(task_id=task_id, name=f"{self.name} task",
+                                  agent_id=offer.agent_id, resources=need,
+                                  command=CommandInfo(shell="sim"), priority=arrival.priority,
+                                  revocable=on_revocable))
+            if not first:
+                self.recorder.launched(self.band, now - since)
+        return tasks
+
     def plan(self, task: TaskInfo) -> TaskPlan:
-        arrival, index = self._plans[task.task_id]
-        return self.plan_shape(arrival.shape, index, task)
+        arrival, index, first = self._plans[task.task_id]
+        return self.plan_shape(arrival.shape, index, task, draw_as=first)
 
     def status_update(self, driver: Any, status: TaskStatus) -> None:
         super().status_update(driver, status)
-        if status.state.is_terminal:
-            self._plans.pop(status.task_id, None)
+        if not status.state.is_terminal:
+            return
+        launched = self._plans.pop(status.task_id, None)
+        if launched is not None and status.reason == Reason.CONTAINER_PREEMPTED:
+            arrival, index, first = launched
+            self._queue.appendleft((self.engine.now, arrival, index, first))
+            self._revive()
 
     def fire(self, key: Hashable, now: float) -> None:
-        raise AssertionError(f"the greedy framework arms no timers ({key!r})")
+        """An asker (preemption policy): its oldest waiting task has waited
+        `ask_after`: ask the master to make room for it (`Preempt`)."""
+        match key:
+            case AskPreempt():
+                if not self._queue or self.driver.framework_id is None:
+                    return
+                since, arrival, _, _ = self._queue[0]
+                assert self.ask_after is not None
+                if now - since >= self.ask_after:
+                    self.asked += 1
+                    self.engine.send(self.driver.name, MASTER, Preempt(
+                        framework_id=self.driver.framework_id,
+                        resources=arrival.shape.resources, priority=arrival.priority))
+                self.engine.arm(self.timer_owner, key, now + self.ask_after)
+            case _:
+                raise UnknownTimer("GreedyFramework", key)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------- batch
@@ -206,14 +283,17 @@ class GreedyFramework(SimFramework):
 
 class BatchFramework(SimFramework):
     """One MapReduce job on the real `frameworks.batch.core.BatchCore`; like
-    `dyad-batch`, the job is its own framework and tears itself down when done."""
+    `dyad-batch`, the job is its own framework and tears itself down when done.
+    A *borrower* (oversubscription on) runs with the core's `revocable` option:
+    what an offer's ordinary part cannot hold runs on its revocable part."""
 
     kind = "job"
 
     def __init__(self, engine: Engine, job: JobArrival, seed: int, recorder: Recorder,
-                 master_info: MasterInfo, refuse_seconds: float, locality_wait: float) -> None:
-        super().__init__(engine, f"dyad-batch:{job.name}", job.role, job.priority, seed,
-                         recorder, master_info)
+                 master_info: MasterInfo, refuse_seconds: float, locality_wait: float,
+                 borrower: bool = False) -> None:
+        super().__init__(engine, job_framework(job), job.role, job.priority, seed,
+                         recorder, master_info, (revocable.CAPABILITY,) if borrower else ())
         self.job = job
         self.arrived = engine.now
         self.core = batch.BatchCore(CoreConfig(
@@ -226,7 +306,8 @@ class BatchFramework(SimFramework):
             map_resources=job.map.resources, reduce_resources=job.reduce.resources,
             job_payload="{}", output=f"/sim/{job.name}/output", max_attempts=job.max_attempts,
             locality_wait=locality_wait, refuse_seconds=refuse_seconds,
-            starvation_timeout=job.starvation_timeout))
+            starvation_timeout=job.starvation_timeout, priority=job.priority,
+            revocable=borrower))
         self._maps_done: set[int] = set()
         self._reduces_since: float | None = None
         self.done: batch.JobDone | None = None
@@ -303,6 +384,11 @@ class BatchFramework(SimFramework):
         self.engine.call_at(self.engine.now, lambda now: self.driver.stop())
 
 
+def job_framework(job: JobArrival) -> str:
+    """A job's framework name, as `dyad-batch` subscribes it."""
+    return f"dyad-batch:{job.name}"
+
+
 def _attempt(task_id: str) -> tuple[str, int, int]:
     """``map-00007-2`` -> ("map", 7, 2)."""
     kind, index, attempt = task_id.rsplit("-", 2)
@@ -315,12 +401,14 @@ def _attempt(task_id: str) -> tuple[str, int, int]:
 class ServiceFramework(SimFramework):
     """The real `frameworks.service.core.ServiceCore` with the workload's apps put
     to it as `PUT /v2/apps?force=true` would (a workload does not wait for a
-    deployment to finish before the next change)."""
+    deployment to finish before the next change). With a `recommender` policy
+    the Autopilot right-sizes its apps as `dyad-service` does (sim/autopilot.py)."""
 
     kind = "service"
 
     def __init__(self, engine: Engine, name: str, role: str, seed: int, recorder: Recorder,
-                 master_info: MasterInfo, refuse_seconds: float) -> None:
+                 master_info: MasterInfo, refuse_seconds: float,
+                 recommender: RecommenderPolicy | None = None) -> None:
         super().__init__(engine, name, role, 200, seed, recorder, master_info)
         counter = iter(range(1, 1 << 62))
         self.core = service.ServiceCore(service.ServiceConfig(refuse_seconds=refuse_seconds),
@@ -329,10 +417,13 @@ class ServiceFramework(SimFramework):
         self._since: dict[str, deque[float]] = {}  # app -> when each wanted task was wanted
         self.refused_commands = 0
         self.persisted = 0
+        self.recommender = None if recommender is None else Recommender(
+            recommender, self.core, self._timer, self._run)
 
     def put(self, arrival: AppArrival, now: float) -> None:
         self._apps[arrival.app.id] = arrival
-        self._execute(service.PutApp(arrival.app, force=True), now)
+        app = arrival.app if self.recommender is None else self.recommender.follow(arrival.app)
+        self._execute(service.PutApp(app, force=True), now)
 
     def delete(self, deletion: AppDeletion, now: float) -> None:
         self._execute(service.DeleteApp(deletion.app_id, force=True), now)
@@ -340,13 +431,23 @@ class ServiceFramework(SimFramework):
     def waiting(self) -> int:
         return sum(len(q) for q in self._since.values())
 
+    def usage(self, samples: tuple[UsageSample, ...], now: float) -> None:
+        """Usage-store rows from the master (only with a recommender)."""
+        if self.recommender is not None:
+            self.recommender.sampled(samples, self.driver.framework_id, now)
+
     def _execute(self, command: service.Command, now: float) -> None:
         try:
-            outcome = self.core.execute(command, now)
+            self._run(command, now)
         except service.ServiceError:
             self.refused_commands += 1
-            return
+
+    def _run(self, command: service.Command, now: float) -> service.CommandResult:
+        outcome = self.core.execute(command, now)
         self._perform(outcome.effects)
+        if self.recommender is not None:
+            self.recommender.after(now)
+        return outcome
 
     def registered(self, driver: Any, framework_id: str, master_info: MasterInfo) -> None:
         self._handle(service.Registered(framework_id))
@@ -362,21 +463,27 @@ class ServiceFramework(SimFramework):
 
     def status_update(self, driver: Any, status: TaskStatus) -> None:
         super().status_update(driver, status)
-        self._handle(service.StatusReceived(status))
+        oom = ([] if self.recommender is None
+               else self.recommender.before_status(status, self.engine.now))
+        self._handle(service.StatusReceived(status), oom)
 
     def agent_lost(self, driver: Any, agent_id: str) -> None:
         self._handle(service.AgentLost(agent_id))
 
     def fire(self, key: Hashable, now: float) -> None:
-        self._handle(TimerFired(key))
+        if isinstance(key, Evaluate) and self.recommender is not None:
+            self.recommender.fire(key, now)
+        else:
+            self._handle(TimerFired(key))
 
     def plan(self, task: TaskInfo) -> TaskPlan:
         arrival = self._apps[task.name]
         return self.plan_shape(arrival.task, 0, task)
 
-    def _handle(self, event: service.Event) -> None:
+    def _handle(self, event: service.Event, before: list[Any] | None = None) -> None:
         self._perform(self.core.handle(event, self.engine.now))
-
+        if self.recommender is not None:
+            self.recommender.after(self.engine.now, before or [])
     def _perform(self, effects: list[service.Effect]) -> None:
         launched: dict[str, int] = {}
         for effect in effects:

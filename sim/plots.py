@@ -37,6 +37,9 @@ def _utilization(path: Path, hours: list[float], fractions: Mapping[str, Any]) -
         ax.plot(hours, lines["offered"], label="offered", color="tab:orange", linewidth=0.8)
         ax.fill_between(hours, lines["used"], lines["allocated"], color="tab:blue", alpha=0.15,
                         label="slack")
+        if any(lines.get("revocable_used", ())):  # oversubscription: what borrowers use
+            ax.plot(hours, lines["revocable_used"], label="used on revocable",
+                    color="tab:purple", linewidth=0.8)
         ax.set_ylim(0, 1.05)
         ax.set_ylabel(f"{kind} (fraction of cell)")
         ax.grid(alpha=0.3)

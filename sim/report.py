@@ -35,9 +35,12 @@ class Recorder:
 
     def __init__(self) -> None:
         self.running = 0
-        self._constant = {kind: 0.0 for kind in KINDS}
-        self._varying: dict[tuple[str, str], tuple[float, TaskPlan]] = {}
-        self._plans: dict[tuple[str, str], TaskPlan] = {}
+        # Usage of tasks with constant curves, summed; others are read at each sample.
+        # Index 1: tasks on revocable resources.
+        self._constant = [{kind: 0.0 for kind in KINDS}, {kind: 0.0 for kind in KINDS}]
+        self._varying: dict[tuple[str, str], tuple[float, TaskPlan, bool]] = {}
+        self._plans: dict[tuple[str, str], tuple[TaskPlan, bool]] = {}
+        self.revocable_launched = 0
         self.pending: dict[str, list[float]] = {name: [] for name, _, _ in BANDS}
         self.final: Counter[str] = Counter()
         self.reasons: Counter[str] = Counter()
@@ -45,28 +48,36 @@ class Recorder:
         self.jobs: dict[str, tuple[bool, str, float]] = {}
 
     # agents (sim.agent.Observer)
-    def task_started(self, key: tuple[str, str], plan: TaskPlan, now: float) -> None:
+    def task_started(self, key: tuple[str, str], plan: TaskPlan, now: float,
+                     revocable: bool = False) -> None:
         self.running += 1
-        self._plans[key] = plan
+        self.revocable_launched += revocable
+        self._plans[key] = (plan, revocable)
         if plan.cpus.is_constant and plan.mem.is_constant:
-            self._constant["cpus"] += plan.cpus.values[0]
-            self._constant["mem"] += plan.mem.values[0]
+            constant = self._constant[revocable]
+            constant["cpus"] += plan.cpus.values[0]
+            constant["mem"] += plan.mem.values[0]
         else:
-            self._varying[key] = (now, plan)
+            self._varying[key] = (now, plan, revocable)
 
     def task_stopped(self, key: tuple[str, str], now: float) -> None:
         self.running -= 1
-        plan = self._plans.pop(key)
+        plan, revocable = self._plans.pop(key)
         if self._varying.pop(key, None) is None:
-            self._constant["cpus"] -= plan.cpus.values[0]
-            self._constant["mem"] -= plan.mem.values[0]
+            constant = self._constant[revocable]
+            constant["cpus"] -= plan.cpus.values[0]
+            constant["mem"] -= plan.mem.values[0]
 
     def usage(self, now: float) -> dict[str, float]:
-        cpus, mem = self._constant["cpus"], self._constant["mem"]
-        for started, plan in self._varying.values():
-            cpus += plan.cpus.at(now - started)
-            mem += plan.mem.at(now - started)
-        return {"cpus": max(0.0, cpus), "mem": max(0.0, mem)}
+        """What running tasks use (`cpus`, `mem`) and, of that, tasks on revocable
+        resources (`revocable_cpus`, `revocable_mem`)."""
+        sums = [[c["cpus"], c["mem"]] for c in self._constant]
+        for started, plan, revocable in self._varying.values():
+            sums[revocable][0] += plan.cpus.at(now - started)
+            sums[revocable][1] += plan.mem.at(now - started)
+        owners, lent = sums
+        return {"cpus": max(0.0, owners[0] + lent[0]), "mem": max(0.0, owners[1] + lent[1]),
+                "revocable_cpus": max(0.0, lent[0]), "revocable_mem": max(0.0, lent[1])}
 
     # frameworks (sim.frameworks.Recorder)
     def launched(self, band_name: str, waited: float) -> None:
@@ -94,6 +105,10 @@ class Series:
     allocated: dict[str, list[float]] = attrs.field(factory=lambda: {k: [] for k in KINDS})
     offered: dict[str, list[float]] = attrs.field(factory=lambda: {k: [] for k in KINDS})
     used: dict[str, list[float]] = attrs.field(factory=lambda: {k: [] for k in KINDS})
+    # Revocable: what agents lend, what revocable tasks hold, and use.
+    lent: dict[str, list[float]] = attrs.field(factory=lambda: {k: [] for k in KINDS})
+    lent_allocated: dict[str, list[float]] = attrs.field(factory=lambda: {k: [] for k in KINDS})
+    lent_used: dict[str, list[float]] = attrs.field(factory=lambda: {k: [] for k in KINDS})
     shares: dict[str, list[float]] = attrs.field(factory=dict)
     running: list[int] = attrs.field(factory=list)
     waiting: list[int] = attrs.field(factory=list)
@@ -107,6 +122,9 @@ class Series:
             self.allocated[kind].append(metrics[f"master/{kind}_used"])
             self.offered[kind].append(metrics[f"master/{kind}_offered"])
             self.used[kind].append(usage[kind])
+            self.lent[kind].append(metrics.get(f"master/{kind}_revocable", 0.0))
+            self.lent_allocated[kind].append(metrics.get(f"master/{kind}_revocable_used", 0.0))
+            self.lent_used[kind].append(usage.get(f"revocable_{kind}", 0.0))
         for role, share in shares.items():
             self.shares.setdefault(role, [0.0] * index).append(share)
         for role, values in self.shares.items():
@@ -139,19 +157,28 @@ def _mean(values: list[float]) -> float:
 
 def build_report(*, inputs: Mapping[str, Any], span: float, stopped: str, series: Series,
                  recorder: Recorder, master_metrics: Mapping[str, float],
-                 counters: Mapping[str, int], unfinished_jobs: list[str]) -> dict[str, Any]:
+                 counters: Mapping[str, int], unfinished_jobs: list[str],
+                 recommender: Mapping[str, Any] | None = None) -> dict[str, Any]:
     utilization: dict[str, dict[str, float]] = {}
     fractions: dict[str, dict[str, list[float]]] = {}
     for kind in KINDS:
         alloc = _fraction(series.allocated[kind], series.total[kind])
         used = _fraction(series.used[kind], series.total[kind])
         offered = _fraction(series.offered[kind], series.total[kind])
-        slack = [a - u for a, u in zip(alloc, used)]
-        fractions[kind] = {"allocated": alloc, "used": used, "offered": offered, "slack": slack}
+        lent = _fraction(series.lent[kind], series.total[kind])
+        lent_alloc = _fraction(series.lent_allocated[kind], series.total[kind])
+        lent_used = _fraction(series.lent_used[kind], series.total[kind])
+        # Revocable tasks are not in the master's allocation: slack is the owners'.
+        slack = [a - (u - r) for a, u, r in zip(alloc, used, lent_used)]
+        fractions[kind] = {"allocated": alloc, "used": used, "offered": offered, "slack": slack,
+                           "revocable": lent, "revocable_allocated": lent_alloc,
+                           "revocable_used": lent_used}
         utilization[kind] = {"allocated": _mean(alloc), "used": _mean(used),
                              "offered": _mean(offered), "slack": _mean(slack),
                              "peak_allocated": max(alloc, default=0.0),
-                             "peak_used": max(used, default=0.0)}
+                             "peak_used": max(used, default=0.0),
+                             "revocable": _mean(lent), "revocable_allocated": _mean(lent_alloc),
+                             "revocable_used": _mean(lent_used)}
     jobs = recorder.jobs
     report = {
         "format": FORMAT,
@@ -163,7 +190,10 @@ def build_report(*, inputs: Mapping[str, Any], span: float, stopped: str, series
                   "by_reason": dict(sorted(recorder.reasons.items())),
                   "running_at_end": recorder.running,
                   "ooms": recorder.reasons.get(Reason.CONTAINER_LIMITATION_MEMORY, 0),
-                  "preemptions": 0, "evictions": 0},
+                  # The master's guarantee/asked preemptions; the agents' QoS evictions.
+                  "preemptions": master_metrics.get("master/preemptions", 0),
+                  "evictions": counters.get("agents/evictions", 0),
+                  "revocable_launched": recorder.revocable_launched},
         "jobs": {"succeeded": sum(1 for ok, _, _ in jobs.values() if ok),
                  "failed": sum(1 for ok, _, _ in jobs.values() if not ok),
                  "unfinished": len(unfinished_jobs),
@@ -173,6 +203,7 @@ def build_report(*, inputs: Mapping[str, Any], span: float, stopped: str, series
                    "accepted": master_metrics.get("master/offers_accepted", 0),
                    "declined": master_metrics.get("master/offers_declined", 0),
                    "rescinded": master_metrics.get("master/offers_rescinded", 0)},
+        "recommender": dict(recommender or {}),
         "master": {key: value for key, value in sorted(master_metrics.items())
                    if _deterministic_metric(key)},
         "simulator": dict(sorted(counters.items())),

@@ -21,18 +21,26 @@ from typing import Any
 
 from dyad.ids import IdGenerator
 from dyad.messages import Address, FrameworkInfo, MasterInfo, TaskInfo
+from dyad.priority import PRODUCTION_MIN
 from master.operator import SetQuota, SetWeights
 from master.model import VERSION
 from master.state import MasterState
 from sim.agent import AgentSettings, SimAgent
+from sim.autopilot import RecommenderPolicy, UsageTap
 from sim.cell import Cell
 from sim.engine import Engine, SimulationError
-from sim.frameworks import BatchFramework, GreedyFramework, ServiceFramework, SimFramework
+from sim.frameworks import (
+    BatchFramework, GreedyFramework, ServiceFramework, SimFramework, job_framework,
+)
 from sim.nodes import AgentNode, MasterNode
 from sim.policy import Policy
 from sim.report import Recorder, Series, build_report, capacity_json
 from sim.usage import TaskPlan
-from sim.workload import AppArrival, AppDeletion, Arrival, JobArrival, TasksArrival, Workload
+from sim.workload import (
+    AppArrival, AppDeletion, Arrival, JobArrival, RolesChange, TasksArrival, Workload,
+)
+
+REFUSED_PREEMPT = "master rejected preempt"
 
 HORIZON = 86_400.0
 """Without an end, a run stops at most this long after the last arrival."""
@@ -44,13 +52,14 @@ def master_info() -> MasterInfo:
                       address=Address(hostname="sim-master", ip="127.0.0.1", port=5050))
 
 
-def apply_operator_policy(master: MasterNode, cell: Cell) -> None:
-    """The cell's weights and quota, set the way an operator would (`PUT /weights`,
-    `PUT /quota`)."""
+def apply_operator_policy(master: MasterNode, cell: Cell | RolesChange, now: float = 0.0
+                          ) -> None:
+    """The cell's (or a `roles` record's) weights and quota, set the way an
+    operator would (`PUT /weights`, `PUT /quota`)."""
     for request in (SetWeights(cell.weights), SetQuota(cell.quota)):
         if not (request.weights if isinstance(request, SetWeights) else request.quotas):
             continue
-        reply = master.call(request, 0.0)
+        reply = master.call(request, now)
         if not reply.ok:
             raise SimulationError(f"the master refused the cell's {type(request).__name__}: "
                                   f"{reply.error}")
@@ -66,14 +75,19 @@ class Simulation:
         self.inputs = inputs or {}
         self.engine = Engine(latency=policy.latency, codec=policy.codec)
         self.info = master_info()
-        self.master = MasterNode(self.engine, MasterState(
+        self.master = UsageTap(self.engine, MasterState(
             policy.master_config(), self.info, IdGenerator("sim"), start_time=0.0),
             validate=validate)
         apply_operator_policy(self.master, cell)
         self.recorder = Recorder()
         self.series = Series()
         settings = AgentSettings(launch_delay=policy.launch_delay,
-                                 usage_report_interval=policy.usage_report_interval)
+                                 usage_report_interval=policy.report_interval_of_agents,
+                                 reclaim=policy.reclaim if policy.oversubscription else None,
+                                 qos=policy.qos)
+        self._recommender = (RecommenderPolicy(policy.autopilot, policy.recommender_mode,
+                                               policy.recommender_apps)
+                             if policy.recommender else None)
         self.agents: list[AgentNode] = []
         for info in cell.agents():
             agent = SimAgent(info, self._plan, settings, self.recorder)
@@ -116,13 +130,19 @@ class Simulation:
         for node in self.agents:
             for key, value in node.agent.counters.items():
                 counters[f"agents/{key}"] = counters.get(f"agents/{key}", 0) + value
+        # A refused `Preempt` comes back as a driver error; it is the master's
+        # answer (counted in master/preemptions_refused), not a protocol fault.
         counters["frameworks/driver_errors"] = sum(
-            len(f.driver.errors) for f in self.frameworks.values())
+            1 for f in self.frameworks.values() for e in f.driver.errors
+            if not e.startswith(REFUSED_PREEMPT))
         unfinished = sorted(name for name, f in self.frameworks.items()
                             if isinstance(f, BatchFramework) and f.done is None)
+        recommender = {name: f.recommender.report() for name, f in sorted(self.frameworks.items())
+                       if isinstance(f, ServiceFramework) and f.recommender is not None}
         return build_report(inputs=inputs, span=span, stopped=self.stopped, series=self.series,
                             recorder=self.recorder, master_metrics=self.master.state.metrics(),
-                            counters=counters, unfinished_jobs=unfinished)
+                            counters=counters, unfinished_jobs=unfinished,
+                            recommender=recommender)
 
     # -------------------------------------------------------------- arrivals
 
@@ -132,16 +152,22 @@ class Simulation:
             if isinstance(arrival, JobArrival):
                 framework = BatchFramework(self.engine, arrival, self.seed, self.recorder,
                                            self.info, self.policy.batch_refuse_seconds,
-                                           self.policy.batch_locality_wait)
+                                           self.policy.batch_locality_wait,
+                                           self._borrower(job_framework(arrival),
+                                                          arrival.priority))
                 self._add(framework, now)
             elif isinstance(arrival, AppArrival):
                 framework = self.frameworks.get(arrival.framework)
                 if framework is None:
                     framework = self._add(ServiceFramework(
                         self.engine, arrival.framework, arrival.role, self.seed, self.recorder,
-                        self.info, self.policy.service_refuse_seconds), now)
+                        self.info, self.policy.service_refuse_seconds, self._recommender), now)
+                    if self._recommender is not None:
+                        self.master.listeners.append(framework.usage)
                 assert isinstance(framework, ServiceFramework)
                 framework.put(arrival, now)
+            elif isinstance(arrival, RolesChange):
+                apply_operator_policy(self.master, arrival, now)
             elif isinstance(arrival, AppDeletion):
                 framework = self.frameworks[arrival.framework]
                 assert isinstance(framework, ServiceFramework)
@@ -151,10 +177,28 @@ class Simulation:
                 if framework is None:
                     framework = self._add(GreedyFramework(
                         self.engine, arrival.framework, arrival.role, arrival.priority,
-                        self.seed, self.recorder, self.info), now)
+                        self.seed, self.recorder, self.info,
+                        self._borrower(arrival.framework, arrival.priority),
+                        self._ask_after(arrival)), now)
                 assert isinstance(framework, GreedyFramework)
                 framework.add(arrival, now)
         return arrive
+
+    def _borrower(self, framework: str, priority: int) -> bool:
+        """Whether a `tasks` or job framework runs on revocable resources: with
+        oversubscription on, those the policy names, else those below the
+        production band (Borg puts non-production work in reclaimed room)."""
+        if not self.policy.oversubscription:
+            return False
+        if self.policy.borrowers is not None:
+            return framework in self.policy.borrowers
+        return priority < PRODUCTION_MIN
+
+    def _ask_after(self, arrival: TasksArrival) -> float | None:
+        policy = self.policy
+        if policy.preemption.enabled and arrival.framework in policy.askers:
+            return policy.ask_after
+        return None
 
     def _add(self, framework: SimFramework, now: float) -> SimFramework:
         if framework.name in self.frameworks:

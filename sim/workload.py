@@ -14,6 +14,8 @@ line). Kinds:
 - ``tasks``: ``count`` independent tasks of one shape for a simple greedy
   framework (``framework``) that launches at most ``per_offer`` per offer
   (only on the agent named ``agent``, if given).
+- ``roles``: per role an optional ``weight`` and ``quota`` (as in the cell
+  spec), set at ``at`` as an operator would.
 - ``end``: the simulated span ends at ``at``.
 
 A task shape: ``cpus``, ``mem``, optional ``disk``, ``duration`` (seconds: a
@@ -35,7 +37,8 @@ import attrs
 
 from dyad.resources import Resources
 from frameworks.service.appdef import AppDefinition, AppInvalid, parse_app
-from master.allocator import role_problem
+from master.allocator import Quota, role_problem
+from sim.cell import parse_roles
 from sim.inputs import (
     Fields, InputError, Obj, integer, number, parse_line, string,
 )
@@ -164,7 +167,18 @@ class TasksArrival:
     agent: str | None = None  # launch only on the agent with this hostname
 
 
-Arrival = JobArrival | AppArrival | AppDeletion | TasksArrival
+@attrs.frozen
+class RolesChange:
+    """An operator's `PUT /weights` and `PUT /quota` at `at` (roles not named keep
+    theirs)."""
+
+    at: float
+    where: str
+    weights: dict[str, float]
+    quota: dict[str, Quota]
+
+
+Arrival = JobArrival | AppArrival | AppDeletion | TasksArrival | RolesChange
 
 
 @attrs.frozen
@@ -239,8 +253,12 @@ def _record(obj: Obj, frameworks: dict[str, tuple[str, str]]) -> Arrival | float
     elif kind == "tasks":
         record = _tasks(fields, at)
         _claim(fields, frameworks, record.framework, "tasks", record.role)
+    elif kind == "roles":
+        weights, quota = parse_roles(fields)
+        record = RolesChange(at=at, where=obj.where, weights=weights, quota=quota)
     else:
-        raise fields.fail("kind", f"unknown kind {kind!r} (job, app, app_delete, tasks, end)")
+        raise fields.fail("kind", f"unknown kind {kind!r} "
+                                  "(job, app, app_delete, tasks, roles, end)")
     fields.done()
     return record
 

@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--priority", type=_priority, default=priorities.DEFAULT_BATCH,
                         help="task priority, an integer or a band name (default 100, "
                              "the batch band; see docs/oversubscription.md)")
+    submit.add_argument("--revocable", action="store_true",
+                        help="also run tasks on revocable resources (idle reservations "
+                             "the agents lend; evicted tasks are retried, not charged)")
     submit.add_argument("--locality-wait", type=_duration, default=1.0,
                         help="how long maps wait for a data-local offer (default 1s; 0: off)")
     submit.add_argument("--speculative", action="store_true",
@@ -133,6 +136,7 @@ def _job(args: argparse.Namespace) -> Job:
                max_attempts=args.max_attempts, locality_wait=args.locality_wait,
                speculative=args.speculative, split_size=args.split_size,
                output_format=args.format, priority=args.priority,
+               revocable=args.revocable,
                executor_image=args.executor_image, executor_python=args.executor_python,
                executor_volumes=args.executor_volume, executor_env=dict(args.executor_env))
 

@@ -51,6 +51,7 @@ class CoreConfig:
     refuse_seconds: float = 5.0
     starvation_timeout: float = 60.0
     priority: int = 100  # every task's TaskInfo.priority (dyad/priority.py)
+    revocable: bool = False  # also run tasks on offers' revocable resources
 
     def __attrs_post_init__(self) -> None:
         if not self.splits:

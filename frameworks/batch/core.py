@@ -39,7 +39,17 @@ a lost agent runs again if any reduce still needs it. A reduce that cannot fetch
 map's output reports which outputs it could not fetch (`FETCH_FAILED_KEY` in its
 TASK_FAILED data): those maps run again, and that reduce failure is not held
 against the reduce. Losing an output counts as a failure of the map, which bounds
-re-runs.
+re-runs. A *preempted* attempt (TASK_KILLED with REASON_CONTAINER_PREEMPTED: the
+agent took back revocable resources, or the master made room for more important
+work) is no failure either: the task is pending again at once, anywhere, and
+`max_attempts` is not charged.
+
+**Revocable resources** (`CoreConfig.revocable`, off by default): the framework
+then opts in (REVOCABLE_RESOURCES) and a task that does not fit an offer's
+ordinary resources runs on its revocable part (`TaskInfo.revocable`), which the
+agent may take back at any time (a preemption, above). The executor always comes
+from the ordinary part: the master does not launch executors on revocable
+resources.
 
 **Speculation** (optional): when no task of the running phase is waiting for a slot,
 a task running for more than `SPECULATIVE_FACTOR` times the median duration of its
@@ -61,7 +71,7 @@ from typing import Any
 import attrs
 
 from dyad.effects import ArmTimer, TimerFired, TimerKey, UnknownTimer
-from dyad.messages import Offer, Source, TaskInfo, TaskState, TaskStatus
+from dyad.messages import Offer, Reason, Source, TaskInfo, TaskState, TaskStatus
 from dyad.resources import Resources
 from frameworks.batch.config import CoreConfig
 from frameworks.batch.wire import MAP, REDUCE, parse_fetch_failures, parse_result, task_data
@@ -165,6 +175,7 @@ class _Fill:
 
     offer: Offer
     left: Resources
+    left_revocable: Resources
     executor_here: bool
     tasks: list[TaskInfo] = attrs.field(factory=list)
     refuse: float = 0.0
@@ -217,6 +228,8 @@ class Progress:
     reduces_running: int
     failed_attempts: int
     refused_launches: int
+    preempted_attempts: int
+    revocable_launches: int
     maps_rerun: int
     speculative_attempts: int
     local_maps: int
@@ -259,6 +272,8 @@ class BatchCore:
         self._too_small: Resources | None = None  # biggest offer a task did not fit
         self.failed_attempts = 0
         self.refused_launches = 0
+        self.preempted_attempts = 0
+        self.revocable_launches = 0
         self._backoff_until: float | None = None  # the earliest end of a refusal backoff
         self.maps_rerun = 0
         self.speculative_attempts = 0
@@ -309,8 +324,9 @@ class BatchCore:
         for offer in offers:
             self._agents[offer.agent_id] = offer.hostname
             self._lost_hosts.discard(offer.hostname)
-            fills.append(_Fill(offer, offer.resources, self.config.executor.executor_id
-                               in offer.executor_ids))
+            lent = offer.revocable if self.config.revocable else Resources()
+            fills.append(_Fill(offer, offer.resources, lent,
+                               self.config.executor.executor_id in offer.executor_ids))
         dealing = list(fills)
         while dealing:
             dealing = [fill for fill in dealing if self._deal_one(fill, now)]
@@ -334,16 +350,21 @@ class BatchCore:
             return False
         task, speculative, local = pick
         need = self._resources(task.kind)
-        if not fill.executor_here:
-            need = need + self.config.executor.resources
-        if not need <= fill.left:
+        executor = Resources() if fill.executor_here else self.config.executor.resources
+        if need + executor <= fill.left:
+            fill.left = fill.left - need - executor
+            revocable = False
+        elif executor <= fill.left and need <= fill.left_revocable:
+            fill.left = fill.left - executor
+            fill.left_revocable = fill.left_revocable - need
+            revocable = True
+        else:
             if not fill.tasks:
                 self._note_too_small(fill.offer.resources)
             fill.refuse = self.config.refuse_seconds
             return False
-        fill.left = fill.left - need
         fill.executor_here = True
-        fill.tasks.append(self._launch(task, fill.offer, speculative, local, now))
+        fill.tasks.append(self._launch(task, fill.offer, speculative, local, now, revocable))
         return True
 
     def _note_too_small(self, resources: Resources) -> None:
@@ -418,7 +439,7 @@ class BatchCore:
             max((backlog[h] for h in self._preferred(t)), default=0), -t.index))
 
     def _launch(self, task: _Task, offer: Offer, speculative: bool, local: bool | None,
-                now: float) -> TaskInfo:
+                now: float, revocable: bool) -> TaskInfo:
         task.launches += 1
         task_id = f"{task.kind}-{task.index:05d}-{task.launches}"
         attempt = _Attempt(task_id=task_id, task=task, agent_id=offer.agent_id,
@@ -426,6 +447,8 @@ class BatchCore:
                            local=local)
         self._attempts[task_id] = attempt
         task.live.append(attempt)
+        if revocable:
+            self.revocable_launches += 1
         if local:
             self._waiting_since = None  # delay scheduling: a local launch resets the wait
         if speculative:
@@ -440,7 +463,7 @@ class BatchCore:
         return TaskInfo(task_id=task_id, name=f"dyad-batch {task.kind} {task.index}",
                         agent_id=offer.agent_id, resources=self._resources(task.kind),
                         executor=self.config.executor, data=self._task_data(task, task_id),
-                        priority=self.config.priority)
+                        priority=self.config.priority, revocable=revocable)
 
     def _task_data(self, task: _Task, task_id: str) -> bytes:
         spec: dict[str, Any] = {"type": task.kind, "index": task.index, "task_id": task_id,
@@ -468,6 +491,8 @@ class BatchCore:
             effects = self._succeeded(attempt, status, now)
         elif _refused(status):
             effects = self._refused(attempt, status, now)
+        elif _preempted(status):
+            effects = self._preempted(attempt)
         else:
             effects = self._failed(attempt, status)
         if self._done is not None:
@@ -549,6 +574,16 @@ class BatchCore:
             task.not_before = now + backoff
             if self._backoff_until is None or task.not_before < self._backoff_until:
                 self._backoff_until = task.not_before
+            self._make_pending(task)
+        return []
+
+    def _preempted(self, attempt: _Attempt) -> list[Effect]:
+        """Evicted or preempted: run it again, free of charge (module docstring)."""
+        task = attempt.task
+        if attempt.killed or task.phase is TaskPhase.DONE:
+            return []
+        self.preempted_attempts += 1
+        if not task.live:
             self._make_pending(task)
         return []
 
@@ -702,6 +737,8 @@ class BatchCore:
             reduces_done=sum(1 for r in self._reduces if r.phase is TaskPhase.DONE),
             reduces_running=sum(1 for r in self._reduces if r.phase is TaskPhase.RUNNING),
             failed_attempts=self.failed_attempts, refused_launches=self.refused_launches,
+            preempted_attempts=self.preempted_attempts,
+            revocable_launches=self.revocable_launches,
             maps_rerun=self.maps_rerun,
             speculative_attempts=self.speculative_attempts,
             local_maps=sum(1 for o in preferred if o.local), preferred_maps=len(preferred),
@@ -738,6 +775,11 @@ class BatchCore:
                 assert wants == task.wants_copy, task
                 if wants:
                     assert task.phase is TaskPhase.RUNNING, task
+
+
+def _preempted(status: TaskStatus) -> bool:
+    """Killed to give its resources back (QoS eviction or master preemption)."""
+    return status.state is TaskState.TASK_KILLED and status.reason == Reason.CONTAINER_PREEMPTED
 
 
 def _refused(status: TaskStatus) -> bool:

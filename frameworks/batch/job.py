@@ -85,6 +85,7 @@ class Job:
     output_format: str = TEXT
     starvation_timeout: float = 60.0
     priority: int = priorities.DEFAULT_BATCH  # dyad/priority.py: the batch band
+    revocable: bool = False  # also run on revocable resources (docs/oversubscription.md)
     executor_image: str | None = None
     """Run the executor in this Docker image (it must hold Python 3.11+ with Dyad
     installed); None runs it as a host process with this interpreter."""
@@ -115,7 +116,8 @@ class PreparedJob:
             reduce_resources=Resources.of(cpus=job.reduce_cpus, mem=job.reduce_mem),
             job_payload=self.payload, output=self.output, max_attempts=job.max_attempts,
             locality_wait=job.locality_wait, speculative=job.speculative,
-            starvation_timeout=job.starvation_timeout, priority=job.priority)
+            starvation_timeout=job.starvation_timeout, priority=job.priority,
+            revocable=job.revocable)
 
 
 def executor_info(prepared: PreparedJob) -> ExecutorInfo:

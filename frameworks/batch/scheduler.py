@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT = 30.0
 RECORD_INTERVAL = 0.5
 """Seconds between rewrites of a running job's record file."""
+REVOCABLE = "REVOCABLE_RESOURCES"
+"""The capability a job with `revocable` subscribes with (docs/oversubscription.md)."""
 
 
 class BatchScheduler(Scheduler):
@@ -139,8 +141,8 @@ class JobResult:
                 + f" in {self.elapsed:.1f}s: {p.maps_done}/{p.maps_total} maps, "
                   f"{p.reduces_done}/{p.reduces_total} reduces, {p.failed_attempts} failed "
                   f"attempts, {p.refused_launches} refused launches, {p.maps_rerun} maps "
-                  f"re-run, {p.speculative_attempts} "
-                  f"speculative, locality {locality} ({p.local_maps}/{p.preferred_maps})")
+                  f"re-run, {p.speculative_attempts} speculative, {p.preempted_attempts} "
+                  f"preempted ({p.revocable_launches} launches on revocable), locality {locality} ({p.local_maps}/{p.preferred_maps})")
         if self.succeeded:
             return head + f"\noutput: {len(self.output_files)} part files in {self.output}"
         return head + f"\nerror: {self.error}"
@@ -187,7 +189,9 @@ async def run_job_async(job: Job, master: str, *, timeout: float | None = None,
     scheduler = BatchScheduler(core, on_change=changed)
     if jobs_dir is not None:
         _save(record, jobs_dir, scheduler, core, started)
-    driver = SchedulerDriver(scheduler, FrameworkInfo(name=f"dyad-batch:{prepared.name}"),
+    capabilities = [REVOCABLE] if prepared.job.revocable else []
+    driver = SchedulerDriver(scheduler, FrameworkInfo(name=f"dyad-batch:{prepared.name}",
+                                                      capabilities=capabilities),
                              master=master)
     running = asyncio.ensure_future(driver.run_async())
     try:

@@ -128,6 +128,8 @@ def progress_text(progress: dict[str, Any]) -> str:
         parts.append(f"refused launches {progress['refused_launches']}")
     if progress.get("maps_rerun"):
         parts.append(f"re-run maps {progress['maps_rerun']}")
+    if progress.get("preempted_attempts"):
+        parts.append(f"preempted {progress['preempted_attempts']}")
     if progress.get("speculative_attempts"):
         parts.append(f"speculative {progress['speculative_attempts']}")
     locality = progress.get("locality")

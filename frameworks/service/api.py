@@ -26,8 +26,9 @@ from typing import Any
 from aiohttp import web
 
 from dyad import bounded_json
-from frameworks.service import marathon_shape, views
+from frameworks.service import marathon_events, marathon_shape, views
 from frameworks.service.appdef import AppInvalid, normalize_app_id, parse_app
+from frameworks.service.events_stream import EventStream
 from frameworks.service.core import (
     CancelDeployment, Conflict, DeleteApp, KillTasks, NotFound, PutApp, ResetDelay,
     RestartApp, ServiceError)
@@ -103,7 +104,8 @@ class ServiceApi:
 
     def __init__(self, leader: Callable[[], Awaitable[str | None]],
                  name: str = "dyad-service") -> None:
-        self.runtime: ServiceRuntime | None = None
+        self.events = EventStream()  # GET /v2/events; app versions
+        self._leading: ServiceRuntime | None = None
         self.leader = leader
         self.advertised: str | None = None  # this instance's address, once bound
         self.name = name
@@ -113,6 +115,7 @@ class ServiceApi:
         # Every path, even one with a newline in it (`.` would not match that), gets
         # our JSON answers rather than aiohttp's plain-text 404.
         self.app.router.add_route("*", r"/{path:[\s\S]*}", self._dispatch)
+        self.app.on_shutdown.append(lambda app: self._end_events())
         a = r"(?P<app>/.+?)"
         self._routes: list[tuple[str, re.Pattern[str], Handler, bool]] = [
             (method, re.compile(pattern), handler, leader_only)
@@ -128,6 +131,11 @@ class ServiceApi:
                 ("DELETE", f"/v2/apps{a}/tasks/(?P<task>[^/]+)", self._kill_task, True),
                 ("POST", f"/v2/apps{a}/restart", self._restart_app, True),
                 ("GET", f"/v2/apps{a}/recommendation", self._recommendation, True),
+                ("GET", f"/v2/apps{a}/versions", self._versions, True),
+                ("GET", f"/v2/apps{a}/versions/(?P<version>[^/]+)", self._version, True),
+                ("GET", "/v2/events", self._events, True),
+                ("GET", "/v2/groups", self._groups, True),
+                ("GET", "/v2/groups(?P<group>/.+)", self._groups, True),
                 ("GET", f"/v2/apps{a}", self._show_app, True),
                 ("PUT", f"/v2/apps{a}", self._update_app, True),
                 ("DELETE", f"/v2/apps{a}", self._delete_app, True),
@@ -138,6 +146,18 @@ class ServiceApi:
                 ("GET", "/v2/queue", self._queue, True),
                 ("DELETE", f"/v2/queue{a}/delay", self._reset_delay, True),
             ]]
+
+    @property
+    def runtime(self) -> ServiceRuntime | None:
+        return self._leading
+
+    @runtime.setter
+    def runtime(self, runtime: ServiceRuntime | None) -> None:
+        self._leading = runtime
+        self.events.attach(runtime)  # /v2/events follows the runtime we lead with
+
+    async def _end_events(self) -> None:
+        self.events.end_all()  # before aiohttp waits for the streams' handlers
 
     # ------------------------------------------------------------- dispatch
 
@@ -301,6 +321,35 @@ class ServiceApi:
             raise NotFound(f"App '{app_id}' does not exist")
         return web.json_response(recommendation_json(
             app, runtime.rightsizing.pilot.recommendation(app_id)))
+
+    # ------------------------------------------- versions, groups and events
+
+    async def _versions(self, request: web.Request, match: dict[str, str]) -> web.Response:
+        runtime = self._runtime()
+        app_id = self._app_id(match["app"])
+        versions = self.events.feed.versions(runtime.core, app_id)
+        if not versions:
+            raise NotFound(f"App '{app_id}' does not exist")
+        return web.json_response({"versions": versions})
+
+    async def _version(self, request: web.Request, match: dict[str, str]) -> web.Response:
+        runtime = self._runtime()
+        app_id = self._app_id(match["app"])
+        app = self.events.feed.version(runtime.core, app_id, match["version"])
+        if app is None:
+            raise NotFound(f"App '{app_id}' has no version {match['version']!r} known here")
+        return web.json_response(marathon_events.definition(app))
+
+    async def _groups(self, request: web.Request, match: dict[str, str]) -> web.Response:
+        runtime = self._runtime()
+        group_id = match.get("group") or "/"
+        group = marathon_events.group_tree(runtime.core, runtime.clock.now(), group_id)
+        if group is None:
+            raise NotFound(f"Group '{group_id}' does not exist")
+        return web.json_response(group)
+
+    async def _events(self, request: web.Request, match: dict[str, str]) -> web.StreamResponse:
+        return await self.events.serve(request, self._runtime().clock.now())
 
     # ----------------------------------------------------------------- tasks
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from dyad.clock import Clock
 from dyad.effects import ArmTimer, CancelTimer, TimerFired
@@ -28,6 +28,14 @@ from frameworks.service.rightsizing import RightSizing, Sample
 from frameworks.service.store import Store, StoreError
 
 log = logging.getLogger(__name__)
+
+
+class Watcher(Protocol):
+    """Told around each event and command (frameworks/service/events_stream.py)."""
+
+    def before(self, core: ServiceCore, event: Event, now: float) -> None: ...
+
+    def after(self, core: ServiceCore, command: Command | None, now: float) -> None: ...
 
 
 class ServiceRuntime:
@@ -48,6 +56,7 @@ class ServiceRuntime:
         # Told of the apps at the first event (registration), inside the loop its
         # timers need.
         self.rightsizing = RightSizing(autopilot)
+        self.watchers: list[Watcher] = []
 
     def handle(self, event: Event) -> None:
         """Feed a driver or timer event. After a store failure every event raises
@@ -56,14 +65,20 @@ class ServiceRuntime:
         now = self.clock.now()
         oom = (self.rightsizing.status(self.core, event.status, now)
                if isinstance(event, StatusReceived) else [])
+        for watcher in self.watchers:
+            watcher.before(self.core, event, now)
         self._perform(self.core.handle(event, now))
         self._right_size(oom + self.rightsizing.sync(self.core.apps, now))
+        for watcher in self.watchers:
+            watcher.after(self.core, None, now)
 
     def execute(self, command: Command) -> CommandResult:
         """Run an API command; raises `ServiceError` (nothing done) or `StoreError`."""
         self._check()
         outcome = self.core.execute(command, self.clock.now())
         self._perform(outcome.effects)
+        for watcher in self.watchers:
+            watcher.after(self.core, command, self.clock.now())
         self._right_size(self.rightsizing.sync(self.core.apps, self.clock.now()))
         return outcome
 

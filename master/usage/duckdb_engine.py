@@ -40,7 +40,7 @@ MACROS = (
     # 1 HOUR) is an hour before now, in the same UTC as the `ts` columns.
     "CREATE MACRO bucket(ts, seconds) AS time_bucket(to_seconds(seconds::BIGINT), ts)",
     "CREATE MACRO ago(span) AS (now()::TIMESTAMP - span)",
-    "CREATE MACRO epoch_ts(seconds) AS make_timestamp((seconds * 1000000)::BIGINT)",
+    "CREATE MACRO epoch_ts(seconds) AS make_timestamp((seconds::DOUBLE * 1000000)::BIGINT)",
 )
 
 

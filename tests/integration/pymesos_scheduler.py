@@ -82,15 +82,20 @@ class Flow(Scheduler):
         self.seen.setdefault("errors", []).append(message)
 
 
-def main() -> None:
+def run(flow: Scheduler, name: str, master: str) -> None:
+    """Run `flow` as framework `name`, acknowledging explicitly; exit 3 after
+    DEADLINE seconds (pymesos_executor.py runs its scheduler with this too)."""
     watchdog = threading.Timer(DEADLINE, lambda: os._exit(3))
     watchdog.daemon = True
     watchdog.start()
-    flow = Flow()
-    framework = {"user": "nobody", "name": "pymesos-flow", "hostname": "localhost"}
-    driver = MesosSchedulerDriver(flow, framework, sys.argv[1], use_addict=True,
+    framework = {"user": "nobody", "name": name, "hostname": "localhost"}
+    driver = MesosSchedulerDriver(flow, framework, master, use_addict=True,
                                   implicit_acknowledgements=False)
     driver.run()
+
+
+def main() -> None:
+    run(Flow(), "pymesos-flow", sys.argv[1])
 
 
 if __name__ == "__main__":

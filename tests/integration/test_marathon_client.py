@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import collections.abc
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,9 @@ from tests.helpers import compat_client
 compat_client("marathon")
 from marathon import MarathonApp, MarathonClient  # noqa: E402
 from marathon.exceptions import MarathonHttpError, NotFoundError  # noqa: E402
+from marathon.models.events import (  # noqa: E402
+    MarathonApiPostEvent, MarathonDeploymentInfo, MarathonDeploymentSuccess,
+    MarathonEventStreamAttached, MarathonStatusUpdateEvent)
 
 from .conftest import wait_for
 from .test_service import services  # noqa: F401 (the fixture)
@@ -34,6 +38,22 @@ def client(monkeypatch: pytest.MonkeyPatch) -> Any:
     return make
 
 
+def follow(client: MarathonClient) -> list[Any]:
+    """Follow `/v2/events` with the client's own `event_stream()` (it blocks, so
+    on a thread of its own) until the service stops: every event it parsed, and
+    what it raised, if it did."""
+    events: list[Any] = []
+
+    def read() -> None:
+        try:
+            for event in client.event_stream():
+                events.append(event)
+        except Exception as exc:  # shown by the test's assertions
+            events.append(exc)
+    threading.Thread(target=read, daemon=True).start()
+    return events
+
+
 def running(client: MarathonClient, app_id: str) -> list[Any]:
     return [t for t in client.list_tasks(app_id) if t.state == "TASK_RUNNING"]
 
@@ -47,6 +67,10 @@ async def test_the_marathon_client_drives_dyad_service(make_cluster: Any, servic
     assert marathon_client.ping()
     info = marathon_client.get_info()
     assert info.name == "dyad-service" and info.elected
+    assert info.marathon_config.master and info.http_config.http_port
+    events = follow(client(service.url))
+    await wait_for(lambda: any(isinstance(e, MarathonEventStreamAttached) for e in events),
+                   30, "the event stream")
 
     app = marathon_client.create_app("/sleepy", MarathonApp(
         cmd="sleep 300", cpus=0.1, mem=32, instances=2, ports=[0], backoff_seconds=0.5))
@@ -54,6 +78,17 @@ async def test_the_marathon_client_drives_dyad_service(make_cluster: Any, servic
     marathon_client.list_deployments()
     marathon_client.list_queue()
     await wait_for(lambda: len(running(marathon_client, "/sleepy")) == 2, 60, "2 tasks")
+    # A follower of /v2/events saw the app posted, deployed and its tasks run.
+    (posted, *_) = [e for e in events if isinstance(e, MarathonApiPostEvent)]
+    assert posted.app_definition["id"] == "/sleepy" and posted.uri == "/v2/apps/sleepy"
+    (deploying, *_) = [e for e in events if isinstance(e, MarathonDeploymentInfo)]
+    assert deploying.plan.steps[0].actions[0].app == "/sleepy"
+    await wait_for(lambda: any(isinstance(e, MarathonDeploymentSuccess)
+                               and e.id == deploying.plan.id for e in events), 30,
+                   "the deployment's success")
+    updates = [e for e in events if isinstance(e, MarathonStatusUpdateEvent)]
+    assert {e.task_status for e in updates} >= {"TASK_RUNNING"}
+    assert {e.app_id for e in updates} == {"/sleepy"} and all(e.task_id for e in updates)
 
     (listed,) = marathon_client.list_apps(embed_tasks=True)
     assert listed.id == "/sleepy" and listed.tasks_running == 2 and len(listed.tasks) == 2
@@ -76,6 +111,20 @@ async def test_the_marathon_client_drives_dyad_service(make_cluster: Any, servic
                             if t.id != replacement.id], 60, "another replacement")
     assert "deploymentId" in marathon_client.restart_app("/sleepy")
 
+    # Versions: newest first, each definition as it was.
+    versions = marathon_client.list_versions("/sleepy")
+    assert len(versions) >= 3 and versions == sorted(versions, reverse=True)
+    first = marathon_client.get_version("/sleepy", versions[-1])
+    assert first.instances == 2 and first.cmd == "sleep 300"
+    assert marathon_client.get_version("/sleepy", versions[0]).instances == 1
+    # Groups: the folders of app ids.
+    marathon_client.create_app("/tools/idle", MarathonApp(cmd="sleep 300", cpus=0.1, mem=32,
+                                                          instances=0))
+    (tools,) = marathon_client.list_groups()
+    assert tools.id == "/tools" and [a.id for a in tools.apps] == ["/tools/idle"]
+    assert [a.id for a in marathon_client.get_group("/tools").apps] == ["/tools/idle"]
+    assert marathon_client.delete_app("/tools/idle", force=True)
+
     with pytest.raises(NotFoundError):
         marathon_client.get_app("/nothing")
     with pytest.raises(MarathonHttpError) as invalid:
@@ -84,3 +133,4 @@ async def test_the_marathon_client_drives_dyad_service(make_cluster: Any, servic
 
     assert "deploymentId" in marathon_client.delete_app("/sleepy", force=True)
     await wait_for(lambda: not marathon_client.list_apps(), 60, "the app gone")
+    assert not [e for e in events if isinstance(e, Exception)]

@@ -1,8 +1,8 @@
 """The Mesos v1 scheduler API against a real master and agent: a plain HTTP client
 (aiohttp, no Dyad code on its side) subscribes, reads the RecordIO stream while
 making calls on other connections, launches, acknowledges, reconciles, drops its
-stream and comes back with its framework id; and every refusal is a 4xx with a
-reason. tests/integration/test_pymesos.py drives the same API with pymesos."""
+stream and comes back with its framework id, exchanges framework messages with a
+Dyad executor; and every refusal is a 4xx with a reason. tests/integration/test_pymesos.py drives the same API with pymesos."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import asyncio
 import base64
 import json
 import signal
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -199,6 +201,32 @@ async def test_decline_revive_kill_and_messages(v1: Any) -> None:
     assert await client.call("KILL", kill={"task_id": {"value": "sleeper"},
                                            "agent_id": status["agent_id"]}) == (202, "")
     await client.reach("sleeper", "TASK_KILLED")
+
+
+async def test_messages_cross_to_a_dyad_executor_and_back(v1: Any) -> None:
+    """A v1 framework and a Dyad executor (ZMQ) meet in the same cores: messages
+    go both ways (the pymesos executor test covers the v1 executor API)."""
+    cluster, client = v1
+    await client.subscribe()
+    offer = (await client.next("OFFERS"))["offers"]["offers"][0]
+    task = small_task("echoed", offer, "")
+    del task["command"]
+    task["executor"] = {"executor_id": {"value": "echo"}, "command": {
+        "value": f"{sys.executable} {Path(__file__).with_name('echo_executor.py')}"}}
+    assert await client.call("ACCEPT", accept={"offer_ids": [offer["id"]], "operations": [
+        {"type": "LAUNCH", "launch": {"task_infos": [task]}}]}) == (202, "")
+    status = await client.reach("echoed", "TASK_RUNNING")
+    assert status["executor_id"] == {"value": "echo"}
+    seen = len(client.events)
+    assert await client.call("MESSAGE", message={
+        "agent_id": status["agent_id"], "executor_id": status["executor_id"],
+        "data": base64.b64encode(b"ping").decode()}) == (202, "")
+    answer = (await client.next("MESSAGE", after=seen))["message"]
+    assert base64.b64decode(answer["data"]) == b"pong:ping"
+    assert (answer["executor_id"], answer["agent_id"]) == (status["executor_id"],
+                                                           status["agent_id"])
+    assert await client.call("KILL", kill={"task_id": {"value": "echoed"}}) == (202, "")
+    await client.reach("echoed", "TASK_KILLED")
 
 
 async def test_a_dropped_stream_disconnects_and_the_framework_comes_back(v1: Any) -> None:

@@ -131,3 +131,32 @@ def test_posix_measures_the_whole_process_tree() -> None:
         parent.wait()
     assert PosixIsolator().sample(KEY, parent.pid) is None
     assert measure(KEY, []).processes == 0
+
+
+def test_revocable_cpus_add_no_cpu_weight(tmp_path: Path) -> None:
+    """cpu.shares (v1) and cpu.weight (v2) scale with the non-revocable share of a
+    run's cpus; under posix a run launched for revocable work starts niced."""
+    mixed = Limits(cpus=2.0, mem_bytes=MiB, revocable_cpus=1.5)
+    lent = Limits(cpus=1.1, mem_bytes=MiB, revocable_cpus=1.0)  # only its executor's own
+    v1 = detect(None, "dyad", mounts=fake_v1(tmp_path / "v1"))
+    v1.prepare(KEY, Limits(cpus=2.0, mem_bytes=MiB))
+    shares = tmp_path / "v1" / "cpu" / "dyad" / "run-1" / "cpu.shares"
+    assert shares.read_text() == "2048"
+    v1.update(KEY, mixed)
+    assert shares.read_text() == "512"
+    v1.update(KEY, Limits(cpus=1.0, revocable_cpus=1.0))
+    assert shares.read_text() == "2"  # the kernel's least
+    v2 = detect(None, "dyad", mounts=fake_v2(tmp_path / "v2"))
+    v2.prepare(KEY, Limits(cpus=0.5))
+    weight = tmp_path / "v2" / "dyad" / "run-1" / "cpu.weight"
+    assert weight.read_text() == "100"  # the kernel's default
+    v2.update(KEY, lent)
+    assert weight.read_text() == "9"
+    posix = PosixIsolator()
+    posix.prepare(KEY, lent)
+    argv = posix.wrap(KEY, [sys.executable, "-c", "import os; print(os.nice(0))"])
+    assert argv[:3] == ["nice", "-n", "17"]
+    ran = subprocess.run(argv, capture_output=True, text=True, check=True)
+    assert int(ran.stdout) >= 17  # (more if this test itself runs niced)
+    posix.prepare(KEY, Limits(cpus=1.0))
+    assert posix.wrap(KEY, ["true"]) == ["true"]

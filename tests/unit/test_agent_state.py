@@ -297,6 +297,15 @@ def test_a_new_agent_id_from_the_master_is_adopted() -> None:
 # ----------------------------------------------------------------------- running
 
 
+def launch_mesos_env(sandbox: str) -> dict[str, str]:
+    """What a Mesos v1 executor reads (docs/mesos-compat.md)."""
+    return {"MESOS_AGENT_ENDPOINT": f"127.0.0.1:{CONFIG.port}", "MESOS_AGENT_ID": "A1",
+            "MESOS_SLAVE_ID": "A1", "MESOS_FRAMEWORK_ID": "F1", "MESOS_EXECUTOR_ID": "t1",
+            "MESOS_DIRECTORY": sandbox, "MESOS_SANDBOX": sandbox, "MESOS_CHECKPOINT": "1",
+            "MESOS_RECOVERY_TIMEOUT": "900secs",
+            "MESOS_EXECUTOR_SHUTDOWN_GRACE_PERIOD": "3secs", "MESOS_HTTP_COMMAND_EXECUTOR": "0"}
+
+
 def test_command_task_runs_under_the_command_executor() -> None:
     agent = Agent()
     agent.register()
@@ -311,9 +320,7 @@ def test_command_task_runs_under_the_command_executor() -> None:
         "DYAD_FRAMEWORK_ID": "F1", "DYAD_EXECUTOR_ID": "t1",
         "DYAD_SANDBOX_DIRECTORY": launch.sandbox_dir, "DYAD_RECOVERY_TIMEOUT": "900s",
         "HOST": "agent-host", "LIBPROCESS_IP": "127.0.0.1",
-        "MESOS_AGENT_ENDPOINT": "tcp://127.0.0.1:5052", "MESOS_FRAMEWORK_ID": "F1",
-        "MESOS_EXECUTOR_ID": "t1", "MESOS_DIRECTORY": launch.sandbox_dir,
-        "MESOS_SANDBOX": launch.sandbox_dir}
+        **launch_mesos_env(launch.sandbox_dir)}
     assert to_peer(effects) == []  # queued until the executor registers
     effects = agent.executor(RegisterExecutor(framework_id="F1", executor_id="t1"))
     (registered,) = to_peer(effects, kind=ExecutorRegistered)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from frameworks.batch.cli import build_parser, main, parse_size
+from frameworks.batch.cli import _job, build_parser, main, parse_size
 from frameworks.batch.status import (
     FAILED, LOST, RUNNING, JobRecord, ProgressPrinter, find_job, list_jobs, progress_bar,
     progress_text)
@@ -38,6 +38,10 @@ def test_submit_defaults_follow_the_issue() -> None:
     assert args.input == ["a", "b", "c"]
     assert (args.reducers, args.max_attempts, args.locality_wait) == (1, 4, 1.0)
     assert (args.map_cpus, args.map_mem, args.speculative) == (0.5, 256.0, False)
+    assert not _job(args).revocable  # revocable resources only when asked
+    asked = build_parser().parse_args(["submit", "wc.py", "--input", "a", "--output", "out",
+                                       "--revocable"])
+    assert _job(asked).revocable
 
 
 def test_a_job_that_cannot_start_exits_2_with_the_reason(
@@ -95,9 +99,9 @@ def test_status_and_list_read_job_records(tmp_path: Path,
 
 def test_progress_text_and_bar() -> None:
     text = progress_text(progress(maps=5, maps_running=3, failed_attempts=1, maps_rerun=2,
-                                  locality=0.96))
+                                  preempted_attempts=3, locality=0.96))
     assert text == ("maps 5/10 (3 running)  reduces 0/2  failures 1  re-run maps 2  "
-                    "locality 96%")
+                    "preempted 3  locality 96%")
     assert progress_bar(progress(maps=10, reduces=1), width=8) == "[######..]"
 
 

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -281,6 +282,48 @@ def test_lost_attempt_is_retried_and_counts() -> None:
     run.update("map-00000-1", TaskState.TASK_LOST, message="agent gone")
     assert ids(run.offer("b")) == ["map-00000-2"]
     assert run.core.progress().failed_attempts == 1
+
+
+def revocable_offer(host: str, resources: str, lent: str, executor: bool = True) -> Offer:
+    return attrs.evolve(Run.make_offer(host, resources, executor), revocable=R(lent))
+
+
+R = Resources.parse
+
+
+def test_revocable_resources_are_used_only_when_asked_and_never_for_the_executor() -> None:
+    offer = revocable_offer("a", "cpus:0.6;mem:320", "cpus:1;mem:512", executor=False)
+    plain = Run(config([()] * 4))
+    assert [t.revocable for t in launched(plain.do(OffersMade((offer,))))] == [False]
+    run = Run(config([()] * 4, revocable=True))
+    tasks = launched(run.do(OffersMade((offer,))))
+    # The executor and one task on ordinary resources, then two on revocable ones.
+    assert [t.revocable for t in tasks] == [False, True, True]
+    assert run.core.progress().revocable_launches == 2
+    # No ordinary room for the executor: nothing runs, however much is lent.
+    fresh = Run(config([()], revocable=True))
+    lent_only = revocable_offer("b", "cpus:0.05;mem:16", "cpus:4;mem:4096", executor=False)
+    assert ids(fresh.do(OffersMade((lent_only,)))) == []
+    # With the executor already there, a revocable-only offer is enough.
+    there = revocable_offer("b", "", "cpus:0.5;mem:256", executor=True)
+    (task,) = launched(fresh.do(OffersMade((there,))))
+    assert task.revocable
+
+
+def test_a_preempted_attempt_is_retried_anywhere_and_not_charged() -> None:
+    run = Run(config([("a",)], max_attempts=1, revocable=True))
+    run.offer("a")
+    for attempt in (1, 2, 3):
+        effects = run.do(TaskUpdate(TaskStatus(
+            task_id=f"map-00000-{attempt}", state=TaskState.TASK_KILLED, agent_id="agent-a",
+            reason=Reason.CONTAINER_PREEMPTED, message="revocable resources taken back")))
+        assert not of(JobDone, effects) and ReviveOffers() in effects
+        assert ids(run.offer("a")) == [f"map-00000-{attempt + 1}"]  # same agent: no blame
+    progress = run.core.progress()
+    assert (progress.preempted_attempts, progress.failed_attempts) == (3, 0)
+    # A kill for any other reason is still a failure.
+    (done,) = of(JobDone, run.update("map-00000-4", TaskState.TASK_KILLED, message="operator"))
+    assert not done.succeeded
 
 
 def test_refused_launches_back_off_and_are_not_the_tasks_fault() -> None:

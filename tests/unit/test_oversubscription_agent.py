@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.model import UsageSampled
+from agent.model import LaunchExecutor, UsageSampled
 from agent.qos import EPSILON, Lent, QosConfig, corrections, victim_order
 from agent.reclaim import ZERO, Amount, ReclaimConfig, ReclaimEstimator, RunSample
 from dyad.messages import KillTask, Reason, StatusUpdate, TaskState, UsageReport
@@ -233,6 +233,16 @@ def test_revocable_tasks_do_not_count_against_the_agents_resources() -> None:
     (task,) = [t for f in agent.state.snapshot()["frameworks"] for e in f["executors"]
                for t in e["tasks"] + e["queued_tasks"] if t["id"] == "be"]
     assert task["revocable"] and task["priority"] == 50
+
+
+def test_a_revocable_task_is_launched_with_no_cpu_weight_of_its_own() -> None:
+    agent = agent_with_owner()
+    effects = agent.run(attrs.evolve(command_task("be", Resources.parse("cpus:0.5;mem:100")),
+                                     revocable=True))
+    (launch,) = [e for e in effects if isinstance(e, LaunchExecutor)]
+    # Only the command executor's own 0.1 cpus carry weight (agent/isolation.py).
+    assert launch.limits.revocable_cpus == 0.5
+    assert launch.limits.weight_share == pytest.approx(0.1 / 0.6)
 
 
 def test_owner_growth_evicts_the_revocable_task_with_the_preempted_reason() -> None:

@@ -12,10 +12,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from dyad.messages import (
+    Decline,
+    Filters,
     KillTask,
     Preempt,
     Reason,
     Rejected,
+    Revive,
     StatusUpdate,
     Suppress,
     TaskState,
@@ -226,6 +229,37 @@ def test_a_flagged_framework_preempts_the_lowest_priority_task_and_holds_the_roo
     assert other != prod
 
 
+def test_the_victims_revive_does_not_lift_the_hold() -> None:
+    """The victim's framework revives when it hears of the preemption (the batch
+    core does): the freed room must still go to the preemptor, or it would be
+    launched on again and preempted again, round after round."""
+    h = Harness(PREEMPTING)
+    batch, _ = batch_cluster(h)
+    prod = h.subscribe("p1", name="prod", capabilities=["PREEMPTION"])
+    (kill,) = messages(ask(h, "p1", prod, "cpus:2;mem:1024", 250), KillTask, to="a1")
+    h.recv("a1", StatusUpdate(framework_id=batch, status=status(
+        kill.task_id, TaskState.TASK_KILLED, uuid="k1", reason=Reason.CONTAINER_PREEMPTED)))
+    (offer,) = h.offers_to(h.allocate(), "p1")
+    # The preemptor declines for now (its task waits on something else) ...
+    h.recv("p1", Decline(framework_id=prod, offer_ids=[offer.id],
+                         filters=Filters(refuse_seconds=2)))
+    # ... and the victim's framework revives: it is still held off the room.
+    h.recv("b1", Revive(framework_id=batch))
+    assert not h.offers_to(h.allocate(), "b1")
+
+
+def test_room_freed_for_one_preemptor_is_not_free_for_another() -> None:
+    h = Harness(PREEMPTING)
+    batch_cluster(h)
+    prod = h.subscribe("p1", name="prod", capabilities=["PREEMPTION"])
+    low = h.subscribe("l1", name="best-effort", capabilities=["PREEMPTION"])
+    (kill,) = messages(ask(h, "p1", prod, "cpus:2;mem:1024", 250), KillTask, to="a1")
+    assert kill.task_id == "job50"
+    # While job50 dies for prod, a best-effort asker is not told its room is free.
+    (refusal,) = messages(ask(h, "l1", low, "cpus:2;mem:1024", 60), Rejected, to="l1")
+    assert "below priority 60" in refusal.reason
+
+
 def test_no_preemption_when_the_room_is_free() -> None:
     h = Harness(PREEMPTING)
     batch_cluster(h, priorities=(50,))
@@ -268,6 +302,23 @@ def test_an_unmet_guarantee_is_reclaimed_from_roles_above_theirs() -> None:
     # Met: nothing more is preempted, and the guaranteed role's tasks are protected.
     h.recv("p1", launch(prod, [offer], task("web", aid, "cpus:2;mem:1024", priority=0)))
     assert not messages(h.advance(30), KillTask)
+
+
+def test_a_guarantee_preemption_clears_the_starved_frameworks_filters() -> None:
+    """A starved framework that declined earlier must be offered what is free and
+    what is freed for it at once, not when its own filters expire."""
+    h = Harness(MasterConfig(preemption=PreemptionConfig(enabled=True)))
+    _, aid = batch_cluster(h, priorities=(50,))  # half of a1 stays free
+    prod = h.subscribe("p1", name="prod", roles=["prod"])
+    (offer,) = h.offers_to(h.allocate(), "p1")
+    h.recv("p1", Decline(framework_id=prod, offer_ids=[offer.id],
+                         filters=Filters(refuse_seconds=600)))
+    assert h.call(SetQuota({"prod": Quota(guarantee={"cpus": 4000})})).ok
+    sends = h.allocate()
+    (kill,) = messages(sends, KillTask, to="a1")
+    assert kill.task_id == "job50"
+    (offer,) = h.offers_to(sends + h.allocate(), "p1")
+    assert offer.agent_id == aid and offer.resources.get("cpus") == 2
 
 
 @pytest.mark.parametrize("suppressed", [True, False])

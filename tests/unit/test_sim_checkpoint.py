@@ -81,15 +81,21 @@ def test_checkpoint_command_saves_and_run_replays(tmp_path: Path,
     thread.start()
     try:
         out = tmp_path / "saved.json"
+        assert dyad_main(["checkpoint", "save", "--master",
+                          f"127.0.0.1:{server.server_port}", str(out)]) == 0
+        # The older spelling is kept as an alias.
+        alias = tmp_path / "alias.json"
         assert dyad_main(["sim", "checkpoint", "--master", f"127.0.0.1:{server.server_port}",
-                          "--out", str(out)]) == 0
+                          "--out", str(alias)]) == 0
+        assert json.loads(alias.read_text()) == json.loads(out.read_text())
     finally:
         server.shutdown()
         server.server_close()
-    assert "3 agents, 2 frameworks, 7 live tasks" in capsys.readouterr().out
+    assert capsys.readouterr().out.count("3 agents, 2 frameworks, 7 live tasks") == 2
     assert json.loads(out.read_text())["format"] == FORMAT
     assert dyad_main(["sim", "run", "--cell", str(out), "--out", str(tmp_path / "run"),
                       "--quiet", "--no-plots"]) == 0
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["tasks"]["running_at_end"] == 7
-    assert dyad_main(["sim", "checkpoint", "--master", "127.0.0.1:1", "--out", str(out)]) == 2
+    assert dyad_main(["checkpoint", "save", "--master", "127.0.0.1:1", str(out)]) == 2
+    assert "dyad checkpoint: " in capsys.readouterr().err

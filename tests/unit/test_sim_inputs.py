@@ -87,7 +87,7 @@ def test_workload_errors_skip_or_stop(tmp_path: Path) -> None:
     assert "not JSON" in messages[6]
 
 
-def test_policy_knobs_and_placeholders(tmp_path: Path) -> None:
+def test_policy_knobs_and_switches(tmp_path: Path) -> None:
     assert load_policy(None) == Policy()
     policy = load_policy(write(tmp_path, "p.json", json.dumps(
         {"allocator": {"interval": 2, "offer_timeout": 10},
@@ -97,9 +97,37 @@ def test_policy_knobs_and_placeholders(tmp_path: Path) -> None:
     assert (policy.allocation_interval, policy.offer_timeout, policy.until) == (2, 10, 100)
     assert policy.master_config().agent_ping_timeout == 60
     assert policy.service_refuse_seconds == 3
-    with pytest.raises(InputError, match=r"p.json:3: oversubscription.enabled: .*not "
-                                         r"implemented yet \(issue 13\)"):
+    assert not policy.master_config().preemption.enabled
+    assert not policy.master_config().oversubscription
+    assert policy.report_interval_of_agents == 0
+    policy = load_policy(write(tmp_path, "p.json", json.dumps(
+        {"oversubscription": {"enabled": True, "window": 60, "margin": 0.1,
+                              "margin_floor": {"mem": 16}, "qos_mem_watermark": 0.8,
+                              "borrowers": ["b"]},
+         "preemption": {"enabled": True, "hold": 5, "max_per_minute": 10},
+         "recommender": {"enabled": True, "mode": "recommend", "apps": ["/web"], "step": 60,
+                         "warmup": 600, "min_samples": 5, "min_interval": 0}})))
+    assert policy.oversubscription and policy.master_config().oversubscription
+    assert (policy.reclaim.window, policy.reclaim.margin, policy.reclaim.margin_floor.mem,
+            policy.qos.mem_watermark, policy.borrowers) == (60, 0.1, 16, 0.8, ("b",))
+    preemption = policy.master_config().preemption
+    assert (preemption.enabled, preemption.hold, preemption.max_per_minute) == (True, 5, 10)
+    assert (policy.recommender, policy.recommender_mode, policy.recommender_apps) == (
+        True, "recommend", ("/web",))
+    assert (policy.autopilot.step, policy.autopilot.warmup, policy.autopilot.min_samples) == (
+        60, 600, 5)
+    assert policy.master_config().record_usage
+    assert policy.report_interval_of_agents == 5.0  # usage is needed: reports come
+    json.dumps(policy.to_json())  # plain JSON for the report
+    with pytest.raises(InputError, match=r"p.json:3: oversubscription: reclaim window must "
+                                         r"be positive|oversubscription.window: must be > 0"):
         load_policy(write(tmp_path, "p.json",
-                          '{\n "report": {"interval": 5},\n "oversubscription": {"enabled": true}}'))
+                          '{\n "report": {"interval": 5},\n "oversubscription": {"window": 0}}'))
+    with pytest.raises(InputError, match=r"usage_report_interval: oversubscription and the "
+                                         r"recommender need usage reports"):
+        load_policy(write(tmp_path, "p.json", json.dumps(
+            {"agents": {"usage_report_interval": 0}, "oversubscription": {"enabled": True}})))
+    with pytest.raises(InputError, match=r"recommender.mode: must be one of"):
+        load_policy(write(tmp_path, "p.json", '{"recommender": {"mode": "off"}}'))
     with pytest.raises(InputError, match=r"p.json:1: allocator: unknown field 'intervall'"):
         load_policy(write(tmp_path, "p.json", '{"allocator": {"intervall": 1}}'))

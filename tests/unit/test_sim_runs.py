@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from dyad.messages import TaskState
 from sim.cell import load_cell
 from sim.policy import Policy
@@ -157,7 +159,7 @@ def test_example_keeps_the_masters_books_straight_after_every_event() -> None:
     workload, _ = load_workload(examples / "workload.jsonl")
     policy = load_policy(examples / "policy.json")
     simulation = Simulation(load_cell(examples / "cell.json"), workload,
-                            Policy(**{**policy.to_json(), "until": 3600}), seed=5, validate=True)
+                            attrs.evolve(policy, until=3600), seed=5, validate=True)
     report = simulation.run()
     assert report["simulator"]["wire_bytes"] > 0
     assert report["simulator"].get("agents/rejected", 0) == 0

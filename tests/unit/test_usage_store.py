@@ -230,3 +230,9 @@ def test_rows_validate_their_numbers() -> None:
         sample(T0, cpus=-1)
     with pytest.raises(ValueError):
         sample(T0, weight=0.5)
+
+
+@pytest.mark.parametrize("seconds", ["1700000000", "1700000000.5", "0"])
+def test_epoch_ts_takes_whole_and_fractional_epoch_seconds(engine, seconds: str) -> None:
+    result = engine.query(f"SELECT epoch(epoch_ts({seconds}))", 1, 5)
+    assert result.rows == ((float(seconds),),)

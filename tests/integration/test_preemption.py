@@ -1,0 +1,138 @@
+"""Guarantee preemption end to end: a real master (`--preemption`), real agents,
+real processes.
+
+A batch role fills the cluster with tasks of every band. A production role then
+gets a quota guarantee and a framework: the master preempts the batch role's
+lowest-priority tasks (best-effort first, then batch, youngest first), only as
+many as the guarantee misses; they end TASK_KILLED with
+REASON_CONTAINER_PREEMPTED, the freed room is offered to the production
+framework, its tasks run, its guarantee is met, and no task at or above the
+preemptor's priority (200, the production floor) is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from typing import Any
+
+import pytest
+
+from dyad.messages import Reason
+from dyad.resources import Resources
+from frameworks import CommandInfo, FrameworkInfo, TaskInfo, TaskState
+
+from .conftest import Recorder, wait_for
+
+pytestmark = pytest.mark.integration
+
+# Per agent (cpus:2;mem:1024): (task, priority, resources). Everything is taken.
+FILL = [
+    [("be-a", 50, "cpus:1;mem:256"), ("batch-a", 150, "cpus:0.5;mem:256"),
+     ("equal-a", 200, "cpus:0.5;mem:512")],
+    [("be-b", 50, "cpus:1;mem:256"), ("batch-b", 150, "cpus:0.5;mem:256"),
+     ("mon-b", 400, "cpus:0.5;mem:512")],
+]
+GUARANTEE = 2.5  # cpus: both best-effort tasks and one batch task must go
+BOUND = 20.0  # seconds from the production framework's arrival to its guarantee offered
+
+
+def put_json(url: str, body: Any) -> Any:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="PUT",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.load(response)
+
+
+def sleeper(task_id: str, agent_id: str, priority: int, resources: str) -> TaskInfo:
+    return TaskInfo(task_id=task_id, name=task_id, agent_id=agent_id, priority=priority,
+                    resources=Resources.parse(resources),
+                    command=CommandInfo(shell="sleep 600"))
+
+
+async def test_a_guarantee_preempts_lower_bands_only(make_cluster: Any, drivers: Any) -> None:
+    cluster = make_cluster(agents=2, resources="cpus:2;mem:1024;disk:1000",
+                           master_args=["--preemption", "--preemption-hold", "5s"])
+
+    # The batch role takes every agent whole, in every band.
+    filler = Recorder()
+    plans = iter(FILL)
+    filled: dict[str, list[tuple[str, int, str]]] = {}
+
+    def fill(driver: Any, offers: list[Any]) -> None:
+        for offer in offers:
+            plan = None if offer.agent_id in filled else next(plans, None)
+            if plan is None:
+                driver.decline_offer(offer.id)
+                continue
+            filled[offer.agent_id] = plan
+            driver.launch_tasks([offer.id], [sleeper(name, offer.agent_id, priority, text)
+                                             for name, priority, text in plan])
+
+    filler.on_offers = fill
+    batch = drivers(filler, FrameworkInfo(name="batch", roles=["batch"]),
+                    cluster.master_address)
+    await batch.registered()
+    every = [name for plan in FILL for name, _, _ in plan]
+    await wait_for(lambda: all("TASK_RUNNING" in filler.states(t) for t in every), 30,
+                   "the batch role's tasks running on every agent")
+
+    # Production arrives: a guarantee, and a framework that takes what it is offered.
+    quota = put_json(f"{cluster.master.url}/quota",
+                     {"role": "prod", "guarantee": {"cpus": GUARANTEE}})
+    assert [q["role"] for q in quota["quota"]] == ["prod"]
+    prod = Recorder()
+    launched: list[float] = []
+
+    def take(driver: Any, offers: list[Any]) -> None:
+        for offer in offers:
+            cpus = offer.resources.get("cpus")
+            if cpus <= 0 or sum(launched) >= GUARANTEE:
+                driver.decline_offer(offer.id)
+                continue
+            launched.append(cpus)
+            driver.launch_tasks([offer.id], [sleeper(
+                f"web{len(launched)}", offer.agent_id, 250, f"cpus:{cpus};mem:64")])
+
+    prod.on_offers = take
+    started = time.monotonic()
+    web = drivers(prod, FrameworkInfo(name="prod", roles=["prod"]), cluster.master_address)
+    await web.registered()
+    await wait_for(lambda: sum(launched) >= GUARANTEE, BOUND,
+                   f"the production role offered its guarantee within {BOUND}s")
+    offered_after = time.monotonic() - started
+    webs = [f"web{i + 1}" for i in range(len(launched))]
+    await wait_for(lambda: all("TASK_RUNNING" in prod.states(t) for t in webs), 20,
+                   "the production tasks running")
+
+    # The victims: lowest priority first, only as many as needed, with the reason.
+    def ended(task_id: str) -> Any:
+        done = [s for s in filler.statuses if s.task_id == task_id and s.state.is_terminal]
+        return done[-1] if done else None
+
+    killed = {t for t in every if ended(t)}
+    # Both best-effort tasks, then one batch task (the younger): 2.5 cpus.
+    assert {"be-a", "be-b"} <= killed and len(killed & {"batch-a", "batch-b"}) == 1, killed
+    assert len(killed) == 3, killed
+    for task_id in killed:
+        status = ended(task_id)
+        assert status.state == TaskState.TASK_KILLED
+        assert status.reason == Reason.CONTAINER_PREEMPTED
+        assert "quota guarantee" in status.message
+    # Never the preemptor's equal (200) nor a higher band; never the guaranteed role.
+    survivors = [t for t in every if t not in killed]
+    assert {"equal-a", "mon-b"} <= set(survivors)
+    state = cluster.state()
+    running = {t["id"]: t for f in state["frameworks"] for t in f["tasks"]}
+    assert all(running[t]["state"] == "TASK_RUNNING" for t in survivors + webs)
+    assert not [s for s in prod.statuses if s.state.is_terminal]
+    (role,) = [r for r in state["roles"] if r["name"] == "prod"]
+    assert role["allocated"]["cpus"] >= GUARANTEE
+    metrics = cluster.get(f"{cluster.master.url}/metrics/snapshot")
+    assert metrics["master/preemptions"] == len(killed)
+    preempted = [e for e in cluster.get(f"{cluster.master.url}/events")["events"]
+                 if e["type"] == "task_preempted"]
+    assert sorted(e["task_id"] for e in preempted) == sorted(killed)
+    print(f"guarantee of cpus:{GUARANTEE} offered {offered_after:.1f}s after the "
+          f"production framework subscribed (bound {BOUND}s)")
