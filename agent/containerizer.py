@@ -8,6 +8,10 @@ the last sample), because the command executor starts its task in a session of
 its own. When the run's leader exits, whatever is left of it is SIGKILLed -- the
 run is over, as when Mesos destroys a container.
 
+With ``switch_user`` (``--switch-user``, on by default when the agent is root)
+a run whose `LaunchExecutor.user` is another user runs as that user
+(`agent.users`); a user that cannot be had fails the launch with the reason.
+
 A run is either started here (`launch`: the agent's child, reaped with its exit
 status) or *adopted* after an agent restart (`adopt`: watched through a pidfd; it
 is no longer our child, so its exit status is unknown). Adoption checks the
@@ -29,6 +33,7 @@ import psutil
 from dyad.processes import describe_exit as describe_process_exit
 from dyad.processes import signal_group
 
+from agent import users
 from agent.isolation import Isolator, IsolationError, PosixIsolator, processes
 from agent.model import UNKNOWN_EXIT, LaunchExecutor, Limits, RunKey, RunSample
 
@@ -69,8 +74,9 @@ class Containerizer:
     whether the kernel killed it for memory), or None."""
 
     def __init__(self, on_exit: OnExit, base_env: dict[str, str] | None = None,
-                 isolator: Isolator | None = None) -> None:
+                 isolator: Isolator | None = None, switch_user: bool = False) -> None:
         self._on_exit = on_exit
+        self.switch_user = switch_user
         self._base_env = dict(os.environ if base_env is None else base_env)
         self.isolator: Isolator = isolator or PosixIsolator()
         self._runs: dict[RunKey, _Run] = {}
@@ -99,10 +105,19 @@ class Containerizer:
         argv = command.argv if command.argv is not None else ["/bin/sh", "-c", command.shell or ""]
         env = {**self._base_env, **effect.env}
         try:
+            run_as = users.resolve(effect.user, self.switch_user)
+            if run_as is not None:
+                argv = users.command(run_as, argv)
+                env.update(users.environment(run_as))
+        except users.UserError as exc:
+            raise LaunchError(str(exc)) from None
+        try:
             os.makedirs(effect.sandbox_dir, exist_ok=True)
             await asyncio.to_thread(self.isolator.prepare, key, self._starting[key])
             with open(os.path.join(effect.sandbox_dir, "stdout"), "ab") as out, \
                     open(os.path.join(effect.sandbox_dir, "stderr"), "ab") as err:
+                if run_as is not None:  # the whole sandbox, logs and run keys too
+                    await asyncio.to_thread(users.hand_over, run_as, effect.sandbox_dir)
                 process = await asyncio.create_subprocess_exec(
                     *self.isolator.wrap(key, argv), cwd=effect.sandbox_dir, env=env,
                     stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=err,

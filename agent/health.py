@@ -51,12 +51,14 @@ class HealthRound(TimerKey):
 class RunHealthCheck:
     """Effect: probe once (at most `check.timeout` seconds) and answer
     `HealthCheckResult(key, healthy, message)`. COMMAND checks run in `sandbox_dir`
-    with `env` on top of the agent's environment."""
+    with `env` on top of the agent's environment, as `user` (the task's run's,
+    `agent.users`; "": the agent's own)."""
 
     key: HealthRound
     check: HealthCheck
     sandbox_dir: str
     env: dict[str, str]
+    user: str = ""
 
 
 @attrs.frozen
@@ -109,6 +111,7 @@ class _Watch:
     sandbox_dir: str
     env: dict[str, str]
     started: float
+    user: str = ""
     key: HealthRound | None = None  # the current round: armed timer or check in flight
     in_flight: bool = False
     healthy: bool | None = None
@@ -133,11 +136,12 @@ class HealthChecker:
         return watch.healthy if watch else None
 
     def start(self, framework_id: str, task_id: str, check: HealthCheck, sandbox_dir: str,
-              env: dict[str, str], now: float) -> list[Effect]:
+              env: dict[str, str], now: float, user: str = "") -> list[Effect]:
         """Begin checking a task that just became TASK_RUNNING (idempotent)."""
         if (framework_id, task_id) in self._watches:
             return []
-        watch = self._watches[(framework_id, task_id)] = _Watch(check, sandbox_dir, env, now)
+        watch = self._watches[(framework_id, task_id)] = _Watch(check, sandbox_dir, env, now,
+                                                                user)
         return self._arm(framework_id, task_id, watch, now + check.delay)
 
     def stop(self, framework_id: str, task_id: str) -> list[Effect]:
@@ -154,7 +158,7 @@ class HealthChecker:
             return []
         watch.in_flight = True
         self.checks_run += 1
-        return [RunHealthCheck(key, watch.check, watch.sandbox_dir, dict(watch.env))]
+        return [RunHealthCheck(key, watch.check, watch.sandbox_dir, dict(watch.env), watch.user)]
 
     def result(self, event: HealthCheckResult, now: float) -> tuple[list[Effect], list[HealthOutcome]]:
         watch = self._current(event.key)

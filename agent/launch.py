@@ -58,8 +58,15 @@ def mesos_env(config: AgentConfig, agent_id: str | None,
     }
 
 
+def run_user(executor: AgentExecutor, task: TaskInfo, framework_user: str) -> str:
+    """Whom the run is for: a command task's own `user`, a custom executor's
+    command's, else the framework's (as the master authorized `run_task`)."""
+    command = task.command if executor.is_command else executor.info.command
+    return (command.user if command is not None else "") or framework_user
+
+
 def launch(config: AgentConfig, agent_id: str | None, executor: AgentExecutor,
-           task: TaskInfo) -> LaunchExecutor:
+           task: TaskInfo, framework_user: str = "") -> LaunchExecutor:
     """Start `executor` for its first task `task` (its limits already set)."""
     info = executor.info
     env = dict(info.command.environment)
@@ -67,7 +74,8 @@ def launch(config: AgentConfig, agent_id: str | None, executor: AgentExecutor,
     # A command task's URIs are fetched into its command executor's sandbox.
     uris = (task.command if executor.is_command and task.command else info.command).uris
     return LaunchExecutor(executor.framework_id, info.executor_id, executor.run_id,
-                          info.command, env, executor.directory, tuple(uris), executor.limits)
+                          info.command, env, executor.directory, tuple(uris), executor.limits,
+                          run_user(executor, task, framework_user))
 
 
 def task_env(config: AgentConfig, agent_id: str | None, executor: AgentExecutor,

@@ -66,6 +66,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--isolation", choices=["cgroups", "posix"], default=None,
                    help="resource isolation (default: cgroups if writable, else posix)")
     p.add_argument("--cgroups-root", default="dyad", help="cgroup under which runs live")
+    p.add_argument("--switch-user", action=argparse.BooleanOptionalAction, default=None,
+                   help="run each task as the user it names (its command's, else its "
+                        "framework's); default: on when the agent runs as root")
     p.add_argument("--status-update-retry", type=argtypes.duration, default=10.0,
                    help="first resend of an unacknowledged status update; later ones "
                         "back off (doubling, with jitter) up to --status-update-retry-max")
@@ -219,7 +222,8 @@ def _options(args: argparse.Namespace) -> AgentOptions:
         log_keep=args.log_keep, fetcher_cache_dir=args.fetcher_cache_dir,
         fetcher_cache_size=args.fetcher_cache_size,
         fetcher_allowed_paths=args.fetcher_allowed_paths, containerizers=args.containerizers,
-        docker_socket=args.docker_socket, docker_pull_timeout=args.docker_pull_timeout)
+        docker_socket=args.docker_socket, docker_pull_timeout=args.docker_pull_timeout,
+        switch_user=os.geteuid() == 0 if args.switch_user is None else args.switch_user)
 
 
 async def _serve(config: AgentConfig, master: str, isolator: Isolator,

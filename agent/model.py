@@ -182,6 +182,7 @@ class LaunchExecutor:
     sandbox_dir: str
     uris: tuple[URI, ...] = ()
     limits: Limits = Limits()
+    user: str = ""  # the Unix user to run as (agent.users); "": the agent's own
 
 
 @attrs.frozen

@@ -22,6 +22,7 @@ import socket
 
 import aiohttp
 
+from agent import users
 from agent.health import HealthCheckResult, RunHealthCheck
 from dyad.messages import HealthCheck, HealthCheckType
 
@@ -31,10 +32,10 @@ def probe_host(agent_ip: str) -> str:
 
 
 async def probe(effect: RunHealthCheck, base_env: dict[str, str],
-                host: str = "127.0.0.1") -> HealthCheckResult:
+                host: str = "127.0.0.1", switch_user: bool = False) -> HealthCheckResult:
     check = effect.check
     try:
-        healthy, message = await asyncio.wait_for(_probe(effect, base_env, host),
+        healthy, message = await asyncio.wait_for(_probe(effect, base_env, host, switch_user),
                                                   check.timeout or None)
     except asyncio.TimeoutError:
         healthy, message = False, f"no answer within {check.timeout:g}s"
@@ -42,13 +43,13 @@ async def probe(effect: RunHealthCheck, base_env: dict[str, str],
 
 
 async def _probe(effect: RunHealthCheck, base_env: dict[str, str],
-                 host: str) -> tuple[bool, str]:
+                 host: str, switch_user: bool) -> tuple[bool, str]:
     check = effect.check
     if check.type == HealthCheckType.HTTP:
         return await _http(check, host)
     if check.type == HealthCheckType.TCP:
         return await _tcp(check, host)
-    return await _command(effect, base_env)
+    return await _command(effect, base_env, switch_user)
 
 
 async def _http(check: HealthCheck, host: str) -> tuple[bool, str]:
@@ -76,11 +77,19 @@ async def _tcp(check: HealthCheck, host: str) -> tuple[bool, str]:
     return True, "connected"
 
 
-async def _command(effect: RunHealthCheck, base_env: dict[str, str]) -> tuple[bool, str]:
+async def _command(effect: RunHealthCheck, base_env: dict[str, str],
+                   switch_user: bool) -> tuple[bool, str]:
     command = effect.check.command
     assert command is not None
     argv = command.argv if command.argv is not None else ["/bin/sh", "-c", command.shell or ""]
     env = {**base_env, **effect.env, **command.environment}
+    try:  # as the task's user, never root on its behalf
+        run_as = users.resolve(effect.user, switch_user)
+        if run_as is not None:
+            argv = users.command(run_as, argv)
+            env.update(users.environment(run_as))
+    except users.UserError as exc:
+        return False, f"cannot run the check: {exc}"
     try:
         process = await asyncio.create_subprocess_exec(
             *argv, cwd=effect.sandbox_dir, env=env, stdin=asyncio.subprocess.DEVNULL,

@@ -89,7 +89,8 @@ class ExecutorRuns:
         executor.limits = limits.limits(executor)
         if executor.info.container is not None:  # no registration timer while pulling
             return self._launch_container(executor, task)
-        return [launch.launch(self.config, self.agent_id, executor, task),
+        return [launch.launch(self.config, self.agent_id, executor, task,
+                              self._run_user(executor, task)),
                 *self._arm_executor_timer(executor, RegistrationTimeout,
                                           now + self.config.executor_registration_timeout)]
 
@@ -186,11 +187,17 @@ class ExecutorRuns:
             if task.state == TaskState.TASK_RUNNING and check and task.kill_as is None:
                 effects += self.health.start(task.framework_id, task.task_id, check,
                                              executor.directory,
-                                             self._task_env(executor, task), now)
+                                             self._task_env(executor, task), now,
+                                             self._run_user(executor, task.info))
         return effects
 
     def _task_env(self, executor: AgentExecutor, task: AgentTask) -> dict[str, str]:
         return launch.task_env(self.config, self.agent_id, executor, task)
+
+    def _run_user(self, executor: AgentExecutor, task: TaskInfo) -> str:
+        """The user `executor`'s run runs as (its COMMAND health checks too)."""
+        framework = self.records.frameworks.get(executor.framework_id)
+        return launch.run_user(executor, task, framework.info.user if framework else "")
 
     def _arm_executor_timer(self, executor: AgentExecutor, kind: type[ExecutorTimer],
                             at: float) -> list[Effect]:

@@ -51,7 +51,8 @@ from agent.state import AgentState, Event
 from agent.status_updates import SendMaster
 from dyad import security
 from dyad.auth import (
-    DYAD_CURVE_KEY, DYAD_MASTER_KEY, TOKEN_ENV, TOKEN_FILE_ENV, ClientCredentials, HandshakeWatch,
+    DYAD_CURVE_KEY, DYAD_MASTER_KEY, TOKEN_ENV, TOKEN_FILE_ENV, ClientCredentials,
+    CredentialsError, HandshakeWatch,
 )
 from dyad.clock import Clock, SystemClock
 from dyad.detector import Detector, LeaderFollower, make_detector
@@ -90,6 +91,7 @@ class AgentOptions:
     containerizers: tuple[str, ...] | None = None
     docker_socket: str = DEFAULT_SOCKET
     docker_pull_timeout: float = DEFAULT_PULL_TIMEOUT
+    switch_user: bool = False  # run tasks as the users they name (agent/users.py)
 
 
 def executor_base_env() -> dict[str, str]:
@@ -159,7 +161,8 @@ class AgentServer:
             else "the v1 executor API has no authentication: off while executors must")
         self._checkpoints = checkpoint_file.Writer(config.work_dir)
         isolator = isolator or detect(config.isolation, self.options.cgroups_root)
-        self._containerizer = Containerizer(self._on_process_exit, self._base_env, isolator)
+        self._containerizer = Containerizer(self._on_process_exit, self._base_env, isolator,
+                                            self.options.switch_user)
         cache_dir = self.options.fetcher_cache_dir or os.path.join(config.work_dir, "cache")
         self.fetcher = Fetcher(FetcherCache(cache_dir, self.options.fetcher_cache_size),
                                self.options.fetch_timeout, self.options.fetcher_allowed_paths)
@@ -202,8 +205,8 @@ class AgentServer:
         await self._connect_docker()
         self.state = AgentState(self.config)
         await asyncio.to_thread(self.fetcher.cache.load)
-        self._dealer = Dealer(curve=self.client.keys, server_key=self.client.master_key(None)
-                              if self.client.keys else None)
+        pinned = self.client.master_keys[0] if self.client.master_keys else None
+        self._dealer = Dealer(curve=self.client.keys, server_key=pinned)
         if self.client.keys is not None:  # say why the master does not answer, if it refuses us
             self._master_watch = HandshakeWatch(
                 self._dealer.socket, lambda where, why: self.refusals("by_master", where, why))
@@ -444,6 +447,12 @@ class AgentServer:
 
     def _master_detected(self, info: MasterInfo) -> None:
         log.info("master detected at %s", info.zmq_endpoint)
+        if self._dealer is not None and self._dealer.curve:
+            try:  # the advertised key, if we pin none or pin it (docs/security.md)
+                self._dealer.set_server_key(self.client.master_key(info.curve_key.encode() or None))
+            except CredentialsError as exc:
+                self.refusals("master_key", info.zmq_endpoint, str(exc))
+                return
         self._events.put_nowait(MasterDetected(info))
 
     def _timer_due(self, key: Hashable) -> None:
@@ -534,7 +543,8 @@ class AgentServer:
         if self.docker is not None and found is not None:
             result = await self.docker.probe(found[0].key, effect)
         if result is None:
-            result = await probe(effect, self._base_env, probe_host(self.config.ip))
+            result = await probe(effect, self._base_env, probe_host(self.config.ip),
+                                 self.options.switch_user)
         self._events.put_nowait(result)
 
     # ------------------------------------------------------------------ effects

@@ -542,7 +542,8 @@ class AgentState(ContainerRuns):
         check = task.info.health_check
         if status.state == TaskState.TASK_RUNNING and check is not None and outcome is None:
             effects += self.health.start(task.framework_id, task.task_id, check,
-                                         executor.directory, self._task_env(executor, task), now)
+                                         executor.directory, self._task_env(executor, task), now,
+                                         self._run_user(executor, task.info))
         return effects + ack
 
     def _transition(self, executor: AgentExecutor, task: AgentTask, update: StatusUpdate,

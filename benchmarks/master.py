@@ -311,10 +311,18 @@ def main(argv: list[str] | None = None) -> int:
     reference = reference_round_trips(size, 1.0 if args.quick else 3.0)
     print(f"reference: {reference:,.0f} round trips/s", flush=True)
 
+    return report(args, total, reference, *measure(args, total))
+
+
+def measure(args: argparse.Namespace, total: int, master_args: tuple[str, ...] = ()
+            ) -> tuple[list[Launcher], list[SchedulerDriver], list[dict[str, int]],
+                       dict[str, float], dict[str, float], dict[str, float]]:
+    """One cluster: a master (with `master_args`), `args.agents` simulated agents in
+    `args.workers` processes, `args.frameworks` frameworks launching `total` tasks."""
     ctx = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="dyad-master-bench-") as scratch:
         cluster = LocalCluster(work_dir=Path(scratch), agents=0,
-                               master_args=["--log-level", "warning"])
+                               master_args=["--log-level", "warning", *master_args])
         workers: list[tuple[Any, Connection]] = []
         try:
             cluster.start()
@@ -351,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
             for process, _ in workers:
                 process.kill()
             cluster.stop()
-    return report(args, total, reference, launchers, drivers, reports, before, after, cpu)
+    return launchers, drivers, reports, before, after, cpu
 
 
 def report(args: argparse.Namespace, total: int, reference: float, launchers: list[Launcher],

@@ -9,6 +9,8 @@
 # build installs wheels pre-built here, so no CA bundle has to enter the image.
 #
 # DYAD_SKIP_COMPOSE=1 skips it (say so loudly); any failure exits non-zero.
+# DYAD_COMPOSE_SECURE=1 runs the secured demo (docker-compose.secure.yml on top):
+# the same checks over HTTPS with the cluster's CA and the operator's token.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,7 +25,20 @@ started=$(date +%s)
 work=$(mktemp -d /tmp/dyad-compose.XXXXXX)
 export DOCKER_HOST="unix://$work/docker.sock"
 project=dyadsmoke
-compose() { docker-compose -p "$project" -f docker-compose.yml "$@"; }
+files=(-f docker-compose.yml)
+scheme=http
+if [ "${DYAD_COMPOSE_SECURE:-0}" = "1" ]; then
+  files+=(-f docker-compose.secure.yml)
+  scheme=https
+fi
+compose() { docker-compose -p "$project" "${files[@]}" "$@"; }
+api() {  # curl a Dyad API from the host, with the CA and a token when secured
+  if [ "$scheme" = https ]; then
+    curl -fs --cacert "$work/ca.pem" -H "Authorization: Bearer $(cat "$work/operator.token")" "$@"
+  else
+    curl -fs "$@"
+  fi
+}
 
 # Every mount at or below $1, deepest first. dockerd leaves exec/netns/default
 # mounted when it exits, and overlay and shm mounts under data/ when it dies hard.
@@ -119,7 +134,7 @@ wait_for() {
 py() { python3 -c "$@"; }
 leader_port() {  # prints 5050 or 5060: the published port of the leading master
   for port in 5050 5060; do
-    if curl -fs "http://127.0.0.1:$port/state" | py 'import json,sys; s=json.load(sys.stdin); sys.exit(0 if s.get("elected") else 1)'; then
+    if api "$scheme://127.0.0.1:$port/state" | py 'import json,sys; s=json.load(sys.stdin); sys.exit(0 if s.get("elected") else 1)'; then
       echo "$port"; return 0
     fi
   done
@@ -127,21 +142,27 @@ leader_port() {  # prints 5050 or 5060: the published port of the leading master
 }
 agents_registered() {
   local port; port=$(leader_port) || return 1
-  curl -fs "http://127.0.0.1:$port/state" \
+  api "$scheme://127.0.0.1:$port/state" \
     | py 'import json,sys; s=json.load(sys.stdin); sys.exit(0 if len([a for a in s["agents"] if a.get("active", True)]) >= 3 else 1)'
 }
 app_healthy() {
-  curl -fs http://127.0.0.1:8080/v2/apps/demo/web \
+  api "$scheme://127.0.0.1:8080/v2/apps/demo/web" \
     | py 'import json,sys; a=json.load(sys.stdin)["app"]; sys.exit(0 if a["tasksRunning"] >= 2 and a.get("tasksHealthy", 0) >= 2 else 1)'
 }
 running_task_ids() {
-  curl -fs http://127.0.0.1:8080/v2/apps/demo/web/tasks \
+  api "$scheme://127.0.0.1:8080/v2/apps/demo/web/tasks" \
     | py 'import json,sys; print(" ".join(sorted(t["id"] for t in json.load(sys.stdin)["tasks"] if t.get("state", "TASK_RUNNING") == "TASK_RUNNING")))'
 }
 wordcount_done() {
   [ "$(docker inspect -f '{{.State.Status}}' "$(compose ps -q wordcount)")" = exited ]
 }
 
+if [ "$scheme" = https ]; then
+  keys_made() { [ "$(docker inspect -f '{{.State.Status}} {{.State.ExitCode}}' "$(compose ps -q keys)")" = "exited 0" ]; }
+  wait_for 120 "the cluster's keys generated" keys_made
+  docker cp "$(compose ps -q keys)":/keys/tls/ca.pem "$work/ca.pem"
+  docker cp "$(compose ps -q keys)":/keys/tokens/operator.token "$work/operator.token"
+fi
 wait_for 240 "a leading master" leader_port
 wait_for 120 "3 agents registered" agents_registered
 wait_for 240 "the demo app running and healthy" app_healthy

@@ -4,6 +4,10 @@ Every Dyad process that accepts connections learns *principals* (short names suc
 as ``agent`` or ``ops``) from one credentials file; authorization (who may do
 what) is a separate question asked later with the principal (`dyad.authz`).
 
+What a *client* carries (its keys, the server keys it trusts, the CA, a token:
+`ClientCredentials`, `load_keys`, `curve_client`, `HandshakeWatch`) lives in
+`dyad.client_auth`, which executors import without aiohttp; it is re-exported here.
+
 - ZeroMQ: CURVE. Keys are pyzmq certificate files (`create_keys`, `load_keys`).
   A server socket (`curve_server`) hands each handshake to the `ZapAuthenticator`
   of its context, which admits only client keys listed in the credentials and
@@ -11,7 +15,7 @@ what) is a separate question asked later with the principal (`dyad.authz`).
   connection with it, read back by `frame_principal`. `ZAP_ENFORCE_DOMAIN` is set,
   so a server whose authenticator is not running refuses everyone rather than
   admitting everyone (libzmq's legacy default).
-- HTTP: TLS contexts (`server_ssl_context`, `client_ssl_context`) and an aiohttp
+- HTTP: TLS contexts (`server_ssl_context`; clients' in `dyad.client_auth`) and an aiohttp
   middleware (`HttpAuthenticator.middleware`) that authenticates every request
   but the open paths (``/health``) with a bearer token or HTTP basic, puts the
   principal on the request, refuses cross-origin writes, and answers 401 JSON.
@@ -39,7 +43,6 @@ import os
 import re
 import secrets
 import ssl
-import urllib.request
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
@@ -50,16 +53,33 @@ import zmq.asyncio
 import zmq.auth
 from aiohttp import web
 from zmq.utils import z85
-from zmq.utils.monitor import recv_monitor_message
 
 from dyad import bounded_json
+
+# Re-exported: what clients carry lives in dyad.client_auth (no aiohttp, for
+# executors); servers and the CLI keep importing it from here.
+from dyad.client_auth import (  # noqa: F401
+    DYAD_CA,
+    DYAD_CURVE_KEY,
+    DYAD_MASTER_KEY,
+    TOKEN_ENV,
+    TOKEN_FILE_ENV,
+    ClientCredentials,
+    CredentialsError,
+    CurveKeys,
+    HandshakeWatch,
+    bearer_header,
+    client_ssl_context,
+    client_token,
+    curve_client,
+    load_keys,
+    own_secret,
+)
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # fixed by the ZAP specification (RFC 27)
 ZAP_DOMAIN = "dyad"
 PRINCIPAL_PROPERTY = "User-Id"
 OPEN_PATHS = frozenset({"/health"})
-TOKEN_ENV = "DYAD_TOKEN"
-TOKEN_FILE_ENV = "DYAD_TOKEN_FILE"
 PBKDF2_ITERATIONS = 200_000
 _PRINCIPAL = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
 _Z85_KEY = re.compile(r"^[0-9A-Za-z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$")
@@ -68,10 +88,6 @@ _PASSWORD_CACHE = 1024
 
 Refused = Callable[[str, str, str], None]
 """`refused(kind, peer, reason)`: told of every refusal, to count and log it."""
-
-
-class CredentialsError(ValueError):
-    """A credentials, key or certificate file cannot be used; says which and why."""
 
 
 class AuthError(Exception):
@@ -212,28 +228,7 @@ def load_credentials(path: str | os.PathLike[str]) -> Credentials:
         raise CredentialsError(f"{path}: {exc}") from None
 
 
-def client_token(environ: dict[str, str] | None = None) -> str | None:
-    """The token a CLI or driver presents: $DYAD_TOKEN, else the file $DYAD_TOKEN_FILE."""
-    env = os.environ if environ is None else environ
-    if env.get(TOKEN_ENV):
-        return env[TOKEN_ENV].strip()
-    if env.get(TOKEN_FILE_ENV):
-        try:
-            return Path(env[TOKEN_FILE_ENV]).read_text().strip()
-        except OSError as exc:
-            raise CredentialsError(f"cannot read the token file: {exc}") from None
-    return None
-
-
 # ------------------------------------------------------------------- CURVE
-
-@attrs.frozen
-class CurveKeys:
-    """A CURVE key pair in Z85; `secret` is None for a peer's public certificate."""
-
-    public: bytes
-    secret: bytes | None = attrs.field(default=None, repr=False)
-
 
 def create_keys(directory: str | os.PathLike[str], name: str) -> tuple[Path, Path]:
     """Write `name.key` (public) and `name.key_secret` (mode 0600); return both paths."""
@@ -242,35 +237,14 @@ def create_keys(directory: str | os.PathLike[str], name: str) -> tuple[Path, Pat
     return Path(public), Path(secret)
 
 
-def load_keys(path: str | os.PathLike[str]) -> CurveKeys:
-    try:
-        public, secret = zmq.auth.load_certificate(os.fspath(path))
-    except (OSError, ValueError) as exc:
-        raise CredentialsError(f"cannot load CURVE keys {path}: {exc}") from None
-    return CurveKeys(public, secret)
-
-
-def _own_keys(keys: CurveKeys) -> bytes:
-    if keys.secret is None:
-        raise CredentialsError("a socket needs its own secret key (the .key_secret file)")
-    return keys.secret
-
-
 def curve_server(sock: zmq.Socket[Any], keys: CurveKeys) -> None:
     """Make `sock` (before bind) a CURVE server whose handshakes the context's
     `ZapAuthenticator` decides; with none running, every handshake fails."""
-    sock.setsockopt(zmq.CURVE_SECRETKEY, _own_keys(keys))
+    sock.setsockopt(zmq.CURVE_SECRETKEY, own_secret(keys))
     sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
     sock.setsockopt(zmq.CURVE_SERVER, 1)
     sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN.encode())
     sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
-
-
-def curve_client(sock: zmq.Socket[Any], keys: CurveKeys, server_public: bytes) -> None:
-    """Make `sock` (before connect) a CURVE client that trusts only `server_public`."""
-    sock.setsockopt(zmq.CURVE_SECRETKEY, _own_keys(keys))
-    sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
-    sock.setsockopt(zmq.CURVE_SERVERKEY, server_public)
 
 
 def frame_principal(frame: zmq.Frame) -> str | None:
@@ -354,45 +328,6 @@ class ZapAuthenticator:
         self._sock = self._task = None
 
 
-class HandshakeWatch:
-    """Tell a CURVE client why its handshakes fail; ZeroMQ itself only retries.
-
-    `refused(endpoint, reason)` is called on each failed handshake: the server
-    refused our key (ZAP said 400), or the handshake broke, which for a CURVE
-    client almost always means the server is not the one whose key we trust."""
-
-    CLIENT_EVENTS = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-                     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
-    # On a server, ZAP refusals are told by the ZAP handler; these are the rest
-    # (a client without CURVE, or one that does not know the server's key).
-    SERVER_EVENTS = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-
-    def __init__(self, sock: zmq.asyncio.Socket, refused: Callable[[str, str], None],
-                 events: int = CLIENT_EVENTS) -> None:
-        self._monitor = sock.get_monitor_socket(events)
-        self._sock = sock
-        self._refused = refused
-        self._task = asyncio.ensure_future(self._watch())
-
-    async def _watch(self) -> None:
-        while True:
-            event = await recv_monitor_message(self._monitor)
-            endpoint = event["endpoint"].decode(errors="replace")
-            if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-                self._refused(endpoint, f"the server refused our key (ZAP status "
-                                        f"{int(event['value'])})")
-            else:
-                self._refused(endpoint, "CURVE handshake failed: the server's key is not "
-                                        "the one we trust, or it does not speak CURVE")
-
-    async def stop(self) -> None:
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
-        if not self._sock.closed:
-            self._sock.disable_monitor()
-        self._monitor.close(linger=0)
-
-
 # ---------------------------------------------------------------------- TLS
 
 def server_ssl_context(cert: str | os.PathLike[str], key: str | os.PathLike[str],
@@ -410,24 +345,6 @@ def server_ssl_context(cert: str | os.PathLike[str], key: str | os.PathLike[str]
     return context
 
 
-def client_ssl_context(ca: str | os.PathLike[str], cert: str | os.PathLike[str] | None = None,
-                       key: str | os.PathLike[str] | None = None) -> ssl.SSLContext:
-    """TLS for an HTTP client that trusts only servers `ca` signed, for their names."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED, check_hostname
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    try:
-        context.load_verify_locations(os.fspath(ca))
-        if cert is not None:
-            context.load_cert_chain(os.fspath(cert), None if key is None else os.fspath(key))
-    except (OSError, ssl.SSLError) as exc:
-        raise CredentialsError(f"cannot load TLS CA {ca}: {exc}") from None
-    return context
-
-
-# --------------------------------------------------------------------- HTTP
-
-# aiohttp 3.14 brought typed request keys and warns about plain string keys;
-# older releases (setup.cfg allows 3.9) have only the string form.
 PRINCIPAL_KEY: Any = (web.RequestKey("dyad.principal", str) if hasattr(web, "RequestKey")
                       else "dyad.principal")
 """`request[PRINCIPAL_KEY]`: the principal of an authenticated request (None on open paths)."""
@@ -436,10 +353,6 @@ PRINCIPAL_KEY: Any = (web.RequestKey("dyad.principal", str) if hasattr(web, "Req
 def request_principal(request: web.Request) -> str | None:
     principal = request.get(PRINCIPAL_KEY)
     return principal if isinstance(principal, str) else None
-
-
-def bearer_header(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 def basic_header(user: str, secret: str) -> dict[str, str]:
@@ -545,77 +458,6 @@ def _same_origin(request: web.Request) -> None:
     cross = request.headers.get("Sec-Fetch-Site") == "cross-site"
     if cross or (origin is not None and origin.split("://", 1)[-1] != request.host):
         raise AuthError("cross-origin write refused", kind="cross_origin")
-
-
-DYAD_CURVE_KEY = "DYAD_CURVE_KEY"
-DYAD_MASTER_KEY = "DYAD_MASTER_KEY"
-DYAD_CA = "DYAD_CA"
-
-
-@attrs.frozen
-class ClientCredentials:
-    """What a client of the master carries (agent, scheduler driver, CLI): its
-    own CURVE keys, the master public keys it trusts, the CA for HTTPS, a token."""
-
-    keys: CurveKeys | None = None
-    master_keys: tuple[bytes, ...] = ()
-    ca: Path | None = None
-    token: str | None = None
-
-    @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> ClientCredentials:
-        """$DYAD_CURVE_KEY (our .key_secret file), $DYAD_MASTER_KEY (the master's
-        .key files, ':'-separated during a rotation), $DYAD_CA, and the token of
-        `client_token`. Unset variables leave the part out."""
-        env = os.environ if environ is None else environ
-        keys = load_keys(env[DYAD_CURVE_KEY]) if env.get(DYAD_CURVE_KEY) else None
-        masters = tuple(load_keys(path).public
-                        for path in env.get(DYAD_MASTER_KEY, "").split(os.pathsep) if path)
-        if (keys is None) != (not masters):
-            raise CredentialsError(f"CURVE needs both ${DYAD_CURVE_KEY} and ${DYAD_MASTER_KEY}")
-        return cls(keys, masters, Path(env[DYAD_CA]) if env.get(DYAD_CA) else None,
-                   client_token(env))
-
-    @property
-    def curve(self) -> bool:
-        return self.keys is not None
-
-    def ssl_context(self) -> ssl.SSLContext | None:
-        """TLS trusting only the cluster CA, or None when no CA is given."""
-        return client_ssl_context(self.ca) if self.ca is not None else None
-
-    def headers(self) -> dict[str, str]:
-        return bearer_header(self.token) if self.token else {}
-
-    def base_url(self, address: str) -> str:
-        """'host:port' -> https://host:port with a CA (the servers speak TLS),
-        else http://; an address with a scheme is kept as it is."""
-        address = address.strip().rstrip("/")
-        if address.startswith(("http://", "https://")):
-            return address
-        return f"{'https' if self.ca is not None else 'http'}://{address}"
-
-    def urlopen(self, request: urllib.request.Request | str, timeout: float) -> Any:
-        """`urllib.request.urlopen` with our token and, with a CA, TLS trusting
-        only it (for the CLI and other blocking clients)."""
-        if isinstance(request, str):
-            request = urllib.request.Request(request)
-        for name, value in self.headers().items():
-            request.add_header(name, value)
-        return urllib.request.urlopen(request, timeout=timeout, context=self.ssl_context())
-
-    def master_key(self, advertised: bytes | None) -> bytes:
-        """The master key to connect with: the one the master advertises (in its
-        MasterInfo) if we trust it, else the first we trust. Refuse an untrusted
-        advertised key: ZooKeeper or plain HTTP may have been tampered with."""
-        if not self.master_keys:
-            raise CredentialsError("no trusted master key")
-        if advertised is None:
-            return self.master_keys[0]
-        if advertised not in self.master_keys:
-            raise CredentialsError(f"the master advertises CURVE key {advertised.decode()}, "
-                                   "which is not among the keys we trust")
-        return advertised
 
 
 def is_loopback(host: str) -> bool:

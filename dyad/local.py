@@ -271,6 +271,8 @@ class LocalCluster:
             "--executor-port", "0", "--work-dir", str(self.work_dir / f"agent{index}"),
             "--resources", agent_resources(self.resources, index),
             "--attributes", self.attributes(index), *self._server_args("agent"),
+            # Tasks run as you unless --secure (frameworks often name `nobody`).
+            *([] if self.secure else ["--no-switch-user"]),
             *self.agent_args], principal="agent" if self.secure else "")
         match = _wait_for_line(child, _AGENT_LINE, time.monotonic() + timeout)
         child.url, child.zmq = match.group(1), match.group(2)

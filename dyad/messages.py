@@ -164,6 +164,10 @@ class MasterInfo:
     zmq_port: int
     version: str
     address: Address
+    # The master's CURVE public key (Z85), "" without CURVE: clients that pin no
+    # key learn it here, as they learn the address (docs/security.md says when
+    # that is trusted); a client that pins keys refuses any other.
+    curve_key: str = ""
 
     @property
     def http_url(self) -> str:

@@ -29,10 +29,10 @@ import zmq.asyncio
 from dyad.messages import MAX_FRAME_BYTES, Message, MessageError, decode, encode
 
 if TYPE_CHECKING:
-    from dyad.auth import CurveKeys
+    from dyad.client_auth import CurveKeys
 
-# dyad.auth (which imports aiohttp) is imported only when CURVE is asked for:
-# every executor process imports this module, and most never need it.
+# CURVE helpers are imported only when CURVE is asked for (dyad.auth, which
+# imports aiohttp, only by servers): every executor process imports this module.
 
 # Frames above this are dropped by libzmq itself (the peer is disconnected); frames
 # between MAX_FRAME_BYTES and this reach `decode`, which rejects them with a reason.
@@ -217,7 +217,8 @@ class Dealer:
     """A DEALER connected to one endpoint at a time; `connect` again to follow a
     new leader. The socket and identity stay, so a pending `recv` survives.
     With `curve` (our key pair) and `server_key` it speaks CURVE and talks only
-    to a server holding the secret of `server_key`."""
+    to a server holding the secret of `server_key`; without `server_key`,
+    `set_server_key` must name it before the first `connect`."""
 
     def __init__(self, identity: str | None = None,
                  context: zmq.asyncio.Context | None = None, *,
@@ -228,11 +229,28 @@ class Dealer:
         _configure(self._sock)
         self._sock.setsockopt(zmq.IDENTITY, self.identity)
         self.endpoint: str | None = None
-        if (curve is None) != (server_key is None):
-            raise ValueError("CURVE needs both our keys and the server's public key")
-        if curve is not None and server_key is not None:
-            from dyad.auth import curve_client
+        self.curve = curve is not None
+        self.server_key: bytes | None = None
+        if curve is None and server_key is not None:
+            raise ValueError("a server key needs our own CURVE keys")
+        if curve is not None:
+            from dyad.client_auth import curve_client
             curve_client(self._sock, curve, server_key)
+            self.server_key = server_key
+
+    def set_server_key(self, server_key: bytes) -> None:
+        """Talk (CURVE) only to a server holding the secret of `server_key`
+        from now on; a connection made with another key is made again."""
+        if not self.curve:
+            raise ValueError("a server key needs our own CURVE keys")
+        if server_key == self.server_key:
+            return
+        self._sock.setsockopt(zmq.CURVE_SERVERKEY, server_key)
+        self.server_key = server_key
+        endpoint, self.endpoint = self.endpoint, None
+        if endpoint is not None:
+            self._sock.disconnect(endpoint)
+            self.connect(endpoint)
 
     @property
     def socket(self) -> zmq.asyncio.Socket:
@@ -243,6 +261,8 @@ class Dealer:
         """(Re)connect to `endpoint`; messages queued for the old one are dropped."""
         if endpoint == self.endpoint:
             return
+        if self.curve and self.server_key is None:
+            raise ValueError("CURVE: set the server's public key before connecting")
         if self.endpoint is not None:
             self._sock.disconnect(self.endpoint)
         self._sock.connect(endpoint)

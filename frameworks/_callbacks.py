@@ -101,6 +101,7 @@ class DriverRuntime(Generic[CoreT]):
         self._worker: asyncio.Task[Finish] | None = None
         self._stopping = False
         self._dealer: Dealer | None = None
+        self._secure: SecureDealer | None = None
         self._credentials = credentials  # dyad.auth.ClientCredentials, or None
         self.messages_invalid = 0
         """Frames from the peer that failed to decode (each answered with Rejected)."""
@@ -154,7 +155,7 @@ class DriverRuntime(Generic[CoreT]):
         early = self._claim()
         status = DriverStatus.ABORTED
         secure = SecureDealer(self._credentials, self._auth_refused)
-        self._dealer = secure.dealer
+        self._dealer, self._secure = secure.dealer, secure
         try:
             self._worker = asyncio.create_task(self._run_callbacks())
             await self._open()

@@ -230,10 +230,10 @@ class SchedulerDriver(DriverRuntime[SchedulerCore]):
         await self._detector.close()
 
     def _use_master(self, master: MasterInfo) -> None:
-        assert self._dealer is not None
+        assert self._secure is not None
         log.info("master %s at %s", master.id, master.zmq_endpoint)
-        self._dealer.connect(master.zmq_endpoint)
-        self._handle(MasterDetected(master))
+        if self._secure.connect_master(master.zmq_endpoint, master.curve_key):
+            self._handle(MasterDetected(master))
 
     def _perform_other(self, effect: Any) -> None:
         if isinstance(effect, Detect):

@@ -15,7 +15,9 @@ Besides the ACLs (`dyad.authz`), ids are bound to principals:
   so is any scheduler message about a framework that is not the sender's,
   except kill, acknowledge, reconcile and teardown where the ACLs allow them.
 - an agent id belongs to the principal that registered it; re-registering with
-  it as anyone else is refused.
+  it as anyone else is refused. The registry keeps these owners
+  (`RegistryData.agent_owners`), so a failover does not hand a known agent's id
+  to the first principal that asks for it.
 
 A refusal is a reason (a `str`); the core answers it `Rejected` (or a 403 reply),
 counts it in ``master/auth_failures/forbidden`` and changes nothing.
@@ -24,6 +26,7 @@ counts it in ``master/auth_failures/forbidden`` and changes nothing.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 
 import attrs
 
@@ -80,6 +83,15 @@ class Authorizer:
     @property
     def open(self) -> bool:
         return self.acls.permissive and not self.acls.rules
+
+    def owners_of(self, agent_ids: Iterable[str]) -> dict[str, str]:
+        """The owners the registry keeps: those of the agents it still knows."""
+        return {agent_id: self.agent_owners[agent_id] for agent_id in agent_ids
+                if agent_id in self.agent_owners}
+
+    def restore_owners(self, owners: Mapping[str, str]) -> None:
+        """A new leader takes over the owners its predecessor recorded."""
+        self.agent_owners.update(owners)
 
     # ------------------------------------------------------------- messages
 

@@ -78,6 +78,8 @@ class RegistryData:
     weights: dict[str, float] = attrs.field(factory=dict)
     quota: dict[str, QuotaEntry] = attrs.field(factory=dict)
     dynamic: dict[str, DynamicResources] = attrs.field(factory=dict)  # by agent id
+    # agent id -> the principal that registered it (master/authorization.py)
+    agent_owners: dict[str, str] = attrs.field(factory=dict)
 
 
 def snapshot_of(state: MasterState) -> RegistryData:
@@ -87,7 +89,9 @@ def snapshot_of(state: MasterState) -> RegistryData:
         weights=dict(state.weights),
         quota={role: QuotaEntry(guarantee=dict(q.guarantee), limit=dict(q.limit))
                for role, q in state.quota.items()},
-        dynamic=state.dynamic_resources())
+        dynamic=state.dynamic_resources(),
+        agent_owners=state.authorizer.owners_of([*state.agents, *state.recovering,
+                                                 *state.unreachable]))
 
 
 def encode(data: RegistryData) -> bytes:

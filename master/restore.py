@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 def restore(state: MasterState, data: RegistryData, now: float) -> list[Effect]:
     """Hand a new leader's fresh `state` what the registry held (before any event)."""
+    state.authorizer.restore_owners(data.agent_owners)
     try:
         return state.restore(data.agents, data.unreachable, data.weights,
                              {role: Quota(guarantee=entry.guarantee, limit=entry.limit)

@@ -194,7 +194,8 @@ class MasterServer:
         self._info = MasterInfo(
             id=self._ids.prefix, hostname=self.hostname, ip=self.ip, port=port,
             zmq_port=zmq_port, version=VERSION,
-            address=Address(hostname=self.hostname, ip=self.ip, port=port))
+            address=Address(hostname=self.hostname, ip=self.ip, port=port),
+            curve_key=self.security.curve.public.decode() if self.security.curve else "")
         self._router = router
         if self._usage_config is not None:
             self.usage = UsageService(self._usage_config, self._usage_memory_limit,

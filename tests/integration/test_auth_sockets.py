@@ -135,6 +135,30 @@ async def test_a_client_refuses_a_server_with_another_key(
         await curve.recv(timeout=0.5)
 
 
+async def test_a_dealer_told_the_right_server_key_later_reconnects_with_it(
+        curve: CurveServer, cluster_dir: Path, stranger_dir: Path) -> None:
+    """How a client that learns the master's key from its MasterInfo connects:
+    no key, no connection; a wrong key sends nothing; the right one, set on the
+    same endpoint, connects again and gets through."""
+    from dyad.messages import Ping
+    from dyad.transport import Dealer
+
+    dealer = Dealer(context=curve.context, curve=keys(cluster_dir, "agent"))
+    curve.sockets.append(dealer.socket)
+    endpoint = f"tcp://127.0.0.1:{curve.port}"
+    with pytest.raises(ValueError, match="server's public key"):
+        dealer.connect(endpoint)
+    dealer.set_server_key(keys(stranger_dir, "agent").public)
+    dealer.connect(endpoint)
+    await dealer.send(Ping(agent_id="S1"))
+    with pytest.raises(asyncio.TimeoutError):
+        await curve.recv(timeout=0.5)
+    dealer.set_server_key(curve.keys.public)
+    await dealer.send(Ping(agent_id="S1"))
+    _, frame, principal = await curve.recv()
+    assert principal == "agent" and b"ping" in frame.lower()
+
+
 async def test_without_a_running_authenticator_everyone_is_refused(cluster_dir: Path) -> None:
     """ZAP_ENFORCE_DOMAIN: a server that forgot its authenticator admits nobody,
     instead of libzmq's legacy default of admitting every CURVE client."""

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import attrs
 import pytest
 
 from dyad import keys_cli
@@ -25,6 +26,7 @@ from dyad.messages import (
     Acknowledge,
     AgentInfo,
     CommandInfo,
+    ExecutorInfo,
     FrameworkInfo,
     Kill,
     Message,
@@ -223,6 +225,40 @@ async def test_a_framework_cannot_take_over_or_act_on_anothers(cluster: LocalClu
         await stop(driver, task)
 
 
+async def test_the_master_advertises_its_key_and_a_client_pinning_none_learns_it(
+        cluster: LocalCluster) -> None:
+    status, info = await http(cluster, "GET", f"{cluster.master.url}/master/info", "alice")
+    assert status == 200 and info["curve_key"] == master_key(cluster).decode()
+    learner = attrs.evolve(credentials(cluster, "alice"), master_keys=())
+    recorder = Recorder()
+    driver = SchedulerDriver(recorder, FrameworkInfo(name="learner"),
+                             master=cluster.master_address, credentials=learner)
+    task = asyncio.ensure_future(driver.run_async())
+    try:
+        await wait_for(lambda: recorder.framework_id is not None, 20,
+                       "registered with the key /master/info (over verified HTTPS) advertised")
+    finally:
+        await stop(driver, task)
+
+
+async def test_a_pinned_master_key_wins_over_the_advertised_one(
+        cluster: LocalCluster, stranger: Path) -> None:
+    pinned_elsewhere = attrs.evolve(credentials(cluster, "alice"), master_keys=(
+        load_keys(stranger / "curve" / "agent.key").public,))
+    recorder = Recorder()
+    driver = SchedulerDriver(recorder, FrameworkInfo(name="pinned"),
+                             master=cluster.master_address, credentials=pinned_elsewhere)
+    task = asyncio.ensure_future(driver.run_async())
+    try:
+        await wait_for(lambda: any("not among the keys we trust" in m
+                                   for m in recorder.named("error")), 15,
+                       "the advertised key refused, and error() told why")
+        assert recorder.framework_id is None
+    finally:
+        driver.abort()
+        await asyncio.wait_for(task, 10)
+
+
 # ------------------------------------------------------------------ HTTP
 
 async def test_http_needs_credentials_and_the_clusters_ca(
@@ -337,6 +373,71 @@ async def test_executors_register_only_with_their_own_runs_key(
         await stop(driver, task)
 
 
+# ---------------------------------------------------------- task users
+
+@pytest.fixture
+def task_user() -> Iterator[str]:
+    """A Unix user made for this test (the agent, as root, switches to it)."""
+    import os
+    import shutil
+    import subprocess
+    import uuid
+
+    if os.geteuid() != 0 or not all(shutil.which(t) for t in ("useradd", "userdel", "setpriv")):
+        pytest.skip("switching users needs root, useradd and setpriv")
+    name = f"dyad-t{uuid.uuid4().hex[:8]}"
+    subprocess.run(["useradd", "--no-create-home", "--home-dir", "/nonexistent",
+                    "--shell", "/usr/sbin/nologin", name], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["userdel", name], check=False)
+
+
+async def test_tasks_run_as_the_user_they_name_or_fail_saying_why(
+        cluster: LocalCluster, task_user: str) -> None:
+    recorder = Recorder()
+    launched: list[str] = []
+    record = "id -un > whoami; stat -c %U . > owner; printf %s \"$HOME\" > home"
+
+    def on_offers(driver: SchedulerDriver, offers: list[Any]) -> None:
+        offer, rest = offers[0], offers[1:]
+        if not launched:
+            launched.append(offer.id)
+            custom = TaskInfo(task_id="as-user", name="as-user", agent_id=offer.agent_id,
+                              resources=Resources.parse("cpus:0.1;mem:32"),
+                              executor=ExecutorInfo(executor_id="as-user", command=CommandInfo(
+                                  shell=record, user=task_user)))
+            missing = TaskInfo(task_id="no-user", name="no-user", agent_id=offer.agent_id,
+                               resources=Resources.parse("cpus:0.1;mem:32"),
+                               command=CommandInfo(shell="true", user="no-such-user-dyad"))
+            driver.launch_tasks([offer.id], [custom, missing])
+        else:
+            rest = offers
+        for other in rest:
+            driver.decline_offer(other.id)
+
+    recorder.on_offers = on_offers
+    driver = SchedulerDriver(recorder, FrameworkInfo(name="users"), master=cluster.master_address,
+                             credentials=credentials(cluster, "alice"))
+    task = asyncio.ensure_future(driver.run_async())
+    try:
+        await wait_for(lambda: "TASK_FAILED" in recorder.states("no-user"), 30,
+                       "the task naming a missing user failed")
+        (failed,) = [s for s in recorder.statuses
+                     if s.task_id == "no-user" and s.state.name == "TASK_FAILED"]
+        assert "'no-such-user-dyad' does not exist" in failed.message
+        runs = cluster.work_dir / "agent0"
+        await wait_for(lambda: any(p.read_text().strip() for p in runs.glob(
+            "**/executors/as-user/runs/*/home")), 30, "the custom executor ran")
+        (run,) = [p.parent for p in runs.glob("**/executors/as-user/runs/*/home")]
+        assert (run / "whoami").read_text().strip() == task_user
+        assert (run / "owner").read_text().strip() == task_user  # its sandbox is its own
+        assert (run / "home").read_text() == "/nonexistent"
+    finally:
+        await stop(driver, task)
+
+
 # ------------------------------------------------------------ end to end
 
 def test_dyad_local_secure_runs_the_demo(tmp_path: Path) -> None:
@@ -350,3 +451,29 @@ def test_dyad_local_secure_runs_the_demo(tmp_path: Path) -> None:
         check=False, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "https://" in result.stdout and "top words" in result.stdout
+
+
+# Last: it adds an agent to the shared cluster.
+async def test_an_agent_pinning_no_master_key_learns_it_and_registers(
+        cluster: LocalCluster, tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    from dyad.local import agent_address
+
+    env = {**os.environ, **cluster.client_env("agent")}
+    del env["DYAD_MASTER_KEY"]  # learn it from /master/info, over HTTPS verified by the CA
+    host = agent_address(2)
+    log = open(tmp_path / "learner.log", "wb")
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "agent.main", "--master", cluster.master_address,
+         "--ip", host, "--hostname", host, "--port", "0", "--executor-port", "0",
+         "--work-dir", str(tmp_path / "agent"), "--resources", "cpus:1;mem:128;disk:100",
+         *cluster._server_args("agent")], env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        await wait_for(lambda: any(a["hostname"] == host for a in cluster.state()["agents"]),
+                       30, "the learning agent registered")
+    finally:
+        agent.terminate()
+        agent.wait(15)
+        log.close()

@@ -111,20 +111,30 @@ def test_znodes_created_without_an_acl_are_private(connect: Any) -> None:
 async def test_a_master_with_the_digest_keeps_its_znodes_to_itself(
         zookeeper: ZooKeeperServer, connect: Any, tmp_path: Any) -> None:  # noqa: F811
     """The wiring: `dyad-master --zk-digest-file` contends and writes its registry
-    with the ACLs above, so a stranger finds the leader but changes nothing."""
+    with the ACLs above, so a stranger finds the leader (and the CURVE key it
+    advertises) but changes nothing."""
+    import json
+
+    from dyad import keys_cli
+    from dyad.auth import load_credentials, load_keys
     from dyad.security import ServerSecurity
     from dyad.zk import parse_zk_url
     from master.server import MasterServer
 
+    keys = tmp_path / "keys"
+    keys_cli.generate(keys, ["master"], hosts=["127.0.0.1"])
+    curve = load_keys(keys / "curve" / "master.key_secret")
     address = parse_zk_url(zookeeper.url(ROOT))
-    server = MasterServer(port=0, zmq_port=0, zk=address,
-                          secure=ServerSecurity(zk_digest=DIGEST))
+    server = MasterServer(port=0, zmq_port=0, zk=address, secure=ServerSecurity(
+        credentials=load_credentials(keys / "credentials.json"), curve=curve,
+        zk_digest=DIGEST))
     await server.start()
     try:
         await asyncio.wait_for(server.elected(), 30)
         stranger = connect(None)
         [leader] = stranger.get_children(ROOT)
-        assert b'"id"' in stranger.get(f"{ROOT}/{leader}")[0]
+        info = json.loads(stranger.get(f"{ROOT}/{leader}")[0])
+        assert info["id"] and info["curve_key"] == curve.public.decode()
         with pytest.raises(NoAuthError):
             stranger.create(f"{ROOT}/{CONTENDER_PREFIX}", b"{}", ephemeral=True, sequence=True)
         with pytest.raises(NoAuthError):

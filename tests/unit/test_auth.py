@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import stat
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -289,8 +291,35 @@ def test_client_credentials_from_the_environment(cluster: Path, tmp_path: Path) 
         client.master_key(auth.load_keys(curve / "batch.key").public)
     assert client.token == secret(cluster, "agent")
     assert auth.ClientCredentials.from_env({}) == auth.ClientCredentials()
-    with pytest.raises(auth.CredentialsError, match="both"):
-        auth.ClientCredentials.from_env({"DYAD_CURVE_KEY": env["DYAD_CURVE_KEY"]})
+    with pytest.raises(auth.CredentialsError, match="needs our own keys"):
+        auth.ClientCredentials.from_env({"DYAD_MASTER_KEY": env["DYAD_MASTER_KEY"]})
+
+
+def test_a_client_pinning_no_master_key_learns_the_advertised_one_but_only_with_the_ca(
+        cluster: Path) -> None:
+    curve = cluster / "curve"
+    own = {"DYAD_CURVE_KEY": str(curve / "agent.key_secret")}
+    with pytest.raises(auth.CredentialsError, match="needs \\$DYAD_CA"):
+        auth.ClientCredentials.from_env(own)
+    client = auth.ClientCredentials.from_env({**own, "DYAD_CA": str(cluster / "tls" / "ca.pem")})
+    advertised = auth.load_keys(curve / "master.key").public
+    assert client.master_keys == ()
+    assert client.master_key(advertised) == advertised
+    with pytest.raises(auth.CredentialsError, match="advertises no CURVE key"):
+        client.master_key(None)
+    for garbage in (b"short", b"~" * 40, advertised[:39] + b"\xff"):
+        with pytest.raises(auth.CredentialsError, match="not a CURVE public key"):
+            client.master_key(garbage)
+
+
+def test_client_auth_keeps_executors_free_of_aiohttp() -> None:
+    """Executors of a secured cluster import dyad.client_auth: it must not
+    bring the server side (aiohttp costs each executor a third of a second)."""
+    code = ("import sys, dyad.client_auth, frameworks._security; "
+            "print(sorted(m for m in sys.modules if m.startswith(('aiohttp', 'dyad.auth'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
 
 
 @pytest.mark.parametrize("host, secured, insecure, refused", [

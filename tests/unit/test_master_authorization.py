@@ -19,8 +19,10 @@ from dyad.messages import (
     Subscribed,
 )
 from dyad.resources import Resources
+from master import registry
 from master.model import MasterConfig, Received
 from master.operator import FORBIDDEN, OperatorCall, SetWeights, TeardownFramework
+from master.restore import restore
 from tests.unit.test_master_state import AGENT_RES, CMD, Harness, launch, messages, task
 
 ACLS = parse_acls({"rules": [
@@ -99,6 +101,19 @@ def test_an_agent_id_stays_with_the_principal_that_registered_it() -> None:
     assert h.state.agents[registered.agent_id].peer == "a1"
     assert "no rule lets alice register_agent 'h2'" in rejected(agent(h, "a3", "alice",
                                                                       hostname="h2"))
+
+
+def test_an_agent_ids_owner_survives_a_failover_through_the_registry() -> None:
+    old = secured()
+    (registered,) = messages(agent(old, "a1", "agent"), AgentRegistered)
+    kept = registry.decode(registry.encode(registry.snapshot_of(old.state)))
+    assert kept.agent_owners == {registered.agent_id: "agent"}
+    new = secured()
+    restore(new.state, kept, new.clock.now())
+    assert "registered by another principal" in rejected(
+        agent(new, "a2", "ops", agent_id=registered.agent_id))
+    assert registered.agent_id not in new.state.agents  # still recovering, still its own
+    assert messages(agent(new, "a1", "agent", agent_id=registered.agent_id), AgentRegistered)
 
 
 def test_an_agent_hostname_cannot_steer_the_masters_requests() -> None:
