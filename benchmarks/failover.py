@@ -1,22 +1,25 @@
-"""Master failover under load: real ZooKeeper, real masters, simulated agents.
+"""Master failover under load: real ZooKeeper, real masters, simulated and real agents.
 
-    python -m benchmarks.failover [--agents 1000] [--tasks 2000] [--masters 2]
-                                  [--rounds 5] [--zk-session-timeout 4s]
+    python -m benchmarks.failover [--agents 1000] [--real-agents 3] [--tasks 2000]
+                                  [--masters 2] [--rounds 5] [--zk-session-timeout 4s]
                                   [--zk-tick-ms 2000]
 
 Starts a ZooKeeper server and `--masters` real `dyad-master --zk` processes, then
 `--agents` simulated agents in this process (each its own ZMQ connection speaking
 the real agent protocol: register, answer pings, report TASK_RUNNING for what it
 is asked to run, re-register with its tasks after a failover; they share one
-ZooKeeper detector) and a real `SchedulerDriver` that launches `--tasks` tasks
-spread over them. Then, `--rounds` times: SIGKILL the leading master, and measure
+ZooKeeper detector), `--real-agents` real `dyad-agent` processes (which find the
+leader through ZooKeeper themselves and run their tasks under real command
+executors), and a real `SchedulerDriver` that launches `--tasks` tasks spread
+over all of them. Then, `--rounds` times: SIGKILL the leading master, and measure
 
 - time until ZooKeeper names a new leader (the dead leader's session expired and
   the standby's znode is the lowest), as this process's detector sees it;
 - time until the new leader leads (it has also read and fenced the registry) and
   until every agent has re-registered with it (so it knows every task again), by
   the new leader's own clock (`elected_time` and the agents' `reregistered_time`
-  in its `/state`), so this process's load does not inflate them;
+  in its `/state`), so this process's load does not inflate them; the real
+  agents' time is also printed on its own;
 - tasks lost (terminal updates the framework received, plus tasks the new leader
   does not know) and duplicate launches (RunTask for a task an agent already runs):
   both must be 0;
@@ -184,6 +187,7 @@ class Round:
     znode: float
     elected: float
     agents_back: float
+    real_back: float
     lost: int
     duplicates: int
 
@@ -232,13 +236,13 @@ async def follow_leaders(detector: ZooKeeperDetector, agents: list[SimAgent],
 async def run(args: argparse.Namespace, cluster: LocalCluster, zk_url: str) -> list[Round]:
     """Set up agents and the framework, then fail over `args.rounds` times."""
     per_agent = max(1, args.tasks // args.agents)
-    total = per_agent * args.agents
+    total = per_agent * (args.agents + args.real_agents)
     agents = [SimAgent(i) for i in range(args.agents)]
     detector = ZooKeeperDetector(zk_url)
     background = [asyncio.ensure_future(agent.serve()) for agent in agents]
     changes: list[float] = []
     background.append(asyncio.ensure_future(follow_leaders(detector, agents, changes)))
-    filler = Filler(args.agents, per_agent)
+    filler = Filler(args.agents + args.real_agents, per_agent)
     driver = SchedulerDriver(filler, FrameworkInfo(name="failover-bench", failover_timeout=3600),
                              master=zk_url)
     driving = asyncio.ensure_future(driver.run_async())
@@ -252,14 +256,16 @@ async def run(args: argparse.Namespace, cluster: LocalCluster, zk_url: str) -> l
             async def all_running() -> bool:
                 return len(filler.running) >= total and not any(a.unacked for a in agents)
             await wait_until(all_running, 300, f"{total} running tasks", poll=0.1)
-            print(f"{args.agents} agents registered, {total} tasks running; "
+            print(f"{args.agents} simulated and {args.real_agents} real agents registered, "
+                  f"{total} tasks running; "
                   f"failing over {args.rounds} times", flush=True)
             for number in range(args.rounds):
                 rounds.append(await one_round(http, cluster, agents, filler, total, changes))
                 r = rounds[-1]
                 print(f"round {number + 1}: named by ZooKeeper {r.znode:.2f} s, "
                       f"leading {r.elected:.2f} s, all agents back and every task "
-                      f"known {r.agents_back:.2f} s, lost {r.lost}, "
+                      f"known {r.agents_back:.2f} s (real agents {r.real_back:.2f} s), "
+                      f"lost {r.lost}, "
                       f"duplicates {r.duplicates}", flush=True)
             print(f"the framework re-registered {filler.reregistrations} times")
     finally:
@@ -300,18 +306,23 @@ async def one_round(http: aiohttp.ClientSession, cluster: LocalCluster, agents: 
     async def agents_back() -> bool:
         # The cheap metrics, not /state: polling a big /state would slow the master.
         metrics = await get_json(http, f"{new[0].url}/metrics/snapshot")
-        return metrics is not None and metrics["master/agents_active"] >= len(agents)
+        return metrics is not None and metrics["master/agents_active"] >= (
+            len(agents) + len(cluster.agent_children))
     await wait_until(agents_back, 120, "agents to re-register", poll=0.5)
     state = await get_json(http, f"{new[0].url}/state")
-    back_in = max(a["reregistered_time"] or a["registered_time"]
-                  for a in state["agents"]) - killed_wall
+    back = {a["hostname"]: (a["reregistered_time"] or a["registered_time"]) - killed_wall
+            for a in state["agents"]}
+    back_in = max(back.values())
+    real_back = max((t for name, t in back.items() if not name.startswith("sim")),
+                    default=float("nan"))
     missing = total - running_tasks(state)
-    duplicates = sum(sum(a.runs.values()) for a in agents) - total
+    duplicates = sum(n - 1 for a in agents for n in a.runs.values())  # simulated agents
     lost = len(filler.terminal) + max(0, missing) + sum(a.kills for a in agents)
     named_in = changes[-1] - killed_at
     old.process.wait()
     await asyncio.to_thread(cluster.start_master, 30.0, index)
-    return Round(named_in, state["elected_time"] - killed_wall, back_in, lost, duplicates)
+    return Round(named_in, state["elected_time"] - killed_wall, back_in, real_back, lost,
+                 duplicates)
 
 
 def summarize(args: argparse.Namespace, rounds: list[Round]) -> None:
@@ -321,12 +332,15 @@ def summarize(args: argparse.Namespace, rounds: list[Round]) -> None:
     elected = [r.elected for r in rounds]
     back = [r.agents_back for r in rounds]
     print()
-    print(f"agents={args.agents} tasks={args.tasks} masters={args.masters} "
+    print(f"agents={args.agents} real agents={args.real_agents} tasks={args.tasks} "
+          f"masters={args.masters} "
           f"rounds={len(rounds)} zk-session-timeout={args.zk_session_timeout:g}s "
           f"zk tickTime={args.zk_tick_ms} ms")
     print(f"new leader named by ZooKeeper: {stats([r.znode for r in rounds])}")
     print(f"new leader leading:            {stats(elected)}")
     print(f"all agents back, tasks known:  {stats(back)}")
+    if args.real_agents:
+        print(f"real agents back:              {stats([r.real_back for r in rounds])}")
     print(f"tasks lost: {sum(r.lost for r in rounds)} (must be 0); "
           f"duplicate launches: {sum(r.duplicates for r in rounds)} (must be 0)")
     for name, low, high in REFERENCES:
@@ -337,6 +351,8 @@ def summarize(args: argparse.Namespace, rounds: list[Round]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--agents", type=int, default=1000)
+    parser.add_argument("--real-agents", type=int, default=3,
+                        help="real dyad-agent processes beside the simulated ones")
     parser.add_argument("--tasks", type=int, default=2000)
     parser.add_argument("--masters", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
@@ -358,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
         zookeeper = ZooKeeperServer(Path(work) / "zookeeper", tick_ms=args.zk_tick_ms)
         zookeeper.start()
         cluster = LocalCluster(
-            work_dir=Path(work), agents=0, masters=args.masters, zk=zookeeper.url(),
+            work_dir=Path(work), agents=args.real_agents, masters=args.masters,
+            zk=zookeeper.url(),
             master_args=["--zk-session-timeout", f"{args.zk_session_timeout}s",
                          "--log-level", "info"])
         try:

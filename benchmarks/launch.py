@@ -9,11 +9,13 @@ command tasks (`true`) as fast as offers allow, and prints:
 - tasks launched and finished per second (first accept to last TASK_FINISHED);
 - the median and p90 accept -> TASK_RUNNING latency;
 - the master's peak RSS (VmHWM);
-- a reference measured in the same run: the same number of bare
-  `python -m frameworks.executors.command --help`-like process starts (the Python
-  interpreter plus the executor's imports plus `sh -c true`), run with the same
-  parallelism, without Dyad. Every Dyad task costs at least that, so the ratio says
-  how much of the time is Dyad's own overhead.
+- two references measured in the same run, with the same parallelism and without
+  Dyad: fork/exec of the task's own command (`sh -c true` from Python), the floor a
+  task launcher can reach; and bare executor-like process starts (the Python
+  interpreter plus the command executor's imports plus `sh -c true`), what every
+  Dyad command task costs at least while it has a Python executor of its own;
+- what one command executor costs to start: CPU seconds and peak RSS of a process
+  that imports it (mean of a few), against a bare `python -c pass`.
 
 With ``--containerizer docker`` the tasks run from an image on a private Docker
 Engine instead, against bare engine create+start of the same image
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import subprocess
 import sys
@@ -100,9 +103,12 @@ async def run_dyad(cluster: LocalCluster, total: int,
 
 def bare_reference(total: int, parallel: int) -> float:
     """Seconds to start `total` executor-like processes, `parallel` at a time."""
-    argv = [sys.executable, "-c",
-            "import frameworks.executors.command, subprocess; "
-            "subprocess.run(['/bin/sh', '-c', 'true'])"]
+    return _start_all([sys.executable, "-c",
+                       "import frameworks.executors.command, subprocess; "
+                       "subprocess.run(['/bin/sh', '-c', 'true'])"], total, parallel)
+
+
+def _start_all(argv: list[str], total: int, parallel: int) -> float:
     started = time.monotonic()
     running: list[subprocess.Popen[bytes]] = []
     for _ in range(total):
@@ -114,6 +120,30 @@ def bare_reference(total: int, parallel: int) -> float:
     for process in running:
         process.wait()
     return time.monotonic() - started
+
+
+def fork_exec_reference(total: int, parallel: int) -> float:
+    """Seconds to fork/exec `total` `sh -c true`, `parallel` at a time."""
+    return _start_all(["/bin/sh", "-c", "true"], total, parallel)
+
+
+def start_cost(code: str, runs: int = 5) -> tuple[float, float]:
+    """Mean CPU seconds (user + system) and peak RSS (MiB) of `python -c code`. The
+    child reads its own peak (a forked child's rusage counts its parent's pages)."""
+    probe = f"{code}\nprint(open('/proc/self/status').read())"
+    cpu = rss = 0.0
+    for _ in range(runs):
+        process = subprocess.Popen([sys.executable, "-c", probe], stdout=subprocess.PIPE)
+        assert process.stdout is not None
+        status = process.stdout.read().decode()
+        _, wait_status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(wait_status)
+        if process.returncode != 0:
+            raise RuntimeError(f"python -c {code!r} exited with {process.returncode}")
+        cpu += usage.ru_utime + usage.ru_stime
+        rss += next(int(line.split()[1]) for line in status.splitlines()
+                    if line.startswith("VmHWM:")) / 1024
+    return cpu / runs, rss / runs
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -152,13 +182,21 @@ def main(argv: list[str] | None = None) -> int:
     latencies = sorted(flood.running_at[t] - flood.accepted_at[t] for t in flood.running_at)
     parallel = args.agents * args.slots
     reference = bare_reference(args.tasks, parallel)
+    fork_exec = fork_exec_reference(args.tasks, parallel)
     dyad_rate, bare_rate = args.tasks / span, args.tasks / reference
+    fork_rate = args.tasks / fork_exec
+    python_cpu, python_rss = start_cost("pass")
+    executor_cpu, executor_rss = start_cost("import frameworks.executors.command")
     print(f"agents={args.agents} tasks={args.tasks} parallel slots={parallel} "
           f"usage store {args.usage_store}")
     print(f"dyad:      {dyad_rate:7.1f} tasks/s launched and finished ({span:.2f} s)")
     print(f"reference: {bare_rate:7.1f} bare executor-like process starts/s "
           f"({reference:.2f} s, same parallelism, no Dyad)")
     print(f"ratio dyad/reference: {dyad_rate / bare_rate:.2f}")
+    print(f"fork/exec: {fork_rate:7.1f} sh -c true starts/s ({fork_exec:.2f} s, same "
+          f"parallelism); ratio dyad/fork-exec: {dyad_rate / fork_rate:.3f}")
+    print(f"command executor start: {executor_cpu * 1000:.0f} ms CPU, {executor_rss:.1f} MiB "
+          f"peak RSS (bare python: {python_cpu * 1000:.0f} ms, {python_rss:.1f} MiB)")
     print(f"accept->RUNNING latency: median {statistics.median(latencies) * 1000:.0f} ms, "
           f"p90 {latencies[int(len(latencies) * 0.9)] * 1000:.0f} ms")
     print(f"master peak RSS: {master_rss:.1f} MiB")

@@ -311,10 +311,18 @@ def main(argv: list[str] | None = None) -> int:
     reference = reference_round_trips(size, 1.0 if args.quick else 3.0)
     print(f"reference: {reference:,.0f} round trips/s", flush=True)
 
+    return report(args, total, reference, *measure(args, total))
+
+
+def measure(args: argparse.Namespace, total: int, master_args: tuple[str, ...] = ()
+            ) -> tuple[list[Launcher], list[SchedulerDriver], list[dict[str, int]],
+                       dict[str, float], dict[str, float], dict[str, float]]:
+    """One cluster: a master (with `master_args`), `args.agents` simulated agents in
+    `args.workers` processes, `args.frameworks` frameworks launching `total` tasks."""
     ctx = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="dyad-master-bench-") as scratch:
         cluster = LocalCluster(work_dir=Path(scratch), agents=0,
-                               master_args=["--log-level", "warning"])
+                               master_args=["--log-level", "warning", *master_args])
         workers: list[tuple[Any, Connection]] = []
         try:
             cluster.start()
@@ -351,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
             for process, _ in workers:
                 process.kill()
             cluster.stop()
-    return report(args, total, reference, launchers, drivers, reports, before, after, cpu)
+    return launchers, drivers, reports, before, after, cpu
 
 
 def report(args: argparse.Namespace, total: int, reference: float, launchers: list[Launcher],
@@ -382,7 +390,10 @@ def report(args: argparse.Namespace, total: int, reference: float, launchers: li
           f"status updates resent: {sum(r['retried'] for r in reports)}; "
           f"agent sends refused: {sum(r['send_failures'] for r in reports)}; "
           f"driver sends that waited: {sum(d.send_waits for d in drivers)}; "
-          f"master dropped sends: {after.get('master/dropped_sends', 0):.0f}; "
+          f"master dropped sends: {after.get('master/dropped_sends', 0):.0f} "
+          f"(to a full queue {after.get('master/sends_full', 0):.0f}, to a peer gone "
+          f"{after.get('master/sends_unroutable', 0):.0f}); resends coalesced by the master: "
+          f"{after.get('master/resends_coalesced', 0):.0f}; "
           f"offers frames: {offers_frames:.0f}")
     runs = after["allocator/allocation_runs"] - before["allocator/allocation_runs"]
     print(f"CPU per task (ms): " + ", ".join(f"{k} {v * 1000 / max(done, 1):.2f}"

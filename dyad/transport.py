@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import zmq
@@ -48,6 +48,22 @@ class Inbound:
     message: Message | None
     error: MessageError | None
     principal: str | None = None  # who ZAP said sent it; None without CURVE
+
+
+@attrs.frozen
+class Undecoded:
+    """What a ROUTER read from one peer, before decoding: cheap to hold, and
+    `frames` can be compared byte for byte (a resend is an exact copy)."""
+
+    identity: bytes
+    frames: list[bytes]
+    principal: str | None = None
+
+    def decode(self) -> Inbound:
+        """Never raises: a message, or the error the frames earned."""
+        inbound = _parse_routed([self.identity, *self.frames])
+        return inbound if self.principal is None else attrs.evolve(
+            inbound, principal=self.principal)
 
 
 def _configure(sock: zmq.asyncio.Socket) -> None:
@@ -87,13 +103,25 @@ async def _send_nowait(sock: zmq.asyncio.Socket, frames: list[bytes]) -> bool:
 
 class Router:
     """A bound ROUTER socket: many peers, addressed by identity. With `curve`
-    (this server's key pair) only clients the context's ZAP handler admits get in."""
+    (this server's key pair) only clients the context's ZAP handler admits get in.
+
+    `send_queue` > 0 makes sends *mandatory*: each peer's outgoing queue holds that
+    many frames, and a send to a full queue or to an unknown peer returns False
+    (counted in `sends_full` / `sends_unroutable`) instead of vanishing as it does
+    by ZMQ's default."""
 
     def __init__(self, context: zmq.asyncio.Context | None = None, *,
-                 curve: CurveKeys | None = None) -> None:
+                 curve: CurveKeys | None = None, send_queue: int = 0) -> None:
         self._ctx = context or zmq.asyncio.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         _configure(self._sock)
+        # Reads without a future per frame (`recv_batch`); only ever non-blocking.
+        self._now = zmq.Socket.shadow(self._sock.underlying)
+        self.sends_full = 0
+        self.sends_unroutable = 0
+        if send_queue > 0:
+            self._sock.setsockopt(zmq.SNDHWM, send_queue)
+            self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.curve = curve is not None
         self._principals: dict[bytes, str | None] = {}
         self.principal_changes = 0  # frames dropped: their identity came as someone else
@@ -121,14 +149,32 @@ class Router:
         return port
 
     async def recv(self) -> Inbound:
+        return (await self.recv_undecoded(1))[0].decode()
+
+    async def recv_undecoded(self, most: int) -> list[Undecoded]:
+        """Wait for one message, then take those already here, up to `most` in
+        all, without waiting again: a burst costs one wake-up, not one per frame,
+        and decoding waits until the caller wants it (`Undecoded.decode`)."""
+        batch: list[Undecoded] = []
+        while not batch:
+            self._add(batch, await self._sock.recv_multipart(copy=not self.curve))
+        while len(batch) < most:
+            try:
+                self._add(batch, self._now.recv_multipart(zmq.NOBLOCK, copy=not self.curve))
+            except zmq.Again:
+                break
+        return batch
+
+    def _add(self, batch: list[Undecoded], frames: list[Any]) -> None:
+        """Append what arrived, unless its identity came as someone else."""
         if not self.curve:
-            return _parse_routed(await self._sock.recv_multipart())
-        while True:
-            frames = await self._sock.recv_multipart(copy=False)
-            principal = self._frame_principal(frames[-1])
-            inbound = _parse_routed([frame.bytes for frame in frames])
-            if self._same_principal(inbound.identity, principal):
-                return attrs.evolve(inbound, principal=principal)
+            batch.append(Undecoded(frames[0] if frames else b"", frames[1:]))
+            return
+        principal = self._frame_principal(frames[-1])
+        parts = [frame.bytes for frame in frames]
+        identity = parts[0] if parts else b""
+        if self._same_principal(identity, principal):
+            batch.append(Undecoded(identity, parts[1:], principal))
 
     def _same_principal(self, identity: bytes, principal: str | None) -> bool:
         known = self._principals.get(identity, principal)
@@ -149,9 +195,19 @@ class Router:
         return await self.send_raw(identity, encode(message))
 
     async def send_raw(self, identity: bytes, frame: bytes) -> bool:
-        """False when the peer's queue is full; unknown peers are dropped silently
-        (ZMQ's ROUTER default), exactly like a message lost on the network."""
-        return await _send_nowait(self._sock, [identity, frame])
+        """False when the peer's queue is full. Unknown peers: dropped silently
+        (ZMQ's ROUTER default, like a message lost on the network), or False with
+        a `send_queue` (mandatory sends)."""
+        try:
+            sent = await _send_nowait(self._sock, [identity, frame])
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            self.sends_unroutable += 1
+            return False
+        if not sent:
+            self.sends_full += 1
+        return sent
 
     def close(self) -> None:
         self._sock.close(linger=0)

@@ -29,8 +29,6 @@ import socket
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import psutil
-
 from dyad.clock import Clock
 from dyad.ids import new_uuid
 from dyad.messages import AgentInfo, ExecutorInfo, FrameworkInfo, TaskInfo, TaskStatus
@@ -111,6 +109,8 @@ def _endpoint_alive(endpoint: str) -> Callable[[], bool]:
 def _process_alive(pid: int) -> Callable[[], bool]:
     """A probe that is true while process `pid` -- the very one, not a later process
     that got its pid -- runs (a zombie counts as gone)."""
+    import psutil  # only after an agent restart: most executors never need it
+
     try:
         process = psutil.Process(pid)
     except psutil.Error:

@@ -31,7 +31,7 @@ import socket
 import time
 from collections.abc import Hashable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import zmq
@@ -46,7 +46,7 @@ from dyad.ids import IdGenerator
 from dyad.timers import TimerTable
 from dyad.messages import Address, MasterInfo
 from dyad.supervision import LogLimiter, Supervisor
-from dyad.transport import Inbound, Router
+from dyad.transport import Router, Undecoded
 from dyad.zk import (
     CONNECTED, LOST, SUSPENDED, LeaderWatch, Lease, SessionState, ZkAddress, ZkError,
     ZkSession, create_contender,
@@ -57,6 +57,7 @@ from master.registry import (
     FileRegistry, Registry, RegistryData, RegistryError, ZooKeeperRegistry, snapshot_of,
 )
 from master.restore import restore
+from master.inflow import Inflow
 from master.metrics import LATENCY_BOUNDS, Histogram
 from master.operator import INTERNAL, OperatorCall, Reply, Request
 from master.model import (
@@ -85,6 +86,18 @@ registry, so a burst of a thousand new agents must not become a thousand writes.
 OPERATOR_CALL_TIMEOUT = 10.0
 """Seconds an operator call waits for the core's answer: a leader whose lease is
 unconfirmed handles nothing, and the caller must hear so rather than hang."""
+
+RECEIVE_BATCH = 1024
+"""Frames taken from the socket per wake-up of the receive loop (at most). They
+are decoded later, in turn (master/inflow.py), so reading one costs microseconds."""
+PROCESS_BATCH = 64
+"""Events handled between two yields to the event loop: few enough that HTTP and
+the lease renewals are never starved, many enough that a burst does not pay the
+loop's round trip for every event."""
+SEND_QUEUE = 50_000
+"""Frames queued for one peer before a send to it fails (counted in
+`master/dropped_sends`, never silently). ZMQ's default (1,000) is below what a
+busy framework, reading at its own pace, has in flight."""
 
 DEFAULT_ZK_SESSION_TIMEOUT = 4.0
 """Seconds. ZooKeeper's own minimum with its stock tickTime (2 s): the shortest
@@ -128,7 +141,12 @@ class MasterServer:
         self._state: MasterState | None = None
         self._router: Router | None = None
         self._runner: web.AppRunner | None = None
-        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        # Every event for the core waits in `_inflow` (its lanes and its bound on
+        # frames: master/inflow.py); `_work` is set while it holds any.
+        self._inflow = Inflow()
+        self._work = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
         self._timers = TimerTable(self._clock.now, self._fire)
         self._internal_errors = 0
         self._supervisor = Supervisor(self._give_up, self._count_internal_error, logger=log)
@@ -150,7 +168,7 @@ class MasterServer:
         self._counts = {"registry_writes": 0, "received_as_standby": 0, "paused": 0}
         self._lost: asyncio.Future[str] | None = None
         self._elected = asyncio.Event()
-        self._early: collections.deque[tuple[float, Event]] = collections.deque(
+        self._early: collections.deque[tuple[float, Received | InvalidFrame]] = collections.deque(
             maxlen=EARLY_FRAMES_MAX)
 
     # ----------------------------------------------------------------- lifecycle
@@ -163,7 +181,7 @@ class MasterServer:
         if self.security.curve is not None and self.security.credentials is not None:
             self._zap = security.Zap(self.security.credentials, self._refusals)
         router = Router(self._zap.context if self._zap else self._context,
-                        curve=self.security.curve)
+                        curve=self.security.curve, send_queue=SEND_QUEUE)
         if self._zap is not None:
             self._zap.watch(router.socket)
         try:
@@ -293,7 +311,8 @@ class MasterServer:
 
     def submit(self, event: Event) -> None:
         """Queue an event for the core, in turn with the messages and timers."""
-        self._events.put_nowait(event)
+        self._inflow.put(event)
+        self._work.set()
 
     async def call(self, request: Request, timeout: float = OPERATOR_CALL_TIMEOUT,
                    principal: str | None = None) -> Reply:
@@ -315,6 +334,13 @@ class MasterServer:
         result["master/elected"] = 1 if self.is_leader else 0
         result["master/internal_errors"] = self._internal_errors
         result["master/dropped_sends"] = self._dropped_sends
+        result["master/inbound_queued"] = len(self._inflow)
+        result["master/inbound_queued_most"] = self._inflow.most
+        result["master/inbound_full"] = self._inflow.full
+        result["master/resends_coalesced"] = self._inflow.coalesced
+        if self._router is not None:
+            result["master/sends_full"] = self._router.sends_full
+            result["master/sends_unroutable"] = self._router.sends_unroutable
         result["master/registry_writes"] = self._counts["registry_writes"]
         result["master/messages_received_as_standby"] = self._counts["received_as_standby"]
         result["master/leadership_pauses"] = self._counts["paused"]
@@ -382,7 +408,8 @@ class MasterServer:
         cutoff = time.monotonic() - EARLY_FRAMES_WINDOW
         for received, event in self._early:  # ahead of them, in arrival order
             if received >= cutoff:
-                self._events.put_nowait(event)
+                self._inflow.put(event)
+                self._work.set()
         self._early.clear()
         self.leader = self.info
         for effect in effects:
@@ -452,44 +479,44 @@ class MasterServer:
     # ----------------------------------------------------------------- loops
 
     async def _receive(self) -> None:
-        """Frames -> events. One frame never ends the loop: whatever decoding or
-        queueing it raises is counted, logged (at most once per peer per
-        interval) and the next frame is read."""
+        """Frames -> `Inflow`, undecoded, read only while it has room; beyond
+        that they wait in ZMQ, which pushes back to senders. One frame never
+        ends the loop: whatever queueing it raises is counted, logged (at most
+        once per peer per interval) and the next frame is read."""
         while self._router is not None:
+            room = self._inflow.room()
+            if room == 0:
+                self._room.clear()
+                await self._room.wait()
+                continue
             try:
-                inbound = await self._router.recv()
+                batch = await self._router.recv_undecoded(min(room, RECEIVE_BATCH))
             except zmq.ZMQError as exc:
                 if exc.errno in (zmq.ENOTSOCK, zmq.ETERM):
                     return  # the socket is gone: we are stopping
                 self._internal_errors += 1
                 self._log_limited("receive", logging.ERROR, "master receive failed: %s", exc)
                 continue
-            except Exception as exc:  # the decoder raised instead of refusing: its bug
-                self._internal_errors += 1
-                self._log_limited("decode", logging.ERROR, "a frame broke the decoder (%s: %s); "
-                                  "it is dropped", type(exc).__name__, str(exc)[:200])
-                continue
-            try:
-                self._take(inbound)
-            except Exception:
-                self._internal_errors += 1
-                self._log_limited(inbound.identity.hex()[:64], logging.ERROR,
-                                  "failed to take a frame from %s", inbound.identity.hex()[:64],
-                                  exc_info=True)
+            for raw in batch:
+                try:
+                    self._take(raw)
+                except Exception:
+                    self._internal_errors += 1
+                    self._log_limited(raw.identity.hex()[:64], logging.ERROR,
+                                      "failed to take a frame from %s",
+                                      raw.identity.hex()[:64], exc_info=True)
             await asyncio.sleep(0)  # see _process
 
-    def _take(self, inbound: Inbound) -> None:
-        """Queue one received frame for the core (or keep it, as a standby)."""
-        peer = inbound.identity.hex()
-        if inbound.message is not None:
-            event: Event = Received(peer, inbound.message, inbound.principal)
-        elif inbound.error is not None:
-            self._log_limited(peer, logging.INFO, "bad frame from %s: %s", peer,
-                              inbound.error.reason)
-            event = InvalidFrame(peer, inbound.error)
-        else:
+    def _take(self, raw: Undecoded) -> None:
+        """Queue one frame for the core, undecoded (or keep it decoded, as a
+        standby)."""
+        if self._state is not None:
+            frame = raw.frames[0] if len(raw.frames) == 1 else None
+            self._inflow.put_frame(raw, raw.identity, frame)
+            self._work.set()
             return
-        if self._state is None:
+        event = self._decoded(raw)
+        if event is not None:
             # A standby acts on nothing (as Mesos' do); it keeps the last few
             # seconds' frames in case it is about to lead (EARLY_FRAMES_WINDOW).
             self._counts["received_as_standby"] += 1
@@ -497,34 +524,63 @@ class MasterServer:
             while self._early and self._early[0][0] < now - EARLY_FRAMES_WINDOW:
                 self._early.popleft()
             self._early.append((now, event))
-        else:
-            self._events.put_nowait(event)
+
+    def _decoded(self, raw: Undecoded) -> Received | InvalidFrame | None:
+        inbound = raw.decode()
+        peer = inbound.identity.hex()
+        if inbound.message is not None:
+            return Received(peer, inbound.message, inbound.principal)
+        if inbound.error is not None:
+            self._log_limited(peer, logging.INFO, "bad frame from %s: %s", peer,
+                              inbound.error.reason)
+            return InvalidFrame(peer, inbound.error)
+        return None
 
     async def _process(self) -> None:
         while True:
-            event = await self._events.get()
-            await self._may_act()
-            try:
-                await self._step(event)
-            except Exception:
-                self._internal_errors += 1
-                key = (event.peer if isinstance(event, (Received, InvalidFrame))
-                       else type(event).__name__)
-                self._log_limited(key, logging.ERROR, "master failed to handle %.300r", event,
-                                  exc_info=True)
-                if isinstance(event, OperatorCall):  # its caller must not wait in vain
-                    self._answer(Reply(event.call_id, refusal=INTERNAL,
-                                       error="the master failed to handle this call"))
+            if not self._inflow:
+                self._work.clear()
+                await self._work.wait()
+            for item in self._next_batch():
+                await self._may_act()
+                await self._handle(item)
             # Awaiting a ready queue or socket does not yield: without this, a
             # burst (a thousand agents re-registering) would starve HTTP and the
             # lease renewals until it is all handled.
             await asyncio.sleep(0)
 
+    def _next_batch(self) -> list[object]:
+        """Events and frames in the order `Inflow` gives them; reading resumes
+        once there is room."""
+        batch: list[object] = []
+        while len(batch) < PROCESS_BATCH and (item := self._inflow.take()) is not None:
+            batch.append(item)
+        if self._inflow.room():
+            self._room.set()
+        return batch
+
+    async def _handle(self, item: object) -> None:
+        """Decode (a frame) and hand to the core; a bug is logged and counted."""
+        event: Event | None = None
+        try:
+            event = self._decoded(item) if isinstance(item, Undecoded) else cast(Event, item)
+            if event is not None:
+                await self._step(event)
+        except Exception:
+            self._internal_errors += 1
+            key = (event.peer if isinstance(event, (Received, InvalidFrame))
+                   else type(event or item).__name__)
+            self._log_limited(key, logging.ERROR, "master failed to handle %.300r", event,
+                              exc_info=True)
+            if isinstance(event, OperatorCall):  # its caller must not wait in vain
+                self._answer(Reply(event.call_id, refusal=INTERNAL,
+                                   error="the master failed to handle this call"))
+
     async def _step(self, event: Event) -> None:
         started = time.perf_counter()
         effects = self.state.handle(event, self._clock.now())
         if isinstance(event, TimerFired) and isinstance(event.key, Allocate):
-            self._events.put_nowait(AllocationTimed(time.perf_counter() - started))
+            self.submit(AllocationTimed(time.perf_counter() - started))
         for effect in effects:
             await self._perform(effect)
 
@@ -557,4 +613,4 @@ class MasterServer:
             future.set_result(reply)
 
     def _fire(self, key: Hashable) -> None:
-        self._events.put_nowait(TimerFired(key))
+        self.submit(TimerFired(key))

@@ -14,9 +14,10 @@ that make it safe to act on live here, and apply to every variant alike:
   memory limit under the window's peak plus margin is a kill waiting to happen),
   and limits change at most once per `min_interval`...
 - ...except after an OOM kill (`TaskOomKilled`): memory is raised at once to at
-  least `oom_growth` times the limit the task died at, and the kill counts as a
+  least `oom_growth` times the limit the task died at, the kill counts as a
   memory sample at that limit, so no variant recommends below it while the kill is
-  inside its window.
+  inside its window, and memory is not cut for `oom_hold` seconds after a kill
+  (a raise cut back an hour later is a kill waiting for the next spike).
 
 `Recommended` is emitted whenever the recommendation changes; `ApplyLimits` asks the
 service framework to roll the app to new limits. The app's next `AppConfigured`
@@ -48,6 +49,7 @@ class Config:
     min_change: float = attrs.field(default=0.1, validator=attrs.validators.ge(0.0))
     min_interval: float = attrs.field(default=3600.0, validator=attrs.validators.ge(0.0))
     oom_growth: float = attrs.field(default=1.5, validator=attrs.validators.gt(1.0))
+    oom_hold: float = attrs.field(default=24 * 3600.0, validator=attrs.validators.ge(0.0))
     floor: Limits = Limits(cpus=0.01, mem_bytes=32 * MIB)
     cap: Limits = Limits(cpus=64.0, mem_bytes=256 * 1024 * MIB)
 
@@ -130,11 +132,14 @@ class Recommended:
 
 @attrs.frozen
 class ApplyLimits:
-    """Auto mode: roll the app's tasks to these limits (a rolling upgrade)."""
+    """Auto mode: roll the app's tasks to these limits (a rolling upgrade). `oom`:
+    memory raised after an OOM kill, which should not wait for a deployment in
+    progress (one whose tasks die for memory cannot finish anyway)."""
 
     app_id: str
     limits: Limits
     reason: str
+    oom: bool = False
 
 
 Event = AppConfigured | AppRemoved | UsageSampled | TaskOomKilled | TimerFired
@@ -159,6 +164,8 @@ class _App:
         self.first_sample: float | None = None
         self.last_applied: float | None = None
         self.ooms = 0
+        self.last_oom = ""  # what the latest OOM kill did, for every reason list after it
+        self.last_oom_at: float | None = None
         self.published: Recommendation | None = None
 
 
@@ -239,18 +246,20 @@ class Autopilot:
             self.rejected += 1
             return []
         app.ooms += 1
+        app.last_oom_at = event.at
         # The kill is evidence that usage reached the limit the task had.
         app.mem.observe(event.at, float(event.mem_limit_bytes))
         effects: list[Effect] = []
         recommendation = self._recommend(app, now)
         raised = self._bound_mem(app.spec, max(event.mem_limit_bytes * self.config.oom_growth,
                                                float(recommendation.mem_bytes)))
+        app.last_oom = (f"task {event.task_id} was OOM-killed at "
+                        f"{event.mem_limit_bytes / MIB:.0f} MiB")
         if app.spec.mode == AUTO and raised > app.current.mem_bytes:
             app.current = Limits(app.current.cpus, raised)
             app.last_applied = now
-            effects.append(ApplyLimits(app.app_id, app.current, (
-                f"task {event.task_id} was OOM-killed at "
-                f"{event.mem_limit_bytes / MIB:.0f} MiB: memory raised to {raised / MIB:.0f} MiB")))
+            app.last_oom += f": memory raised at once to {raised / MIB:.0f} MiB"
+            effects.append(ApplyLimits(app.app_id, app.current, app.last_oom, oom=True))
             recommendation = self._recommend(app, now)
         effects.extend(self._publish(app, recommendation))
         return effects
@@ -286,8 +295,9 @@ class Autopilot:
         cpus = rec.cpus if moved(keep_cpus, rec.cpus, step) else keep_cpus
         # Memory below the recommendation is below the window's peak plus margin: a
         # kill waiting to happen, so any raise goes ahead; cuts need min_change.
-        mem = (rec.mem_bytes if rec.mem_bytes > keep_mem or moved(keep_mem, rec.mem_bytes, step)
-               else keep_mem)
+        held = app.last_oom_at is not None and now - app.last_oom_at < self.config.oom_hold
+        mem = (rec.mem_bytes if rec.mem_bytes > keep_mem or (
+            moved(keep_mem, rec.mem_bytes, step) and not held) else keep_mem)
         target = Limits(cpus, mem)
         return None if target == app.current else target
 
@@ -301,15 +311,20 @@ class Autopilot:
                       f"{span:.0f}s of {config.warmup:.0f}s")
             return Recommendation(app.app_id, now, False, app.current.cpus,
                                   app.current.mem_bytes, app.current, "", "", samples,
-                                  app.ooms, (reason,))
+                                  app.ooms, (reason, *self._oom_reasons(app)))
         reasons = [f"cpus {cpu.value:.3f}: {cpu.explanation}",
                    f"mem {mem.value / MIB:.0f} MiB: {mem.explanation}"]
-        if app.ooms:
-            reasons.append(f"{app.ooms} OOM kill(s) seen; each counts as a sample at the "
-                           "limit the task died at")
+        reasons += self._oom_reasons(app)
         return Recommendation(app.app_id, now, True, cpu.value, int(mem.value),
                               app.current, cpu.variant, mem.variant, samples, app.ooms,
                               tuple(reasons))
+
+    @staticmethod
+    def _oom_reasons(app: _App) -> list[str]:
+        if not app.ooms:
+            return []
+        return [f"{app.ooms} OOM kill(s) seen, each counted as a memory sample at the "
+                f"limit the task died at; latest: {app.last_oom}"]
 
     def _publish(self, app: _App, rec: Recommendation) -> list[Effect]:
         last = app.published

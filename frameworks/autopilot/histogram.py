@@ -66,6 +66,8 @@ class DecayingHistogram:
         self._weights = [0.0] * scale.buckets
         self._reference: float | None = None
         self._maximum = 0.0  # what the unbounded last bucket answers
+        self._lowest = scale.buckets  # no weight below this bucket: scans start here
+        self._answers: dict[float, float | None] = {}  # percentiles since the last add
         self.samples = 0
 
     def add(self, at: float, value: float, weight: float = 1.0) -> None:
@@ -80,6 +82,8 @@ class DecayingHistogram:
             exponent = 0.0
         index = self.scale.index(value)
         self._weights[index] += weight * 2.0 ** exponent
+        self._lowest = min(self._lowest, index)
+        self._answers.clear()
         if index == len(self._weights) - 1:
             self._maximum = max(self._maximum, value)
         self.samples += 1
@@ -90,6 +94,7 @@ class DecayingHistogram:
         # Weights that underflow to 0 are samples older than ~1000 half-lives: gone.
         self._weights = [w * factor for w in self._weights]
         self._reference = at
+        self._answers.clear()
 
     def weight(self, now: float) -> float:
         """Total decayed weight seen from `now` (a sample of weight 1 at `now` adds 1)."""
@@ -102,13 +107,20 @@ class DecayingHistogram:
         (None while empty). `p` is in (0, 100]."""
         if not 0 < p <= 100:
             raise ValueError(f"percentile must be in (0, 100], not {p}")
+        if p not in self._answers:  # a policy asks the same one several times per step
+            self._answers[p] = self._percentile(p)
+        return self._answers[p]
+
+    def _percentile(self, p: float) -> float | None:
         total = sum(self._weights)
         if total <= 0:
             return None
         target = total * p / 100.0
         running = 0.0
         last = len(self._weights) - 1
-        for index, w in enumerate(self._weights):
+        # Buckets below the lowest ever used hold 0: skipping them changes no sum.
+        for index in range(self._lowest, last + 1):
+            w = self._weights[index]
             running += w
             # A relative tolerance, so float sums never skip the bucket that holds it.
             if w > 0 and running >= target * (1 - 1e-12):

@@ -3,13 +3,21 @@ charge each for what its limits would have cost, and answer with the cheapest.
 
 Each variant keeps a *standing limit*, the one it would have set at the last
 decision, moved only by at least `min_change` (as the policy moves a real limit).
-Every sample is charged against each variant's standing limit:
+Every sample is charged against each variant's standing limit, for the time it
+stands for (slack and overrun are prices per hour, so the choice does not depend
+on how often samples come):
 
-- slack: ``(limit - usage) / limit`` of the limit left idle, times `Costs.slack`;
-- overrun: ``(usage - limit) / limit``, times `Costs.overrun` (CPU: throttling);
-  where overrunning is fatal (memory: an OOM kill) also `Costs.kill` per sample,
-  and the variant then raises its standing limit at once, as the policy would;
+- slack: ``(limit - usage) / limit`` of the limit left idle, times `Costs.slack`
+  per hour;
+- overrun: ``(usage - limit) / limit``, times `Costs.overrun` per hour (CPU:
+  throttling); where overrunning is fatal (memory: an OOM kill) also `Costs.kill`
+  per kill, and the variant then raises its standing limit at once, as the policy
+  would;
 - churn: `Costs.change` each time the standing limit moves.
+
+The time a sample stands for is a moving average of the gaps between the app's
+samples (each gap at most `MAX_GAP`): with n tasks reporting every s seconds each
+sample stands for s/n, so a round of samples is charged for s seconds in all.
 
 Costs decay with `Costs.half_life`, so a variant is judged mostly on the recent
 past: an app whose behaviour changes moves to the variant that fits it now.
@@ -25,14 +33,19 @@ import attrs
 from frameworks.autopilot.recommenders import Recommender
 
 _MAX_EXPONENT = 64.0
+MAX_GAP = 3600.0
+"""A longer silence between samples is charged as this long: no evidence is not slack."""
+_GAP_SMOOTHING = 0.1
 
 
 @attrs.frozen
 class Costs:
-    slack: float = 1.0
-    overrun: float = 10.0
-    kill: float = 50.0
-    change: float = 2.0
+    """Prices, in units of "one hour of the whole limit idle" (`slack`)."""
+
+    slack: float = 1.0  # per hour of the whole limit idle
+    overrun: float = 10.0  # per hour of usage a whole limit over it
+    kill: float = 24.0  # per OOM kill: as dear as a day of the whole limit idle
+    change: float = 2.0  # per move of the limit (a rolling restart of the app's tasks)
     half_life: float = 24 * 3600.0
 
 
@@ -75,12 +88,20 @@ class MetaRecommender:
         self.fatal_overrun = fatal_overrun
         self._bound = bound  # the policy's bounds, so variants are judged as applied
         self._reference: float | None = None
+        self._last: float | None = None
+        self._interval: float | None = None  # seconds a sample stands for
         self.samples = 0
 
     def observe(self, at: float, usage: float) -> None:
+        if self._last is not None:
+            gap = min(max(at - self._last, 0.0), MAX_GAP)
+            self._interval = gap if self._interval is None else (
+                self._interval + _GAP_SMOOTHING * (gap - self._interval))
+        self._last = at if self._last is None else max(self._last, at)
+        hours = (self._interval or 0.0) / 3600.0
         for candidate in self._candidates:
             if candidate.limit is not None:
-                self._charge(candidate, at, usage)
+                self._charge(candidate, at, usage, hours)
             candidate.recommender.add(at, usage)
             if (self.fatal_overrun and candidate.limit is not None
                     and usage > candidate.limit):
@@ -105,16 +126,16 @@ class MetaRecommender:
             candidate.changes += 1
             self._add(candidate, now, self.costs.change)
 
-    def _charge(self, candidate: _Candidate, at: float, usage: float) -> None:
+    def _charge(self, candidate: _Candidate, at: float, usage: float, hours: float) -> None:
         limit = candidate.limit
         assert limit is not None
         if limit <= 0:
             return
         if usage <= limit:
-            cost = self.costs.slack * (limit - usage) / limit
+            cost = self.costs.slack * hours * (limit - usage) / limit
         else:
             candidate.overruns += 1
-            cost = self.costs.overrun * (usage - limit) / limit
+            cost = self.costs.overrun * hours * (usage - limit) / limit
             if self.fatal_overrun:
                 cost += self.costs.kill
         self._add(candidate, at, cost)

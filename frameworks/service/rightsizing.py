@@ -14,11 +14,14 @@ pure `frameworks.autopilot.Autopilot` (docs/autopilot.md). No I/O.
 
 The autopilot's `ApplyLimits` becomes `upgrade(core, apply)`: a `PutApp` with the
 new cpus and mem, which the core deploys as a rolling upgrade within the app's
-upgrade strategy. It is forced only over a deployment the autopilot itself
-started (a raise after an OOM kill supersedes the cut still rolling out); an
-operator's deployment (or the app's own creation) is never overridden: the limits
-are `defer`red and applied once the app is free (`due`), unless its cpus or mem
-were changed meanwhile, which then win.
+upgrade strategy. It is forced over a deployment the autopilot itself started,
+and a raise after an OOM kill over any deployment: tasks that die for memory keep
+any deployment from finishing, and the forced one keeps that deployment's target
+(the app's current definition) with only its memory raised (never lowered: the
+autopilot raises only above the definition's limit). Any other change never
+overrides an operator's deployment (or the app's own creation): the limits are
+`defer`red and applied once the app is free (`due`), unless its cpus or mem were
+changed meanwhile, which then win.
 """
 
 from __future__ import annotations
@@ -120,7 +123,8 @@ class RightSizing:
         running = core.deployment_of(app.id)
         ours = running is not None and self._deployments.get(app.id) == running.id
         return PutApp(attrs.evolve(app, cpus=apply.limits.cpus,
-                                   mem=apply.limits.mem_bytes / MIB), force=ours)
+                                   mem=apply.limits.mem_bytes / MIB),
+                      force=ours or (apply.oom and running is not None))
 
     def defer(self, core: ServiceCore, apply: ApplyLimits) -> None:
         """The app is locked by a deployment not ours: apply once it is free."""

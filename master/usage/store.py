@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import math
 import random
 import time
 from collections.abc import Iterable, Sequence
@@ -93,6 +94,9 @@ class StoreConfig:
     query_rows: int = attrs.field(default=10_000, validator=attrs.validators.ge(1))
     query_timeout: float = attrs.field(default=10.0, validator=attrs.validators.gt(0))
     max_waiting_queries: int = attrs.field(default=4, validator=attrs.validators.ge(0))
+    # Inserts start at most this often, so a flood of state changes becomes a few
+    # large inserts rather than many small ones (each costs the master CPU).
+    batch_interval: float = attrs.field(default=0.2, validator=attrs.validators.ge(0))
     seed: int = 0  # sampling is seeded, so a replay samples the same rows
 
 
@@ -123,6 +127,7 @@ class UsageStore:
         self._events: list[TaskEvent] = []
         self._drain: asyncio.Task[None] | None = None
         self._waiting = 0
+        self._last_insert = -math.inf  # loop time the latest insert started
         self._rng = random.Random(config.seed)
         self.stats = {"samples": 0, "events": 0, "sampled_out": 0, "dropped": 0,
                       "write_errors": 0, "queries": 0, "query_errors": 0,
@@ -160,6 +165,10 @@ class UsageStore:
     async def _write(self) -> None:
         loop = asyncio.get_running_loop()
         while self._samples or self._events:
+            wait = self._last_insert + self.config.batch_interval - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            self._last_insert = loop.time()
             samples, self._samples = self._samples, []
             events, self._events = self._events, []
             try:

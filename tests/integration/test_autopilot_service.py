@@ -28,15 +28,23 @@ FAST_PILOT = ["--autopilot-step", "1s", "--autopilot-warmup", "4s",
               "--autopilot-min-samples", "10"]
 
 
-async def test_an_over_declared_app_is_recommended_less_and_right_sized(
-        make_cluster: Any, services: Any, tmp_path: Path) -> None:  # noqa: F811
-    cluster = make_cluster(agents=2, resources="cpus:2;mem:2048;disk:1000",
+async def app_on_cluster(make_cluster: Any, services: Any, tmp_path: Path, agents: int,
+                         pilot_flags: list[str], app: dict[str, Any]) -> tuple[Any, Service]:
+    """A cluster whose agents report usage twice a second, a `dyad-service` with
+    these autopilot flags, and `app` created on it."""
+    cluster = make_cluster(agents=agents, resources="cpus:2;mem:2048;disk:1000",
                            agent_args=["--usage-report-interval", "0.5s"])
     service: Service = await services("pilot", "--master", cluster.master_address,
                                       "--work-dir", str(tmp_path / "state"),
-                                      *FAST_PILOT).started()
-    status, created = service.call("POST", "/v2/apps", FAT)
+                                      *pilot_flags).started()
+    status, created = service.call("POST", "/v2/apps", app)
     assert status == 201, created
+    return cluster, service
+
+
+async def test_an_over_declared_app_is_recommended_less_and_right_sized(
+        make_cluster: Any, services: Any, tmp_path: Path) -> None:  # noqa: F811
+    _, service = await app_on_cluster(make_cluster, services, tmp_path, 2, FAST_PILOT, FAT)
 
     def recommended() -> Any:
         rec = service.get("/v2/apps/fat/recommendation")["recommendation"]

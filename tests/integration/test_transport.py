@@ -90,3 +90,37 @@ async def test_dealer_turns_bad_frames_into_errors() -> None:
 def test_a_frame_without_identity_is_an_error() -> None:
     assert "identity" in transport._parse_routed([]).error.reason
     assert "identity" in transport._parse_routed([b"", b"{}"]).error.reason
+
+
+async def test_recv_undecoded_takes_what_is_there_up_to_most(
+        router: tuple[Router, zmq.asyncio.Socket]) -> None:
+    ours, raw = router
+    for _ in range(5):
+        await raw.send_multipart([m.encode(m.Heartbeat())])
+    await raw.send_multipart([b"a", b"b"])  # decodes to an error, as `recv` gives it
+    got: list[Inbound] = []
+    while len(got) < 6:
+        batch = await ours.recv_undecoded(4)
+        assert 1 <= len(batch) <= 4 and {r.identity for r in batch} == {b"raw-peer"}
+        got += [r.decode() for r in batch]
+    assert [i.message for i in got[:5]] == [m.Heartbeat()] * 5
+    assert got[5].error is not None and "expected 1 frame" in got[5].error.reason
+
+
+async def test_mandatory_sends_report_unknown_peers_and_full_queues() -> None:
+    ours = Router(send_queue=2)
+    port = ours.bind("127.0.0.1", 0)
+    peer = Dealer(identity="slow")
+    peer.socket.setsockopt(zmq.RCVHWM, 1)
+    peer.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        assert await ours.send(b"nobody", m.Heartbeat()) is False
+        assert ours.sends_unroutable == 1
+        await peer.send(m.Heartbeat())
+        assert (await ours.recv()).identity == b"slow"  # now the peer is routable
+        results = [await ours.send(b"slow", m.Heartbeat()) for _ in range(20_000)]
+        assert results[0] is True and results[-1] is False  # the peer never reads
+        assert ours.sends_full == results.count(False) > 0
+    finally:
+        peer.close()
+        ours.close()

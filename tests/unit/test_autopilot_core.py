@@ -133,6 +133,41 @@ def test_oom_raises_memory_at_once_and_it_stays_above_the_kill() -> None:
     assert d.pilot.recommendation("/web").ooms == 1
 
 
+def test_oom_before_any_evidence_raises_at_once_and_is_marked_urgent() -> None:
+    # A task that outgrows its limit within minutes dies long before the warmup ends.
+    d = Driver()
+    configure(d, mem_mib=128)
+    d.run("/web", 30, cpus=0.05, mem=100e6)
+    assert d.pilot.recommendation("/web").ready is False
+    [raise_] = applied(d.send(TaskOomKilled("/web", "t1", d.now, 128 * MIB)))
+    assert raise_.oom and raise_.limits.mem_bytes == 192 * MIB  # 1.5 x, whole MiB
+    assert raise_.limits.cpus == 1.0  # only memory moves
+    rec = d.pilot.recommendation("/web")  # explained even before it is ready
+    assert not rec.ready and any("OOM-killed at 128 MiB" in r and "raised at once to 192 MiB"
+                                 in r for r in rec.reasons)
+    # The app's next definition carries the raise; later changes are ordinary ones.
+    configure(d, mem_mib=192)
+    later = applied(d.run("/web", 1200, cpus=0.05, mem=100e6))
+    assert all(not c.oom and c.limits.mem_bytes > 100e6 for c in later)
+
+
+def test_after_an_oom_kill_memory_is_not_cut_for_the_hold() -> None:
+    d = Driver(attrs.evolve(FAST, oom_hold=3600))
+    configure(d)
+    d.run("/web", 400, cpus=0.05, mem=30e6)
+    limit = d.pilot.recommendation("/web").current.mem_bytes
+    [raise_] = applied(d.send(TaskOomKilled("/web", "t1", d.now, limit)))
+    configure(d, cpus=raise_.limits.cpus, mem_mib=raise_.limits.mem_bytes // MIB)
+    killed_at = d.now
+    # Usage stays low and every window forgets the kill within 30 minutes, yet
+    # memory stays up for the hour's hold, and is cut only after it.
+    d.run("/web", 3600, cpus=0.05, mem=30e6)
+    assert all(c.limits.mem_bytes == raise_.limits.mem_bytes
+               for c in applied([e for t, e in d.stamped if t > killed_at]))
+    later = applied(d.run("/web", 1200, cpus=0.05, mem=30e6))
+    assert later and later[-1].limits.mem_bytes < raise_.limits.mem_bytes
+
+
 def test_oom_at_the_cap_cannot_raise() -> None:
     d = Driver()
     configure(d, bounds=Bounds(max_mem_bytes=64 * MIB), mem_mib=64)

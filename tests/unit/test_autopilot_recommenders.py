@@ -230,3 +230,16 @@ def test_spec_names_every_problem() -> None:
         parse_spec([])
     with pytest.raises(SpecInvalid):
         parse_spec({"min": {"cpus": True}})
+
+
+def test_a_spread_variant_adds_room_for_spikes_and_almost_none_for_steady_use() -> None:
+    variant = MemoryVariant("spread", window=3600, margin=0.05, spread=1.0)
+    steady, spiky = variant.build(), variant.build()
+    for i in range(120):
+        steady.add(i * 30.0, 100 * MIB)
+        spiky.add(i * 30.0, (130 if i % 40 == 0 else 100) * MIB)
+    # The median is a bucket's upper bound (within 5%): steady use pays at most that.
+    assert 105 * MIB <= steady.value(3600.0) <= 106 * MIB
+    # Peak 130 x 1.05 plus (130 - ~100): room for a spike well past the last one.
+    assert 160 * MIB <= spiky.value(3600.0) <= 168 * MIB
+    assert "peak - median" in spiky.explain(3600.0)

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -188,3 +189,20 @@ async def wait_until_gone(pgid: int, timeout: float = 5.0) -> None:
     while live_members(pgid):
         assert loop.time() < deadline, f"process group {pgid} still has live processes"
         await asyncio.sleep(0.02)
+
+
+def test_the_executor_imports_only_the_executor_side() -> None:
+    """One executor process starts per task, so its imports are a per-task cost:
+    the scheduler side, psutil (needed only after an agent restart) and the
+    HTTP stack stay out, while `from frameworks import ...` still finds them."""
+    probe = ("import sys, frameworks.executors.command\n"
+             "print(' '.join(sorted(sys.modules)))\n"
+             "from frameworks import SchedulerDriver, Resources, __all__\n"
+             "import frameworks\n"
+             "assert all(getattr(frameworks, name) for name in __all__)\n")
+    ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": REPO}, check=True)
+    modules = set(ran.stdout.split())
+    assert {"frameworks.executor", "zmq", "asyncio"} <= modules
+    assert not modules & {"frameworks.scheduler", "frameworks.scheduler_core", "psutil",
+                          "aiohttp", "kazoo", "dyad.detector"}

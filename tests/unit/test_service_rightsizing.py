@@ -118,6 +118,27 @@ async def test_an_over_declared_app_is_right_sized_by_a_rolling_upgrade(
     assert runtime.rightsizing.counters["autopilot_oom_kills"] == 1
 
 
+async def test_an_oom_kill_during_the_apps_own_deployment_raises_memory_at_once(
+        runtime: ServiceRuntime) -> None:
+    # Tasks that die for memory keep the creation from finishing: the raise cannot
+    # wait for it, and supersedes it keeping its target.
+    runtime.handle(Registered("framework-1"))
+    runtime.execute(PutApp(parse_app({**APP, "instances": 1, "mem": 128, "upgradeStrategy": {
+        "minimumHealthCapacity": 0, "maximumOverCapacity": 1}})))
+    runtime.handle(OffersReceived((make_offer(agent_id="agent-0", resources="cpus:4;mem:4096"),)))
+    [task] = runtime.core.tasks.values()
+    assert runtime.core.deployment_of("/web") is not None
+    runtime.handle(StatusReceived(TaskStatus(
+        task_id=task.task_id, state=TaskState.TASK_FAILED, agent_id=task.agent_id,
+        reason=Reason.CONTAINER_LIMITATION_MEMORY)))
+    app = runtime.core.apps["/web"]
+    assert app.mem == 192 and app.instances == 1 and app.cmd == APP["cmd"]
+    deployment = runtime.core.deployment_of("/web")
+    assert deployment is not None and deployment.target.mem == 192
+    assert runtime.rightsizing.counters["autopilot_upgrades"] == 1
+    assert runtime.rightsizing.counters["autopilot_upgrades_deferred"] == 0
+
+
 async def test_recommend_mode_changes_nothing(runtime: ServiceRuntime) -> None:
     start(runtime, {**APP, "autopilot": {"mode": "recommend"}})
     feed(runtime, 8)

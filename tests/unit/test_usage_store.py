@@ -102,6 +102,33 @@ async def test_submit_never_waits_and_drops_when_full() -> None:
         await store.close()
 
 
+async def test_a_flood_of_rows_becomes_a_few_large_inserts() -> None:
+    class Counting(DuckDBEngine):
+        def __init__(self) -> None:
+            super().__init__(threads=1)
+            self.inserts = 0
+
+        def insert(self, samples, events) -> None:  # type: ignore[no-untyped-def]
+            self.inserts += 1
+            super().insert(samples, events)
+
+    engine = Counting()
+    store = UsageStore(engine, StoreConfig(batch_interval=0.2))
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        for i in range(50):  # a state change every 10 ms for half a second
+            store.submit(events=[event(T0 + i, WEB, "TASK_RUNNING")])
+            await asyncio.sleep(0.01)
+        await store.flush()
+        elapsed = loop.time() - started
+        assert (await store.counts())["task_events"] == 50
+        # The first row goes at once, then at most one insert per interval.
+        assert engine.inserts <= 2 + elapsed / 0.2
+    finally:
+        await store.close()
+
+
 async def test_sample_rate_keeps_a_weighted_share() -> None:
     store = UsageStore(DuckDBEngine(threads=1), StoreConfig(sample_rate=0.25, seed=7))
     try:

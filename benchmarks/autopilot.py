@@ -1,0 +1,354 @@
+"""Autopilot over a synthetic fleet: slack and OOM kills of hand-set limits against
+the pure recommender's, over a simulated week (issue 14, done-when 4).
+
+    python -m benchmarks.autopilot [--quick] [--apps 200] [--days 7] [--seed 1] [--json]
+
+A seeded fleet of apps (`fleet`), each one task with a usage pattern for cores and
+memory: steady, daily cycles, spikes, slow growth, memory leaks. Each app's user
+set its limits the way people do (`user_limits`): from the app's usual peak times
+a factor that is mostly generous (log-normal, median 2x) and sometimes short
+(0.75-1x), rounded to numbers people type. Every approach then lives through the
+same week, sample by sample (one every `STEP` seconds: memory is the interval's
+peak, CPU its mean):
+
+- **user**: the hand-set limits, never changed;
+- **each variant** of `DEFAULT_CPU_VARIANTS` / `DEFAULT_MEMORY_VARIANTS` alone
+  (the k-th CPU variant with the k-th memory variant; the last CPU variant with
+  `SPREAD`, a memory variant that is not a default), through the full policy
+  (`Autopilot` in `auto`: evidence, bounds, hysteresis, the OOM raise);
+- **meta**: the policy with every variant, the meta-recommender choosing per app.
+
+Each starts from the user's limits. Rules of the simulated world, the same for all:
+memory over the limit is an OOM kill (the task restarts and a leak starts over;
+the policy hears `TaskOomKilled`); CPU over the limit is throttled, and the policy
+sees only what the task got (measured CPU is capped by the limit); an applied
+change of limits is a rolling upgrade, so it restarts the task too.
+
+Scores over the whole week (warmup included): memory and CPU slack (idle share of
+the limits: sum(limit - used) / sum(limit) over all samples), OOM-affected apps
+(at least one kill) and kills, the share of CPU demand throttled, and limit
+changes. Goal (issue 14, after Autopilot, EuroSys'20): memory slack at most 20%,
+and OOM-affected apps at most a tenth of the user-limit baseline. Deterministic:
+the same seed gives the same figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from dyad.effects import ArmTimer, TimerFired
+from frameworks.autopilot import (
+    AUTO, DEFAULT_CPU_VARIANTS, DEFAULT_MEMORY_VARIANTS, MIB, AppConfigured, ApplyLimits,
+    Autopilot, AutopilotSpec, Config, Evaluate, Limits, MemoryVariant, TaskOomKilled,
+    UsageSampled)
+
+DAY = 86_400.0
+STEP = 300.0  # seconds between samples (and the policy's evaluation step)
+WARM_IN = DAY  # lived before the scored week: the history a 24 h usage store holds
+KINDS = ("steady", "daily", "spiky", "growth", "leak")
+MIX = (0.30, 0.30, 0.15, 0.15, 0.10)  # shares of the fleet, in KINDS order
+NICE_CPUS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
+NICE_MEM_MIB = (64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192,
+                12288, 16384)
+GOAL_SLACK = 0.20
+GOAL_OOM_RATIO = 0.10
+
+
+# -- the fleet --------------------------------------------------------------------------
+
+@attrs.frozen
+class Spike:
+    at: float
+    length: float
+    cpu_factor: float
+    mem_factor: float
+
+
+@attrs.frozen
+class AppModel:
+    """One app's demand: base levels, a daily cycle, growth, a leak, spikes."""
+
+    name: str
+    kind: str
+    cpu_base: float  # cores
+    mem_base: float  # bytes
+    cpu_amp: float  # daily cycle, fraction of base
+    mem_amp: float
+    phase: float  # seconds into the day of the cycle's top
+    growth: float  # fraction of base per day, both resources
+    leak: float  # bytes per second since the task started
+    noise: float  # relative, per sample
+    spikes: tuple[Spike, ...]
+    user: Limits
+
+
+def _draw(rng: random.Random) -> str:
+    x, total = rng.random(), 0.0
+    for kind, share in zip(KINDS, MIX):
+        total += share
+        if x < total:
+            return kind
+    return KINDS[-1]
+
+
+def fleet(apps: int, days: float, seed: int) -> list[AppModel]:
+    """`apps` apps with kinds in `MIX` proportions, deterministic for a seed; their
+    patterns cover the warm-in day and `days` more."""
+    rng = random.Random(seed)
+    horizon = WARM_IN + days * DAY
+    out = []
+    for i in range(apps):
+        kind = _draw(rng)
+        cpu_base = math.exp(rng.uniform(math.log(0.02), math.log(2.0)))
+        mem_base = math.exp(rng.uniform(math.log(40 * MIB), math.log(3000 * MIB)))
+        cpu_amp = rng.uniform(0.3, 0.7) if kind in ("daily", "spiky", "growth") else 0.05
+        mem_amp = rng.uniform(0.05, 0.2) if kind in ("daily", "spiky", "growth") else 0.01
+        growth = rng.uniform(0.02, 0.10) if kind == "growth" else 0.0
+        # A leak doubles the task's memory in 1-4 days if nothing restarts it.
+        leak = mem_base / (rng.uniform(1.0, 4.0) * DAY) if kind == "leak" else 0.0
+        spikes: list[Spike] = []
+        if kind == "spiky":
+            at = rng.expovariate(rng.uniform(0.5, 3.0) / DAY)
+            while at < horizon:
+                spikes.append(Spike(at, rng.uniform(300, 1800), rng.uniform(1.5, 4.0),
+                                    rng.uniform(1.1, 1.5)))
+                at += rng.expovariate(rng.uniform(0.5, 3.0) / DAY)
+        model = AppModel(f"/app{i:04d}", kind, cpu_base, mem_base, cpu_amp, mem_amp,
+                         rng.uniform(0, DAY), growth, leak, rng.uniform(0.02, 0.1),
+                         tuple(spikes), Limits(0.0, 0))
+        out.append(attrs.evolve(model, user=user_limits(model, rng)))
+    return out
+
+
+def user_limits(app: AppModel, rng: random.Random) -> Limits:
+    """What a person would ask for: the app's usual peak (its daily top, no spike,
+    no growth or leak yet) times a factor, rounded to a number people type. Mostly
+    generous (log-normal, median 2x, at least 1.1x); one app in seven short."""
+    short = rng.random() < 1 / 7
+    factors = []
+    for _ in range(2):
+        factors.append(rng.uniform(0.75, 1.0) if short else
+                       min(8.0, max(1.1, rng.lognormvariate(math.log(2.0), 0.4))))
+    cpus = _nice(app.cpu_base * (1 + app.cpu_amp) * factors[0], NICE_CPUS, up=not short)
+    mem_mib = _nice(app.mem_base * (1 + app.mem_amp) * factors[1] / MIB, NICE_MEM_MIB,
+                    up=not short)
+    return Limits(cpus, int(mem_mib * MIB))
+
+
+def _nice(value: float, steps: Sequence[float], up: bool) -> float:
+    """The next round number up (generous users) or the nearest (short ones)."""
+    if up:
+        return next((s for s in steps if s >= value), steps[-1])
+    return min(steps, key=lambda s: abs(math.log(s / value)))
+
+
+def demand(app: AppModel, t: float, started: float, rng: random.Random) -> tuple[float, float]:
+    """Cores and bytes the task wants at `t` (it started at `started`)."""
+    cycle = math.cos(2 * math.pi * (t - app.phase) / DAY)
+    grown = 1 + app.growth * t / DAY
+    cpu = app.cpu_base * grown * (1 + app.cpu_amp * cycle)
+    mem = app.mem_base * grown * (1 + app.mem_amp * cycle) + app.leak * (t - started)
+    for spike in app.spikes:
+        if spike.at <= t < spike.at + spike.length:
+            cpu, mem = cpu * spike.cpu_factor, mem * spike.mem_factor
+    cpu *= 1 + rng.uniform(-app.noise, app.noise)
+    mem *= 1 + rng.uniform(-app.noise, app.noise) / 4  # memory is steadier than CPU
+    return max(cpu, 0.0), max(mem, 0.0)
+
+
+# -- scoring ----------------------------------------------------------------------------
+
+@attrs.define
+class Score:
+    """One approach over the fleet; sums over all apps' samples."""
+
+    mem_limit: float = 0.0
+    mem_idle: float = 0.0
+    cpu_limit: float = 0.0
+    cpu_idle: float = 0.0
+    cpu_demand: float = 0.0
+    cpu_throttled: float = 0.0
+    ooms: int = 0
+    oom_apps: int = 0
+    changes: int = 0
+    apps: int = 0
+    warm_in_oom_apps: int = 0  # killed during the warm-in day (not scored)
+    oom_kinds: dict[str, int] = attrs.Factory(dict)  # OOM-affected apps per kind
+
+    @property
+    def mem_slack(self) -> float:
+        return self.mem_idle / self.mem_limit if self.mem_limit else 0.0
+
+    @property
+    def cpu_slack(self) -> float:
+        return self.cpu_idle / self.cpu_limit if self.cpu_limit else 0.0
+
+    @property
+    def throttled(self) -> float:
+        return self.cpu_throttled / self.cpu_demand if self.cpu_demand else 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        return {"mem_slack": round(self.mem_slack, 4), "cpu_slack": round(self.cpu_slack, 4),
+                "oom_apps": self.oom_apps, "ooms": self.ooms,
+                "cpu_throttled": round(self.throttled, 4), "changes": self.changes,
+                "apps": self.apps, "warm_in_oom_apps": self.warm_in_oom_apps,
+                "oom_apps_by_kind": dict(sorted(self.oom_kinds.items()))}
+
+
+Approach = Callable[[], Config | None]  # None: the user's limits, never changed
+
+
+def replay(app: AppModel, days: float, config: Config | None, score: Score,
+           seed: int) -> None:
+    """Live through the warm-in day and the week with one approach; add the app's
+    figures over the week to `score`. The demand's noise is seeded per app, so every
+    approach sees the same week."""
+    rng = random.Random(f"{seed}:{app.name}")
+    limits, started, ooms, warm_in_ooms = app.user, 0.0, 0, 0
+    pilot = None if config is None else Autopilot(config)
+    spec = AutopilotSpec(AUTO)
+    due = math.inf
+
+    def perform(effects: list[Any], t: float) -> None:
+        nonlocal limits, started, due
+        for effect in effects:
+            if isinstance(effect, ArmTimer):
+                due = effect.at
+            elif isinstance(effect, ApplyLimits):
+                # A rolling upgrade: the task restarts with the new limits, and the
+                # service framework tells the autopilot the app's new definition.
+                limits, started = effect.limits, t
+                score.changes += t > WARM_IN
+                assert pilot is not None
+                perform(pilot.handle(AppConfigured(app.name, spec, limits), t), t)
+
+    if pilot is not None:
+        perform(pilot.handle(AppConfigured(app.name, spec, limits), 0.0), 0.0)
+    for i in range(1, int((WARM_IN + days * DAY) / STEP) + 1):
+        t = i * STEP
+        scored = t > WARM_IN
+        cpu, mem = demand(app, t, started, rng)
+        got_cpu = min(cpu, limits.cpus)
+        if scored:
+            score.cpu_limit += limits.cpus
+            score.cpu_idle += limits.cpus - got_cpu
+            score.cpu_demand += cpu
+            score.cpu_throttled += cpu - got_cpu
+            score.mem_limit += limits.mem_bytes
+        if mem > limits.mem_bytes:
+            # Died at its limit: no idle memory in this sample.
+            ooms, warm_in_ooms = ooms + scored, warm_in_ooms + (not scored)
+            died_at, started = limits.mem_bytes, t
+            if pilot is not None:
+                perform(pilot.handle(TaskOomKilled(app.name, f"{app.name}.{ooms}", t,
+                                                   died_at), t), t)
+        else:
+            score.mem_idle += (limits.mem_bytes - mem) * scored
+            if pilot is not None:
+                pilot.handle(UsageSampled(app.name, t, got_cpu, mem), t)
+        if pilot is not None and t >= due:
+            due = math.inf
+            perform(pilot.handle(TimerFired(Evaluate(app.name)), t), t)
+    score.apps += 1
+    score.ooms += ooms
+    score.oom_apps += ooms > 0
+    if ooms:
+        score.oom_kinds[app.kind] = score.oom_kinds.get(app.kind, 0) + 1
+    score.warm_in_oom_apps += warm_in_ooms > 0
+
+
+SPREAD = MemoryVariant("mem-spread-72h", window=72 * 3600.0, margin=0.05, spread=1.0)
+"""Not a default: room for spikes bigger than the last, shown alone for its trade-off."""
+
+
+def approaches() -> dict[str, Config | None]:
+    """The user's limits, each default variant alone (and `SPREAD`), and the
+    meta-recommender over the defaults."""
+    out: dict[str, Config | None] = {"user": None}
+    base = Config(step=STEP)
+    pairs = list(zip(DEFAULT_CPU_VARIANTS, (*DEFAULT_MEMORY_VARIANTS, SPREAD)))
+    for cpu, mem in pairs:
+        out[f"{cpu.name}+{mem.name}"] = attrs.evolve(base, cpu_variants=(cpu,),
+                                                     memory_variants=(mem,))
+    out["meta"] = base
+    return out
+
+
+def run(apps: int, days: float, seed: int,
+        chosen: dict[str, Config | None] | None = None) -> dict[str, Score]:
+    models = fleet(apps, days, seed)
+    scores = {}
+    for name, config in (chosen or approaches()).items():
+        score = Score()
+        for model in models:
+            replay(model, days, config, score, seed)
+        scores[name] = score
+    return scores
+
+
+def report(scores: dict[str, Score], models: list[AppModel], elapsed: float,
+           args: argparse.Namespace) -> str:
+    user = scores["user"]
+    kinds = {k: sum(m.kind == k for m in models) for k in KINDS}
+    short = sum(m.user.mem_bytes < m.mem_base * (1 + m.mem_amp) for m in models)
+    lines = [f"fleet: {len(models)} apps over {args.days:g} days after a warm-in day, seed "
+             f"{args.seed}, one sample per {STEP:.0f}s; " + ", ".join(f"{n} {k}" for k, n in kinds.items())
+             + f"; {short} with memory set below their usual peak",
+             f"{'approach':<26}{'mem slack':>10}{'x user':>8}{'cpu slack':>11}"
+             f"{'oom apps':>10}{'x user':>8}{'kills':>7}{'throttled':>11}{'changes':>9}"
+             f"{'warm-in oom apps':>18}"]
+    for name, s in scores.items():
+        lines.append(f"{name:<26}{s.mem_slack:>10.1%}{_ratio(s.mem_slack, user.mem_slack):>8}"
+                     f"{s.cpu_slack:>11.1%}{s.oom_apps:>10}{_ratio(s.oom_apps, user.oom_apps):>8}"
+                     f"{s.ooms:>7}{s.throttled:>11.2%}{s.changes:>9}{s.warm_in_oom_apps:>18}")
+    lines.append("OOM-affected apps by kind: " + "; ".join(
+        f"{name} " + (", ".join(f"{k} {n}" for k, n in sorted(s.oom_kinds.items())) or "none")
+        for name, s in scores.items()))
+    meta = scores["meta"]
+    slack_ok = meta.mem_slack <= GOAL_SLACK
+    oom_ok = meta.oom_apps <= GOAL_OOM_RATIO * user.oom_apps
+    lines.append(f"goal (meta): memory slack <= {GOAL_SLACK:.0%}: {meta.mem_slack:.1%} "
+                 f"{'met' if slack_ok else 'MISSED'}; OOM-affected apps <= "
+                 f"{GOAL_OOM_RATIO:.0%} of user's {user.oom_apps}: {meta.oom_apps} "
+                 f"{'met' if oom_ok else 'MISSED'}")
+    lines.append(f"replayed in {elapsed:.1f}s (wall clock, shared machine)")
+    return "\n".join(lines)
+
+
+def _ratio(value: float, reference: float) -> str:
+    return f"{value / reference:.2f}" if reference else "-"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.autopilot",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="60 apps over 2 days")
+    p.add_argument("--apps", type=int, default=200)
+    p.add_argument("--days", type=float, default=7.0)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.apps, args.days = 60, 2.0
+    started = time.perf_counter()
+    scores = run(args.apps, args.days, args.seed)
+    elapsed = time.perf_counter() - started
+    if args.json:
+        print(json.dumps({"apps": args.apps, "days": args.days, "seed": args.seed,
+                          "scores": {n: s.as_json() for n, s in scores.items()}}, indent=2))
+    else:
+        print(report(scores, fleet(args.apps, args.days, args.seed), elapsed, args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

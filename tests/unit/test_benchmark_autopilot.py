@@ -1,0 +1,42 @@
+"""benchmarks.autopilot's fleet generator and scoring run, deterministically, and
+the scores mean what they say (a tiny fleet over a short week)."""
+
+from __future__ import annotations
+
+import attrs
+
+from benchmarks import autopilot as bench
+from frameworks.autopilot import MIB, Limits
+
+
+def test_the_fleet_is_seeded_and_mixes_every_kind() -> None:
+    fleet = bench.fleet(80, 2, seed=3)
+    assert fleet == bench.fleet(80, 2, seed=3) and fleet != bench.fleet(80, 2, seed=4)
+    assert {app.kind for app in fleet} == set(bench.KINDS)
+    for app in fleet:
+        assert app.user.cpus in bench.NICE_CPUS and app.user.mem_bytes % MIB == 0
+        assert (app.leak > 0) == (app.kind == "leak")
+        assert bool(app.spikes) <= (app.kind == "spiky")
+    generous = sum(app.user.mem_bytes > app.mem_base * (1 + app.mem_amp) for app in fleet)
+    assert generous > len(fleet) / 2  # people over-provision, mostly
+
+
+def test_scoring_counts_slack_and_kills_against_fixed_limits() -> None:
+    steady = attrs.evolve(bench.fleet(1, 1, seed=1)[0], kind="steady", cpu_base=1.0,
+                          mem_base=100 * MIB, cpu_amp=0.0, mem_amp=0.0, growth=0.0,
+                          leak=0.0, noise=0.0, spikes=())
+    loose = bench.Score()
+    bench.replay(attrs.evolve(steady, user=Limits(2.0, 200 * MIB)), 1, None, loose, seed=1)
+    assert abs(loose.mem_slack - 0.5) < 1e-9 and abs(loose.cpu_slack - 0.5) < 1e-9
+    assert loose.ooms == 0 and loose.throttled == 0
+    short = bench.Score()
+    bench.replay(attrs.evolve(steady, user=Limits(0.5, 50 * MIB)), 1, None, short, seed=1)
+    assert short.oom_apps == 1 and short.mem_slack == 0 and abs(short.throttled - 0.5) < 1e-9
+
+
+def test_a_run_compares_every_approach_and_the_autopilot_cuts_slack() -> None:
+    scores = bench.run(6, 1, seed=2)
+    assert list(scores) == list(bench.approaches())
+    assert scores == bench.run(6, 1, seed=2)  # deterministic
+    assert scores["meta"].mem_slack < scores["user"].mem_slack
+    assert all(s.apps == 6 for s in scores.values())
