@@ -6,9 +6,11 @@ charts a valid group-by and shows the engine's error for bad SQL."""
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from dyad.resources import Resources
@@ -26,7 +28,7 @@ BUSY = ("exec python3 -c 'import time\nb = bytearray(24 << 20)\n"
         "while True: sum(range(20000)); time.sleep(0.02)'")
 SIZES = {"usage-a": "cpus:0.1;mem:64", "usage-b": "cpus:0.2;mem:96"}
 BY_APP = "SELECT app, count(*) AS samples, max(mem_rss_bytes) AS peak FROM task_usage GROUP BY app"
-OVER_TIME = ("SELECT bucket(ts, 10) AS t, task_id, avg(mem_rss_bytes) AS rss FROM task_usage "
+OVER_TIME = ("SELECT bucket(ts, 2) AS t, task_id, avg(mem_rss_bytes) AS rss FROM task_usage "
              "GROUP BY ALL ORDER BY ALL")
 
 
@@ -57,6 +59,16 @@ async def test_usage_page_in_headless_chromium(make_cluster: Any, drivers: Any,
         # A minute: executors start slowly on this shared, loaded machine.
         await wait_for(lambda task=task: "TASK_RUNNING" in recorder.states(task), 60,
                        f"{task} running")
+    # The chart of OVER_TIME draws a task's line once it has two time buckets.
+    async def two_buckets_each() -> bool:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{cluster.master.url}/usage/query",
+                                 json={"sql": OVER_TIME}) as response:
+                rows = (await response.json())["rows"]
+        per_task = Counter(row[1] for row in rows)
+        return all(per_task[task] >= 2 for task in SIZES)
+
+    await wait_for(two_buckets_each, 60, "two time buckets of each task's usage")
     screenshot = await asyncio.to_thread(_usage_tour, cluster.master.url, tmp_path)
     print(f"usage page screenshot: {screenshot}")
 
