@@ -151,6 +151,12 @@ COUNTERS = {
     # Kept by the shell (master/server.py).
     "master/internal_errors": "Events or frames that raised inside the master (bugs); each is logged.",
     "master/dropped_sends": "Messages the master could not send (peer gone, socket closed).",
+    "master/inbound_full": "Times the master stopped reading its socket because its inbound "
+                           "queue was full (ZMQ's queues then push back on senders).",
+    "master/resends_coalesced": "Frames dropped as exact copies of one still waiting to be "
+                                "handled (a status update or registration sent again).",
+    "master/sends_full": "Sends refused because the peer's outgoing queue was full.",
+    "master/sends_unroutable": "Sends to a peer that is gone (no connection with that identity).",
     "master/registry_writes": "Registry writes completed.",
     "master/messages_received_as_standby": "Frames received while not leading (kept briefly, then dropped).",
     "master/leadership_pauses": "Times the leader paused because its ZooKeeper session was unconfirmed.",
@@ -184,6 +190,8 @@ COUNTERS = {
     "master/v1/overflows": "v1 streams closed because their subscriber stopped reading.",
 }
 GAUGES = {
+    "master/inbound_queued": "Frames read from the socket and not yet handled.",
+    "master/inbound_queued_most": "The most frames ever waiting to be handled at once.",
     "master/elected": "1 if this master is the leader, else 0.",
     "master/v1/streams": "Open Mesos v1 scheduler event streams.",
     "master/tasks_staging": "Live tasks in TASK_STAGING.",

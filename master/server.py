@@ -144,6 +144,9 @@ class MasterServer:
         # Every event for the core waits in `_inflow` (its lanes and its bound on
         # frames: master/inflow.py); `_work` is set while it holds any.
         self._inflow = Inflow()
+        # Taken from the inflow and not yet handled: kept here, not in the loop's
+        # locals, so a loop that dies and is restarted loses none of them.
+        self._batch: collections.deque[object] = collections.deque()
         self._work = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
@@ -538,12 +541,14 @@ class MasterServer:
 
     async def _process(self) -> None:
         while True:
-            if not self._inflow:
-                self._work.clear()
-                await self._work.wait()
-            for item in self._next_batch():
+            if not self._batch:
+                if not self._inflow:
+                    self._work.clear()
+                    await self._work.wait()
+                self._batch.extend(self._next_batch())
+            while self._batch:
                 await self._may_act()
-                await self._handle(item)
+                await self._handle(self._batch.popleft())
             # Awaiting a ready queue or socket does not yield: without this, a
             # burst (a thousand agents re-registering) would starve HTTP and the
             # lease renewals until it is all handled.
