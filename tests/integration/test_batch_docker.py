@@ -56,7 +56,10 @@ def test_wordcount_with_executors_in_an_image_equals_counter(cluster: LocalClust
     assert result.succeeded, result.summary()
     assert counts(tmp_path / "out") == expected(paths)
     # The executors really ran in containers: the agents say so.
+    # The job has torn its framework down; the agents may still be ending it.
     executors = [e for agent in cluster.agent_children
-                 for framework in cluster.get(f"{agent.url}/state")["completed_frameworks"]
-                 for e in framework["completed_executors"] if e["id"] == EXECUTOR_ID]
+                 for state in [cluster.get(f"{agent.url}/state")]
+                 for framework in state["frameworks"] + state["completed_frameworks"]
+                 for e in framework["executors"] + framework["completed_executors"]
+                 if e["id"] == EXECUTOR_ID]
     assert executors and all(e["container_id"] for e in executors), executors
