@@ -60,6 +60,7 @@ class AgentHandlers(MasterBooks):
         else:
             self._rebind_agent(agent, peer)
         agent.reregistered_time = self._now
+        self._drop_missing(agent, plan)
         self._adopt(agent, plan, kill_lost=came_back)
         self._send(peer, AgentRegistered(agent_id=agent.id, master_info=self.info,
                                          ping_interval=self.config.agent_ping_timeout))
@@ -119,6 +120,29 @@ class AgentHandlers(MasterBooks):
         old = self.agent_by_peer.pop(peer, None)
         if old is not None and old in self.agents:
             self._agent_unreachable(self.agents[old])
+
+    def _drop_missing(self, agent: MasterAgent, plan: ReregistrationPlan) -> None:
+        """Staging tasks and executors the agent does not report never reached it
+        (sent to the connection of a process that has since restarted): their
+        frameworks hear they are lost (dropped if partition-aware) rather than wait
+        for them forever, and the agent is told to kill each task in case it is
+        still on its way there."""
+        for framework_id, executor_id in plan.missing_executors:
+            executor = agent.executors.pop((framework_id, executor_id))
+            agent.used = agent.used - executor.resources
+            self.allocator.release(agent.id, framework_id, executor.resources)
+        for framework_id, task_id in plan.missing_tasks:
+            framework = self.frameworks[framework_id]
+            task = framework.tasks[task_id]
+            state = (TaskState.TASK_DROPPED if framework.info.partition_aware
+                     else TaskState.TASK_LOST)
+            why = f"agent {agent.id} re-registered without it: it never reached the agent"
+            self._note(task, why)
+            self._end_task(framework, task, state, counted=True)
+            self._master_update(framework, task_id, state, Reason.RECONCILIATION, why, agent.id,
+                                task.executor_id)
+            self._send(agent.peer, KillTask(framework_id=framework_id, task_id=task_id,
+                                            kill_grace_period=task.kill_grace_period))
 
     def _adopt(self, agent: MasterAgent, plan: ReregistrationPlan, kill_lost: bool) -> None:
         """Take over what a re-registering agent runs. `kill_lost`: the agent comes

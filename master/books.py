@@ -293,12 +293,13 @@ class MasterBooks:
         return role or framework.info.roles[0]
 
     def _end_task(self, framework: MasterFramework, task: MasterTask, state: TaskState,
-                  timestamp: float = 0.0) -> None:
+                  timestamp: float = 0.0, counted: bool = False) -> None:
         """A live task reached a terminal state: free its resources, keep it in the
-        bounded completed list."""
+        bounded completed list. `counted`: the caller's `_master_update` counts it."""
         task.state = state
         task.statuses.append((state, timestamp or self._now))
-        self.counters.inc(task_counter(state))
+        if not counted:
+            self.counters.inc(task_counter(state))
         del framework.tasks[task.task_id]
         agent = self.agents[task.agent_id]
         agent.tasks.discard((framework.id, task.task_id))

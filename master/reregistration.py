@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from dyad.messages import ExecutorInfo, FrameworkInfo, RegisterAgent, Task
+from dyad.messages import ExecutorInfo, FrameworkInfo, RegisterAgent, Task, TaskState
 from dyad.resources import ResourcesError
 from dyad.volumes import DynamicResources, total_of
 from master.model import EMPTY, roles_problem
@@ -28,6 +28,11 @@ class ReregistrationPlan:
     tasks: list[Task] = attrs.field(factory=list)
     executors: list[tuple[str, ExecutorInfo]] = attrs.field(factory=list)
     orphaned: set[str] = attrs.field(factory=set)  # torn-down frameworks still running
+    # What this master launched on the agent and never heard of (TASK_STAGING),
+    # which the agent does not report: sent to the connection of a process that
+    # has since restarted, so it never got there.
+    missing_tasks: list[tuple[str, str]] = attrs.field(factory=list)
+    missing_executors: list[tuple[str, str]] = attrs.field(factory=list)
     # Reservations and volumes to keep (master/volumes.py `adopted`), and why the
     # agent's own report of them was ignored, if it was.
     dynamic: DynamicResources = attrs.field(factory=DynamicResources)
@@ -87,6 +92,13 @@ def plan_reregistration(state: MasterState, message: RegisterAgent) -> Reregistr
         if agent is not None and (framework_id, executor.executor_id) in agent.executors:
             continue
         plan.executors.append((framework_id, executor))
+    if agent is not None:
+        plan.missing_tasks = sorted(
+            (framework_id, task_id) for framework_id, task_id in agent.tasks - seen
+            if state.frameworks[framework_id].tasks[task_id].state is TaskState.TASK_STAGING)
+        reported = {(executor.framework_id or executor_frameworks.get(executor.executor_id),
+                     executor.executor_id) for executor in message.executors}
+        plan.missing_executors = sorted(set(agent.executors) - reported)
     try:
         needed = agent.used if agent is not None else EMPTY
         for task in plan.tasks:

@@ -70,8 +70,9 @@ def task(offer: Any, task_id: str, shell: str) -> TaskInfo:
 
 async def run_on_volume(runner: Any, keeper: Keeper, task_id: str, shell: str) -> str:
     """Run `shell` on the volume as it is offered back; its final state. An offer
-    that raced its rescission (the agent or master just came back) drops the task:
-    then the next offer is tried."""
+    that raced its rescission (the agent or master just came back) drops the task,
+    and one accepted while the agent was restarting loses it (the launch went to
+    the dead process): then the next offer is tried."""
     keeper.want_plain = False
     for plain in [o for o in keeper.offers if not o.volumes and o.id not in keeper.used]:
         keeper.used.add(plain.id)
@@ -86,7 +87,7 @@ async def run_on_volume(runner: Any, keeper: Keeper, task_id: str, shell: str) -
             Filters(refuse_seconds=0.1))
         await wait_for(lambda seen=seen: set(keeper.states(task_id)[seen:]) & ENDS, 40,
                        f"{task_id} to end")
-        if keeper.states(task_id)[-1] != "TASK_DROPPED":
+        if keeper.states(task_id)[-1] not in ("TASK_DROPPED", "TASK_LOST"):
             break
     return keeper.states(task_id)[-1]
 

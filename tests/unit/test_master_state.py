@@ -733,6 +733,26 @@ def test_registered_agent_reregisters_from_a_new_connection(cluster) -> None:
     assert offer.resources.get("cpus") == 1
 
 
+def test_a_task_the_restarted_agent_never_got_is_lost_not_staging_forever(cluster) -> None:
+    """The framework launched on an offer while the agent was restarting: the
+    RunTask went to the dead process's connection. The agent re-registers without
+    it, so the framework hears TASK_LOST and the agent is told to kill it."""
+    h, fid, aid, offer = cluster
+    h.recv("f1", launch(fid, [offer], task("t1", aid, "cpus:1;mem:128")))
+    sends = h.recv("a1-new", RegisterAgent(agent=AgentInfo(
+        hostname="h", port=5051, id=aid, resources=Resources.parse(AGENT_RES))))
+    (update,) = [u for u in messages(sends, Update, to="f1") if u.status.task_id == "t1"]
+    assert update.status.state is TaskState.TASK_LOST
+    assert update.status.reason == Reason.RECONCILIATION
+    assert "never reached the agent" in update.status.message
+    assert [k.task_id for k in messages(sends, KillTask, to="a1-new")] == ["t1"]
+    (agent,) = h.state.snapshot()["agents"]
+    assert agent["used_resources"]["cpus"] == 0 and not h.state.snapshot()["frameworks"][0]["tasks"]
+    assert h.metric("master/tasks_lost") == 1
+    (offer,) = h.offers_to(h.advance(5.5), "f1")  # all of it, once the accept filter ends
+    assert offer.resources.get("cpus") == Resources.parse(AGENT_RES).get("cpus")
+
+
 def test_recovered_framework_that_never_returns_is_torn_down(h: Harness) -> None:
     h.recv("a1", RegisterAgent(
         agent=AgentInfo(hostname="h", port=5051, id="S1", resources=Resources.parse(AGENT_RES)),
