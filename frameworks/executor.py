@@ -89,18 +89,21 @@ def _parent_alive() -> Callable[[], bool]:
     return lambda: os.getppid() == parent
 
 
-def _endpoint_alive(endpoint: str) -> Callable[[], bool]:
+def _endpoint_alive(address: str) -> Callable[[], bool]:
     """A probe for an executor in a container, where the agent's pid means nothing
     (another pid namespace) and the container's init is our parent: true while the
-    agent's executor socket accepts connections (the executor shares the host's
-    network, so the connect is local and answers at once)."""
-    host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+    agent's HTTP port (`MESOS_AGENT_ENDPOINT`, ``ip:port``) accepts connections.
+    Its HTTP port, not its executor socket: a bare connect there is a broken ZMQ
+    handshake every second, on a socket whose broken handshakes a secured agent
+    counts as refusals. The executor shares the host's
+    network, so the connect is local and answers at once."""
+    host, _, port = address.rpartition(":")
 
     def alive() -> bool:
         try:
             with socket.create_connection((host.strip("[]"), int(port)), timeout=0.5):
                 return True
-        except OSError:
+        except (OSError, ValueError):
             return False
 
     return alive
@@ -235,7 +238,7 @@ class ExecutorDriver(DriverRuntime[ExecutorCore]):
 
     def _agent_probe(self, pid: int) -> Callable[[], bool]:
         if os.environ.get("DYAD_CONTAINER"):
-            return _endpoint_alive(self.environment.agent_endpoint)
+            return _endpoint_alive(os.environ.get("MESOS_AGENT_ENDPOINT", ""))
         return _process_alive(pid) if pid > 0 else _parent_alive()
 
     def _apply(self, effects: Iterable[Any]) -> None:
