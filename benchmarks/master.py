@@ -299,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="processes of simulated agents")
     parser.add_argument("--quick", action="store_true", help="one wave, a short reference")
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--master-arg", action="append", default=[], metavar="ARG",
+                        help="passed to dyad-master (repeat: --master-arg=--usage-store "
+                             "--master-arg=off)")
     args = parser.parse_args(argv)
     waves = 1 if args.quick else 3
     total = args.tasks or args.agents * SLOTS_PER_AGENT * waves
@@ -311,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     reference = reference_round_trips(size, 1.0 if args.quick else 3.0)
     print(f"reference: {reference:,.0f} round trips/s", flush=True)
 
-    return report(args, total, reference, *measure(args, total))
+    return report(args, total, reference, *measure(args, total, tuple(args.master_arg)))
 
 
 def measure(args: argparse.Namespace, total: int, master_args: tuple[str, ...] = ()

@@ -33,7 +33,7 @@ from typing import Any, Callable, ClassVar, TypeVar
 import attrs
 
 from dyad import bounded_json, priority
-from dyad.codec import CodecError, from_json, to_json
+from dyad.codec import CodecError, dumps, from_json
 from dyad.containers import ContainerInfo
 from dyad.resources import Resources
 from dyad.volumes import DynamicResources, PersistentVolume
@@ -754,8 +754,9 @@ class ShutdownExecutor(Message):
 
 def encode(msg: Message) -> bytes:
     """Serialise a message to one frame."""
-    frame = {"type": msg.TYPE, "v": WIRE_VERSION, "body": to_json(msg)}
-    return json.dumps(frame, separators=(",", ":")).encode("utf-8")
+    if isinstance(msg, Batch):
+        return encode_batch([encode(m) for m in msg.messages])
+    return dumps({"type": msg.TYPE, "v": WIRE_VERSION, "body": msg})
 
 
 def decode(frame: bytes) -> Message:
@@ -770,23 +771,77 @@ def decode(frame: bytes) -> Message:
         envelope = bounded_json.loads(frame, WIRE_LIMITS)
     except bounded_json.JsonInputError as exc:
         raise MessageError(f"not JSON within limits: {exc.reason}") from None
+    return _from_envelope(envelope)
+
+
+def _from_envelope(envelope: Any) -> Message:
+    """A parsed frame (or one message of a batch) as a message."""
     if not isinstance(envelope, dict):
         raise MessageError("frame must be a JSON object")
     type_name = envelope.get("type")
     if not isinstance(type_name, str):
         raise MessageError("missing message type")
     cls = MESSAGE_TYPES.get(type_name)
-    if cls is None:
+    if cls is None and type_name != BATCH_TYPE:
         raise MessageError(f"unknown message type {_clip(type_name, MAX_TYPE_ECHO)!r}",
                            type_name)
     version = envelope.get("v")
     if type(version) is not int or version != WIRE_VERSION:  # bool is an int in Python
         raise MessageError(f"unsupported version {_clip(json.dumps(version), MAX_TYPE_ECHO)}"
                            f" (this side speaks {WIRE_VERSION})", type_name)
+    if cls is None:
+        return _decode_batch(envelope.get("body", {}))
     try:
         return from_json(cls, envelope.get("body", {}))
     except CodecError as exc:
         raise MessageError(f"invalid {type_name}: {exc}", type_name) from None
+
+
+# ----------------------------------------------------------------------- batches
+
+BATCH_TYPE = "batch"
+BATCH_CAPABILITY = "BATCH_FRAMES"
+"""A framework with this capability may be sent `Batch` frames (docs/protocol.md)."""
+MAX_BATCH_BYTES = 1024 * 1024
+"""A sender closes a batch frame at about this size (well under `MAX_FRAME_BYTES`)."""
+_BATCH_OPEN = b'{"type":"%s","v":%d,"body":{"messages":[' % (BATCH_TYPE.encode(), WIRE_VERSION)
+
+
+@attrs.frozen
+class Batch(Message):
+    """Several messages for one peer in one frame, handled as if each had come
+    alone, in order. Not in `MESSAGE_TYPES`: a batch is an envelope, never handed
+    to a core, and it cannot hold another batch. Frames: `encode_batch`."""
+
+    TYPE: ClassVar[str] = BATCH_TYPE
+    messages: list[Message]
+
+
+def encode_batch(frames: list[bytes]) -> bytes:
+    """One frame holding the encoded messages `frames` (each from `encode`), in
+    order: their bytes are joined, not encoded again."""
+    return _BATCH_OPEN + b",".join(frames) + b"]}}"
+
+
+def _decode_batch(body: Any) -> Batch:
+    if not isinstance(body, dict) or set(body) != {"messages"}:
+        raise MessageError("invalid batch: its body must be exactly {\"messages\": [...]}",
+                           BATCH_TYPE)
+    items = body["messages"]
+    if not isinstance(items, list) or not items:
+        raise MessageError("invalid batch: messages must be a non-empty list", BATCH_TYPE)
+    messages = []
+    for index, item in enumerate(items):
+        try:
+            message = _from_envelope(item)
+        except MessageError as exc:
+            raise MessageError(f"invalid batch: messages[{index}]: {exc.reason}",
+                               BATCH_TYPE) from None
+        if isinstance(message, Batch):
+            raise MessageError(f"invalid batch: messages[{index}] is a batch itself",
+                               BATCH_TYPE)
+        messages.append(message)
+    return Batch(messages=messages)
 
 
 def _clip(text: str, limit: int) -> str:

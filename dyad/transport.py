@@ -18,6 +18,7 @@ reusing a peer's identity to take over its route) is dropped and counted.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -93,11 +94,71 @@ def _parse_routed(frames: list[bytes]) -> Inbound:
     return _parse(frames[0], frames[1:])
 
 
-async def _send_nowait(sock: zmq.asyncio.Socket, frames: list[bytes]) -> bool:
+class _Ready:
+    """Waits until a socket can be read or written, on the running loop, without
+    pyzmq's future and timer per call (issue 19: a third of the master's time
+    went to that bookkeeping). Every send and receive itself is a non-blocking
+    call on the plain socket `sock`.
+
+    ZeroMQ's FD is edge-triggered: it signals that the socket's state *may*
+    have changed, and any call on the socket can consume that signal. So a
+    waiter always checks `EVENTS` before it sleeps, the FD's callback wakes
+    every waiter to check again, and `poke` (after a send of our own, which may
+    have consumed a signal meant for a waiting receive) checks for them."""
+
+    def __init__(self, sock: zmq.Socket) -> None:
+        self._sock = sock
+        self._fd: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiting: dict[int, asyncio.Future[None]] = {}
+
+    async def wait(self, flag: int) -> None:
+        """Return once `EVENTS` has `flag` (zmq.POLLIN or zmq.POLLOUT)."""
+        while not self._sock.get(zmq.EVENTS) & flag:
+            loop = asyncio.get_running_loop()
+            if self._loop is not loop:
+                self._watch(loop)
+            future = self._waiting[flag] = loop.create_future()
+            try:
+                await future
+            finally:
+                if self._waiting.get(flag) is future:
+                    del self._waiting[flag]
+
+    def poke(self) -> None:
+        """Wake a waiter whose event our own call may have consumed."""
+        if self._waiting and self._sock.get(zmq.EVENTS) & sum(self._waiting):
+            self._wake()
+
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.forget()
+        self._fd = self._sock.get(zmq.FD)
+        loop.add_reader(self._fd, self._wake)
+        self._loop = loop
+
+    def _wake(self) -> None:
+        if not self._waiting:
+            if not self._sock.closed:
+                self._sock.get(zmq.EVENTS)  # takes the signal, so the FD goes quiet
+            return
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_result(None)
+
+    def forget(self) -> None:
+        """Stop watching the FD (before the socket closes)."""
+        if self._loop is not None and self._fd is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._fd)
+        self._loop = self._fd = None
+
+
+def _send_nowait(sock: zmq.Socket, ready: _Ready, frames: list[bytes]) -> bool:
     try:
-        await sock.send_multipart(frames, flags=zmq.NOBLOCK)
+        sock.send_multipart(frames, flags=zmq.NOBLOCK)
     except zmq.Again:
         return False
+    finally:
+        ready.poke()
     return True
 
 
@@ -115,8 +176,10 @@ class Router:
         self._ctx = context or zmq.asyncio.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         _configure(self._sock)
-        # Reads without a future per frame (`recv_batch`); only ever non-blocking.
+        # Every call is non-blocking on this plain view of the socket; `_ready`
+        # waits when one would block.
         self._now = zmq.Socket.shadow(self._sock.underlying)
+        self._ready = _Ready(self._now)
         self.sends_full = 0
         self.sends_unroutable = 0
         if send_queue > 0:
@@ -157,7 +220,11 @@ class Router:
         and decoding waits until the caller wants it (`Undecoded.decode`)."""
         batch: list[Undecoded] = []
         while not batch:
-            self._add(batch, await self._sock.recv_multipart(copy=not self.curve))
+            await self._ready.wait(zmq.POLLIN)
+            try:
+                self._add(batch, self._now.recv_multipart(zmq.NOBLOCK, copy=not self.curve))
+            except zmq.Again:
+                continue
         while len(batch) < most:
             try:
                 self._add(batch, self._now.recv_multipart(zmq.NOBLOCK, copy=not self.curve))
@@ -192,14 +259,18 @@ class Router:
         return True
 
     async def send(self, identity: bytes, message: Message) -> bool:
-        return await self.send_raw(identity, encode(message))
+        return self.send_frame(identity, encode(message))
 
     async def send_raw(self, identity: bytes, frame: bytes) -> bool:
-        """False when the peer's queue is full. Unknown peers: dropped silently
-        (ZMQ's ROUTER default, like a message lost on the network), or False with
-        a `send_queue` (mandatory sends)."""
+        return self.send_frame(identity, frame)
+
+    def send_frame(self, identity: bytes, frame: bytes) -> bool:
+        """Queue `frame` for the peer now, never waiting. False when the peer's
+        queue is full. Unknown peers: dropped silently (ZMQ's ROUTER default,
+        like a message lost on the network), or False with a `send_queue`
+        (mandatory sends)."""
         try:
-            sent = await _send_nowait(self._sock, [identity, frame])
+            sent = _send_nowait(self._now, self._ready, [identity, frame])
         except zmq.ZMQError as exc:
             if exc.errno != zmq.EHOSTUNREACH:
                 raise
@@ -210,6 +281,7 @@ class Router:
         return sent
 
     def close(self) -> None:
+        self._ready.forget()
         self._sock.close(linger=0)
 
 
@@ -228,6 +300,8 @@ class Dealer:
         self._sock = self._ctx.socket(zmq.DEALER)
         _configure(self._sock)
         self._sock.setsockopt(zmq.IDENTITY, self.identity)
+        self._now = zmq.Socket.shadow(self._sock.underlying)
+        self._ready = _Ready(self._now)
         self.endpoint: str | None = None
         self.curve = curve is not None
         self.server_key: bytes | None = None
@@ -269,23 +343,37 @@ class Dealer:
         self.endpoint = endpoint
 
     async def recv(self) -> Inbound:
-        frames = await self._sock.recv_multipart()
-        return _parse(b"", frames)
+        while True:
+            await self._ready.wait(zmq.POLLIN)
+            try:
+                frames = self._now.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                continue
+            return _parse(b"", frames)
 
     async def send(self, message: Message) -> bool:
-        return await self.send_raw(encode(message))
+        return self.send_frame(encode(message))
 
     async def send_raw(self, frame: bytes) -> bool:
-        """Queue one frame; False if the queue is full (the peer is long gone).
+        return self.send_frame(frame)
+
+    def send_frame(self, frame: bytes) -> bool:
+        """Queue one frame now; False if the queue is full (the peer is long gone).
         Never blocks: callers that need delivery retry (status updates do)."""
-        return await _send_nowait(self._sock, [frame])
+        return _send_nowait(self._now, self._ready, [frame])
 
     async def send_waiting(self, message: Message) -> None:
         """Queue one frame, waiting while the queue to the peer is full: for a
         sender that must not drop (a driver's acknowledgements)."""
-        await self._sock.send_multipart([encode(message)])
+        await self.send_frame_waiting(encode(message))
+
+    async def send_frame_waiting(self, frame: bytes) -> None:
+        """`send_waiting` for a frame already encoded."""
+        while not self.send_frame(frame):
+            await self._ready.wait(zmq.POLLOUT)
 
     def close(self, linger_ms: int = 0) -> None:
         """Close; `linger_ms` > 0 keeps flushing queued frames that long in ZMQ's
         I/O thread (a farewell such as Teardown), 0 drops them."""
+        self._ready.forget()
         self._sock.close(linger=linger_ms)

@@ -40,7 +40,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from dyad.clock import Clock, SystemClock
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired
-from dyad.messages import Message, Rejected
+from dyad.messages import MAX_BATCH_BYTES, Batch, Message, Rejected, encode, encode_batch
 from dyad.supervision import LogLimiter, Supervisor
 from dyad.timers import TimerTable
 from dyad.transport import Dealer
@@ -50,6 +50,8 @@ from frameworks.outbox import DEFAULT_LIMIT, Outbox
 
 # How long a closing socket keeps flushing a farewell (Teardown, Unsubscribe).
 _CLOSE_LINGER_MS = 1000
+SEND_BATCH = 512
+"""Messages sent in one `Batch` frame at most, to a peer that takes batches."""
 
 
 class DriverCore(Protocol):
@@ -109,6 +111,12 @@ class DriverRuntime(Generic[CoreT]):
         """Frames the core failed on, and deaths of the driver's loops (bugs, logged)."""
         self.send_waits = 0
         """Sends that found the socket's queue full and waited for room."""
+        self.peer_batches = False
+        """The peer has sent us a `Batch`, so it takes them: what queues for it
+        goes in batches (a subclass resets this when the peer changes)."""
+        self.batches_sent = 0
+        """Batch frames sent (a counter; their messages are counted one by one
+        nowhere else)."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -281,13 +289,29 @@ class DriverRuntime(Generic[CoreT]):
         self._handle(TimerFired(key))
 
     async def _send_forever(self) -> None:
+        """Send the outbox in order: one frame per message, or, to a peer that
+        takes batches, whatever has queued up (at most `SEND_BATCH` messages and
+        about `MAX_BATCH_BYTES`) in one frame."""
         assert self._dealer is not None
         while True:
-            message = await self._outbox.peek()
-            if not await self._dealer.send(message):
+            first = await self._outbox.peek()
+            frames = [encode(first)]
+            if self.peer_batches:
+                size = len(frames[0])
+                for message in self._outbox.head(SEND_BATCH)[1:]:
+                    frame = encode(message)
+                    size += len(frame) + 1
+                    if size > MAX_BATCH_BYTES:
+                        break
+                    frames.append(frame)
+            frame = frames[0] if len(frames) == 1 else encode_batch(frames)
+            if not self._dealer.send_frame(frame):
                 self.send_waits += 1
-                await self._dealer.send_waiting(message)
-            self._outbox.pop()
+                await self._dealer.send_frame_waiting(frame)
+            if len(frames) > 1:
+                self.batches_sent += 1
+            for _ in frames:
+                self._outbox.pop()
 
     async def _receive_forever(self) -> None:
         assert self._dealer is not None
@@ -300,13 +324,20 @@ class DriverRuntime(Generic[CoreT]):
                 self._log.warning("invalid frame: %s", inbound.error.reason)
                 self._outbox.put(Rejected(
                     reason=inbound.error.reason, message_type=inbound.error.type_name))
+            elif isinstance(inbound.message, Batch):
+                self.peer_batches = True
+                for message in inbound.message.messages:  # as if each had come alone
+                    self._received(message)
             elif inbound.message is not None:
-                try:
-                    self._handle(Received(inbound.message))
-                except Exception:  # the core's bug: this frame is lost, not the loop
-                    self.internal_errors += 1
-                    self._errors.exception(inbound.message.TYPE, "the driver failed to "
-                                           "handle a %s message", inbound.message.TYPE)
+                self._received(inbound.message)
+
+    def _received(self, message: Message) -> None:
+        try:
+            self._handle(Received(message))
+        except Exception:  # the core's bug: this message is lost, not the loop
+            self.internal_errors += 1
+            self._errors.exception(message.TYPE, "the driver failed to handle a %s "
+                                   "message", message.TYPE)
 
     # ----------------------------------------------------------- user callbacks
 

@@ -54,6 +54,10 @@ class Outbox:
             await self._queued.wait()
         return self._queue[0]
 
+    def head(self, most: int) -> list[Message]:
+        """Up to `most` of the oldest messages, oldest first; they stay queued."""
+        return [self._queue[i] for i in range(min(most, len(self._queue)))]
+
     def pop(self) -> Message:
         """Remove the oldest message (it has been handed to the socket)."""
         message = self._queue.popleft()

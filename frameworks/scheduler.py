@@ -29,8 +29,8 @@ from dyad.clock import Clock
 from dyad.detector import LeaderFollower, make_detector
 from dyad.effects import Send
 from dyad.messages import (
-    Filters, FrameworkInfo, MasterInfo, Message, Offer, Operation, OperationType,
-    ReconcileTask, TaskInfo, TaskStatus)
+    BATCH_CAPABILITY, Filters, FrameworkInfo, MasterInfo, Message, Offer, Operation,
+    OperationType, ReconcileTask, TaskInfo, TaskStatus)
 from frameworks._callbacks import DriverRuntime
 from frameworks._security import client_from_env
 from frameworks.driver_core import Callback, DriverStatus
@@ -95,9 +95,14 @@ class Scheduler:
 
 
 def _with_defaults(framework: FrameworkInfo) -> FrameworkInfo:
-    """Fill `user` and `hostname` as Mesos drivers do, so the UI can show them."""
+    """Fill `user` and `hostname` as Mesos drivers do, so the UI can show them,
+    and say that this driver takes `Batch` frames (docs/protocol.md)."""
+    capabilities = list(framework.capabilities)
+    if BATCH_CAPABILITY not in capabilities:
+        capabilities.append(BATCH_CAPABILITY)
     return attrs.evolve(framework, user=framework.user or getpass.getuser(),
-                        hostname=framework.hostname or socket.gethostname())
+                        hostname=framework.hostname or socket.gethostname(),
+                        capabilities=capabilities)
 
 
 def _id_list(ids: Sequence[str], what: str) -> list[str]:
@@ -232,6 +237,8 @@ class SchedulerDriver(DriverRuntime[SchedulerCore]):
     def _use_master(self, master: MasterInfo) -> None:
         assert self._secure is not None
         log.info("master %s at %s", master.id, master.zmq_endpoint)
+        if self._core.master is None or self._core.master.id != master.id:
+            self.peer_batches = False  # until this master sends a batch itself
         if self._secure.connect_master(master.zmq_endpoint, master.curve_key):
             self._handle(MasterDetected(master))
 

@@ -47,7 +47,7 @@ from aiohttp import web
 from dyad.codec import to_json
 from dyad.ids import new_uuid
 from dyad.messages import (
-    Address, AgentInfo, CommandInfo, ExecutorInfo, ExecutorRegistered, Filters,
+    Address, AgentInfo, Batch, CommandInfo, ExecutorInfo, ExecutorRegistered, Filters,
     FrameworkInfo, Heartbeat, KillTask, LaunchTask, MasterInfo, Message, Offer, Offers,
     Operation, OperationType, ReconcileTask, RegisterExecutor, ReregisterExecutor,
     ShutdownExecutor, Source, StatusUpdate, StatusUpdateAck, Subscribe, Subscribed,
@@ -404,6 +404,8 @@ class FakeMaster(_Recorder):
         self._router: Router | None = None
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self.frames_received = 0
+        """Frames, not messages: a `Batch` is one frame (recorded message by message)."""
 
     @property
     def address(self) -> str:
@@ -464,9 +466,12 @@ class FakeMaster(_Recorder):
             inbound = await self._router.recv()
             if inbound.message is None:
                 continue
-            self._record(inbound.message)
-            if isinstance(inbound.message, Subscribe) and self.answer_subscribe:
-                await self._subscribed(inbound.identity, inbound.message)
+            self.frames_received += 1
+            batch = inbound.message
+            for message in batch.messages if isinstance(batch, Batch) else [batch]:
+                self._record(message)
+                if isinstance(message, Subscribe) and self.answer_subscribe:
+                    await self._subscribed(inbound.identity, message)
 
     async def _subscribed(self, identity: bytes, message: Subscribe) -> None:
         assert self._router is not None and self.master_info is not None

@@ -48,7 +48,7 @@ import attrs
 from dyad.messages import (
     Accept, Acknowledge, Decline, FrameworkToExecutor, Kill, Message, Preempt, Reconcile,
     RegisterAgent, Revive, SchedulerHeartbeat, StatusUpdate, Subscribe, Suppress, Teardown,
-    Unsubscribe)
+    Unsubscribe, encode_batch)
 from dyad.effects import TimerFired
 from master.model import Event, FailoverTimeout, HeartbeatDue, Received
 
@@ -71,7 +71,14 @@ def _openings(types: tuple[type[Message], ...]) -> tuple[bytes, ...]:
     return tuple(b'{"type":"%s",' % cls.TYPE.encode() for cls in types)
 
 
-_FRAMEWORK_OPENINGS = _openings(FRAMEWORK_MESSAGES)
+def _batch_openings(types: tuple[type[Message], ...]) -> tuple[bytes, ...]:
+    """How a `Batch` frame starts whose first message is of one of `types`: a
+    batch goes to the lane of its first message (a driver batches only its own)."""
+    head = encode_batch([b""])[:-len(b"]}}")]
+    return tuple(head + opening for opening in _openings(types))
+
+
+_FRAMEWORK_OPENINGS = _openings(FRAMEWORK_MESSAGES) + _batch_openings(FRAMEWORK_MESSAGES)
 _COALESCED_OPENINGS = _openings(COALESCED_MESSAGES)
 
 Key = tuple[bytes, bytes]

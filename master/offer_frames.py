@@ -10,8 +10,8 @@ added to `Offer` that `offer_bytes` does not count yet cannot push a frame over.
 the lengths of its strings without encoding it (encoding the pass twice would
 double the master's send cost): an ASCII-printable string without quotes or
 backslashes is its own length plus its quotes, and anything else is measured by
-`json.dumps`, which the codec uses (and so are persistent volumes, which few
-offers carry). A test holds it equal to the encoded form.
+`dyad.codec.dumps`, which the codec uses (and so are persistent volumes, which
+few offers carry). A test holds it equal to the encoded form.
 
 An offer too large for any frame cannot reach its framework; `pack` hands it back
 so the master returns it and says so, rather than sending a frame the driver
@@ -20,11 +20,9 @@ must refuse.
 
 from __future__ import annotations
 
-import json
-
 import attrs
 
-from dyad.codec import to_json
+from dyad.codec import dumps
 from dyad.messages import MAX_FRAME_BYTES, Offer, Offers, encode
 from dyad.resources import Resources
 
@@ -34,7 +32,7 @@ DEFAULT_BUDGET = MAX_FRAME_BYTES // 4
 _ENVELOPE = len(encode(Offers(offers=[])))
 _BLANK = Offer(id="", framework_id="", agent_id="", hostname="", resources=Resources())
 # Every field of an offer at its emptiest: strings "", lists [], dicts {}.
-_BLANK_BYTES = len(json.dumps(to_json(_BLANK), separators=(",", ":")))
+_BLANK_BYTES = len(dumps(_BLANK))
 COUNTED_FIELDS = ("id", "framework_id", "agent_id", "hostname", "resources", "attributes",
                   "executor_ids", "url", "cached_uris", "revocable", "volumes")
 
@@ -43,7 +41,7 @@ def _text(value: str) -> int:
     """Bytes of `value` as a JSON string, without its quotes."""
     if value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
         return len(value)
-    return len(json.dumps(value)) - 2
+    return len(dumps(value)) - 2
 
 
 def _strings(values: list[str]) -> int:
@@ -65,7 +63,7 @@ def offer_bytes(offer: Offer) -> int:
         size += (sum(_text(k) + _text(v) for k, v in attributes.items())
                  + 6 * len(attributes) - 1)  # "k":"v" and commas
     if offer.volumes:  # rare, and small objects: measured as the codec writes them
-        size += sum(len(json.dumps(to_json(v), separators=(",", ":")))
+        size += sum(len(dumps(v))
                     for v in offer.volumes) + len(offer.volumes) - 1
     return size
 

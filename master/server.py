@@ -44,7 +44,7 @@ from dyad.codec import to_json
 from dyad.effects import Send, TimerFired
 from dyad.ids import IdGenerator
 from dyad.timers import TimerTable
-from dyad.messages import Address, MasterInfo
+from dyad.messages import BATCH_CAPABILITY, Address, Batch, MasterInfo, encode
 from dyad.supervision import LogLimiter, Supervisor
 from dyad.transport import Router, Undecoded
 from dyad.zk import (
@@ -58,6 +58,7 @@ from master.registry import (
 )
 from master.restore import restore
 from master.inflow import Inflow
+from master.outflow import Outflow
 from master.metrics import LATENCY_BOUNDS, Histogram
 from master.operator import INTERNAL, OperatorCall, Reply, Request
 from master.model import (
@@ -98,6 +99,9 @@ SEND_QUEUE = 50_000
 """Frames queued for one peer before a send to it fails (counted in
 `master/dropped_sends`, never silently). ZMQ's default (1,000) is below what a
 busy framework, reading at its own pace, has in flight."""
+
+MAX_REMEMBERED_PEERS = 200_000
+"""Peers whose taste for `Batch` frames is remembered (beyond it, re-learnt)."""
 
 DEFAULT_ZK_SESSION_TIMEOUT = 4.0
 """Seconds. ZooKeeper's own minimum with its stock tickTime (2 s): the shortest
@@ -155,6 +159,10 @@ class MasterServer:
         self._supervisor = Supervisor(self._give_up, self._count_internal_error, logger=log)
         self._log_limiter = LogLimiter(log)
         self._dropped_sends = 0
+        # Sends to peers that take batches wait here for the end of the processing
+        # batch (master/outflow.py); `_batching` remembers which peers those are.
+        self._outflow = Outflow()
+        self._batching: dict[str, bool] = {}
         self.v1_streams = SchedulerStreams()  # Mesos v1 HTTP subscribers (master/api_v1.py)
         # Election and registry.
         self.leader: MasterInfo | None = None
@@ -341,6 +349,8 @@ class MasterServer:
         result["master/inbound_queued_most"] = self._inflow.most
         result["master/inbound_full"] = self._inflow.full
         result["master/resends_coalesced"] = self._inflow.coalesced
+        result["master/batch_frames_sent"] = self._outflow.batches
+        result["master/messages_sent_batched"] = self._outflow.batched
         if self._router is not None:
             result["master/sends_full"] = self._router.sends_full
             result["master/sends_unroutable"] = self._router.sends_unroutable
@@ -417,6 +427,7 @@ class MasterServer:
         self.leader = self.info
         for effect in effects:
             await self._perform(effect)
+        self._flush_sends()
         self._supervisor.loop("master-process", self._process)
         if registry is not None:
             self._supervisor.loop("master-registry", self._write_registry)
@@ -549,6 +560,7 @@ class MasterServer:
             while self._batch:
                 await self._may_act()
                 await self._handle(self._batch.popleft())
+            self._flush_sends()
             # Awaiting a ready queue or socket does not yield: without this, a
             # burst (a thousand agents re-registering) would starve HTTP and the
             # lease renewals until it is all handled.
@@ -569,7 +581,10 @@ class MasterServer:
         event: Event | None = None
         try:
             event = self._decoded(item) if isinstance(item, Undecoded) else cast(Event, item)
-            if event is not None:
+            if isinstance(event, Received) and isinstance(event.message, Batch):
+                for message in event.message.messages:  # as if each had come alone
+                    await self._step(Received(event.peer, message, event.principal))
+            elif event is not None:
                 await self._step(event)
         except Exception:
             self._internal_errors += 1
@@ -600,17 +615,49 @@ class MasterServer:
         elif isinstance(effect, Send):
             if self.v1_streams.deliver(effect.to, effect.message):
                 return  # an HTTP subscriber's: queued for its event stream
-            sent = False
-            if self._router is not None:
-                try:
-                    sent = await self._router.send(bytes.fromhex(effect.to), effect.message)
-                except zmq.ZMQError as exc:
-                    log.warning("send of %s to %s failed: %s", effect.message.TYPE,
-                                effect.to, exc)
-            if not sent:
-                self._dropped_sends += 1
+            frame = encode(effect.message)
+            if self._batches_to(effect.to):
+                for peer, ready in self._outflow.add(effect.to, frame):
+                    self._send_frame(peer, ready)
+            else:
+                self._send_frame(effect.to, frame)
         else:
             self._timers.perform(effect)
+
+    def _send_frame(self, peer: str, frame: bytes) -> None:
+        sent = False
+        if self._router is not None:
+            try:
+                sent = self._router.send_frame(bytes.fromhex(peer), frame)
+            except zmq.ZMQError as exc:
+                log.warning("send to %s failed: %s", peer, exc)
+        if not sent:
+            self._dropped_sends += 1
+
+    def _flush_sends(self) -> None:
+        for peer, frame in self._outflow.flush():
+            self._send_frame(peer, frame)
+
+    def _batches_to(self, peer: str) -> bool:
+        """Does `peer` take `Batch` frames? Frameworks that say so (a capability)
+        do; agents and peers not known yet do not (the latter are not remembered)."""
+        known = self._batching.get(peer)
+        if known is not None:
+            return known
+        state = self._state
+        if state is None:
+            return False
+        if len(self._batching) >= MAX_REMEMBERED_PEERS:
+            self._batching.clear()  # re-learnt, one scan per peer
+        if peer in state.agent_by_peer:
+            self._batching[peer] = False
+            return False
+        for framework in state.frameworks.values():
+            if framework.peer == peer:
+                known = BATCH_CAPABILITY in framework.info.capabilities
+                self._batching[peer] = known
+                return known
+        return False
 
     def _answer(self, reply: Reply) -> None:
         future = self._calls.get(reply.call_id)

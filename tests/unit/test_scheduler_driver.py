@@ -13,9 +13,9 @@ import pytest
 
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired, TimerKey, UnknownTimer
 from dyad.messages import (
-    Accept, Acknowledge, Decline, Error, ExecutorToFramework, Failure, Heartbeat, Kill,
-    Reconcile, ReconcileTask, Rejected, Rescind, Revive, SchedulerHeartbeat, Subscribe,
-    Subscribed, Suppress, Teardown, Unsubscribe, Update)
+    BATCH_CAPABILITY, Accept, Acknowledge, Batch, Decline, Error, ExecutorToFramework,
+    Failure, Heartbeat, Kill, Reconcile, ReconcileTask, Rejected, Rescind, Revive,
+    SchedulerHeartbeat, Subscribe, Subscribed, Suppress, Teardown, Unsubscribe, Update)
 from frameworks import (
     CommandInfo, DriverStatus, Filters, FrameworkInfo, Resources, Scheduler,
     SchedulerDriver, TaskInfo, TaskState, TaskStatus)
@@ -583,3 +583,24 @@ def test_run_refuses_inside_a_running_loop_and_bad_arguments() -> None:
     asyncio.run(inside())
     with pytest.raises(ValueError, match="port"):
         SchedulerDriver(Scheduler(), FrameworkInfo(name="x"), master="localhost")
+
+
+async def test_a_batch_is_handled_message_by_message_and_then_acks_go_in_batches(
+        master: FakeMaster) -> None:
+    """A master that sends a `Batch` takes them: the driver's acknowledgements
+    that queue up meanwhile go back as one frame (issue 19)."""
+    sched = Recording()
+    driver = make_driver(sched, master)
+    async with running(driver):
+        await sched.wait_for("registered")
+        assert BATCH_CAPABILITY in master.of(Subscribe)[0].framework.capabilities
+        assert not driver.peer_batches
+        statuses = [make_status(f"t{i}", TaskState.TASK_RUNNING, agent_id="a1")
+                    for i in range(50)]
+        await master.send(Batch(messages=[Update(status=s) for s in statuses]))
+        await sched.wait_for("status_update", count=50)
+        assert [s.task_id for (s,) in sched.args_of("status_update")] == \
+            [s.task_id for s in statuses]
+        await master.wait_until(lambda: len(master.of(Acknowledge)) == 50)
+        assert [a.uuid for a in master.of(Acknowledge)] == [s.uuid for s in statuses]
+        assert driver.peer_batches and driver.batches_sent >= 1
