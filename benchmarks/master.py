@@ -174,6 +174,7 @@ class Launcher(Scheduler):
         self.finished_at: dict[str, float] = {}
         self.failed: list[TaskStatus] = []
         self.suppressed = False
+        self.disconnections = 0  # the driver called the master lost (and re-subscribed)
 
     def resource_offers(self, driver: SchedulerDriver, offers: list[Any]) -> None:
         now = time.perf_counter()
@@ -197,6 +198,13 @@ class Launcher(Scheduler):
         if self.remaining == 0 and not self.suppressed:
             self.suppressed = True
             driver.suppress_offers()
+
+    def disconnected(self, driver: SchedulerDriver) -> None:
+        self.disconnections += 1
+        outbox = driver._outbox  # why: was the driver itself not reading?
+        print(f"{self.name} lost the master at {time.perf_counter():.1f}: outbox "
+              f"{len(outbox)} (reading paused: {len(outbox) >= outbox.limit}), "
+              f"sends waited {driver.send_waits}", flush=True)
 
     def status_update(self, driver: SchedulerDriver, status: TaskStatus) -> None:
         now = time.perf_counter()
@@ -398,6 +406,13 @@ def report(args: argparse.Namespace, total: int, reference: float, launchers: li
           f"{after.get('master/sends_unroutable', 0):.0f}); resends coalesced by the master: "
           f"{after.get('master/resends_coalesced', 0):.0f}; "
           f"offers frames: {offers_frames:.0f}")
+    print(f"frames: master batches sent {after.get('master/batch_frames_sent', 0):.0f} "
+          f"holding {after.get('master/messages_sent_batched', 0):.0f} messages, drivers' "
+          f"{sum(d.batches_sent for d in drivers)}; master inflow most "
+          f"{after.get('master/inbound_queued_most', 0):.0f} (full "
+          f"{after.get('master/inbound_full', 0):.0f} times); driver outbox most "
+          f"{max(d._outbox.most for d in drivers)}; drivers that lost the master: "
+          f"{sum(l.disconnections for l in launchers)} times")
     runs = after["allocator/allocation_runs"] - before["allocator/allocation_runs"]
     print(f"CPU per task (ms): " + ", ".join(f"{k} {v * 1000 / max(done, 1):.2f}"
                                             for k, v in cpu.items())

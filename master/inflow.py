@@ -1,7 +1,7 @@
 """The events the master has not yet handled: what it takes from its socket, and
 in which order the core gets it (issue 19).
 
-Two rules keep a flood from collapsing the master.
+Three rules keep a flood from collapsing the master.
 
 Frameworks first. A flood is agents' traffic -- status updates, their resends,
 pongs -- that frameworks' frames unblock: an `Accept` must be handled before its
@@ -21,6 +21,19 @@ too, the master's heartbeats to frameworks are not held up behind a flood of
 agents' frames), the rest -- agents' ping timeouts, offer timeouts, allocation --
 and operator calls in the other lane. A framework's frame may overtake an offer
 timeout, which only makes the timeout find the offer accepted.
+
+Liveness first. Frameworks' heartbeats -- `SchedulerHeartbeat` frames and the
+master's own `HeartbeatDue` timers -- wait in a third lane, taken before both
+others, in arrival order among themselves. A heartbeat is evidence that its
+sender is alive and nothing else, so it needs no order with the other frames;
+queued behind a backlog it turns into false alarms. Ten frameworks flooding
+accepts built a framework lane 15-25 s deep: the master's heartbeats to some
+drivers went out more than three intervals apart (their timer waited behind the
+backlog each time), and the master judged a driver by a last-seen time that its
+heartbeat, waiting in the same lane, was about to refresh. Both sides called the
+other lost, drivers re-subscribed, and a framework without a failover timeout
+was torn down with its tasks (issue 19). The check still never overtakes the
+heartbeat that answers it: both wait in this lane.
 
 Read early, decode late. Frames wait here as read (the shell's undecoded form,
 a few hundred bytes each, with the peer's identity and the frame's bytes), sorted into their lane by the type that opens them, and are decoded
@@ -60,7 +73,12 @@ FRAMEWORK_MESSAGES: tuple[type[Message], ...] = (
     Reconcile, SchedulerHeartbeat, Preempt, FrameworkToExecutor)
 """What only a scheduler sends: the frames of the framework lane."""
 FRAMEWORK_TIMERS = (HeartbeatDue, FailoverTimeout)
-"""Timers that check on frameworks: they wait in the framework lane."""
+"""Timers that check on frameworks: they wait in the framework lane (or the
+liveness lane: `LIVENESS_TIMERS`)."""
+LIVENESS_MESSAGES: tuple[type[Message], ...] = (SchedulerHeartbeat,)
+"""Frames that only say their sender is alive: the liveness lane."""
+LIVENESS_TIMERS = (HeartbeatDue,)
+"""The master's heartbeats to frameworks, and its check on theirs: the liveness lane."""
 COALESCED_MESSAGES: tuple[type[Message], ...] = (StatusUpdate, RegisterAgent)
 """What an agent resends until answered, so that an exact copy is a retry."""
 
@@ -79,6 +97,7 @@ def _batch_openings(types: tuple[type[Message], ...]) -> tuple[bytes, ...]:
 
 
 _FRAMEWORK_OPENINGS = _openings(FRAMEWORK_MESSAGES) + _batch_openings(FRAMEWORK_MESSAGES)
+_LIVENESS_OPENINGS = _openings(LIVENESS_MESSAGES)
 _COALESCED_OPENINGS = _openings(COALESCED_MESSAGES)
 
 Key = tuple[bytes, bytes]
@@ -96,6 +115,7 @@ class Inflow:
     """How many times the limit was reached (reading stopped)."""
     coalesced: int = 0
     """Frames not queued because an exact copy already waited."""
+    _liveness: deque[tuple[object, Key | None]] = attrs.field(factory=deque)
     _frameworks: deque[tuple[object, Key | None]] = attrs.field(factory=deque)
     _others: deque[tuple[object, Key | None]] = attrs.field(factory=deque)
     _copies: set[Key] = attrs.field(factory=set)
@@ -107,7 +127,7 @@ class Inflow:
                              f"not {self.limit} and {self.turns}")
 
     def __len__(self) -> int:
-        return len(self._frameworks) + len(self._others)
+        return len(self._liveness) + len(self._frameworks) + len(self._others)
 
     def room(self) -> int:
         """How many frames may be read now (0: wait until `take` makes room)."""
@@ -116,10 +136,14 @@ class Inflow:
     def put(self, event: Event) -> None:
         """Queue an event: a timer, a call, a frame a standby decoded and kept.
         Never refused: `limit` binds only what the shell reads."""
+        if (isinstance(event, Received) and isinstance(event.message, LIVENESS_MESSAGES)
+                or isinstance(event, TimerFired) and isinstance(event.key, LIVENESS_TIMERS)):
+            self._queue(event, None, self._liveness)
+            return
         framework = (
             isinstance(event, Received) and isinstance(event.message, FRAMEWORK_MESSAGES)
             or isinstance(event, TimerFired) and isinstance(event.key, FRAMEWORK_TIMERS))
-        self._queue(event, None, framework)
+        self._queue(event, None, self._frameworks if framework else self._others)
 
     def put_frame(self, item: object, identity: bytes, frame: bytes | None) -> None:
         """Queue `item`, what the shell read from peer `identity`: `frame` is its
@@ -131,10 +155,19 @@ class Inflow:
                 self.coalesced += 1
                 return
             self._copies.add(key)
-        self._queue(item, key, frame is not None and frame.startswith(_FRAMEWORK_OPENINGS))
+        if frame is None:
+            lane = self._others
+        elif frame.startswith(_LIVENESS_OPENINGS):
+            lane = self._liveness
+        elif frame.startswith(_FRAMEWORK_OPENINGS):
+            lane = self._frameworks
+        else:
+            lane = self._others
+        self._queue(item, key, lane)
 
-    def _queue(self, item: object, key: Key | None, framework: bool) -> None:
-        (self._frameworks if framework else self._others).append((item, key))
+    def _queue(self, item: object, key: Key | None,
+               lane: deque[tuple[object, Key | None]]) -> None:
+        lane.append((item, key))
         self.most = max(self.most, len(self))
         if len(self) == self.limit:
             self.full += 1
@@ -142,7 +175,9 @@ class Inflow:
     def take(self) -> object | None:
         """The next in turn, an event or a frame as the shell put it (None:
         nothing waits)."""
-        if self._frameworks and (self._streak < self.turns or not self._others):
+        if self._liveness:
+            item, key = self._liveness.popleft()
+        elif self._frameworks and (self._streak < self.turns or not self._others):
             self._streak += 1
             item, key = self._frameworks.popleft()
         elif self._others:

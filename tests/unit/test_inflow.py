@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 
 from dyad.effects import TimerFired
 from dyad.messages import (
-    Acknowledge, Message, Pong, RegisterAgent, Source, StatusUpdate, TaskState, TaskStatus,
-    encode)
+    Acknowledge, Message, Pong, RegisterAgent, SchedulerHeartbeat, Source, StatusUpdate,
+    TaskState, TaskStatus, encode)
 from dyad.messages import AgentInfo
 from dyad.resources import Resources
 from master.inflow import Inflow
-from master.model import HeartbeatDue, PingDue, Received
+from master.model import FailoverTimeout, HeartbeatDue, PingDue, Received
 
 Frame = tuple[bytes, bytes]
 """What the shell would put: (peer identity, the frame's bytes)."""
@@ -77,15 +77,15 @@ def test_a_timer_never_overtakes_an_agent_frame_but_a_framework_frame_may_pass_i
 
 
 def test_a_framework_timer_waits_behind_framework_frames_not_agent_frames() -> None:
-    """A heartbeat check must see the heartbeat that came first, and the master's
-    heartbeat to a framework must not wait behind a flood of agents' frames."""
+    """A failover timeout must see the re-subscription that came first, and must
+    not wait behind a flood of agents' frames (heartbeats: the liveness lane)."""
     inflow = Inflow()
-    heartbeat, ping = TimerFired(HeartbeatDue("F")), TimerFired(PingDue("A"))
+    failover, ping = TimerFired(FailoverTimeout("F")), TimerFired(PingDue("A"))
     put(inflow, pong())
     inflow.put(ping)
     put(inflow, ack())
-    inflow.put(heartbeat)
-    assert drain(inflow) == [ack(), heartbeat, pong(), ping]
+    inflow.put(failover)
+    assert drain(inflow) == [ack(), failover, pong(), ping]
 
 
 def test_events_a_standby_kept_take_their_lane_by_type() -> None:
@@ -200,3 +200,21 @@ def test_a_flood_is_bounded_ordered_per_peer_and_loses_nothing(
     for peer in {peer for peer, _ in expected}:
         assert [f for f in handled if f[0] == peer] == [f for f in expected if f[0] == peer]
     assert len(handled) == len(expected)
+
+
+def test_heartbeats_and_their_checks_overtake_both_lanes_in_their_own_order() -> None:
+    """Queued behind a backlog, a framework's heartbeat and the master's
+    heartbeat timer made both sides call the other lost (issue 19)."""
+    inflow = Inflow(turns=2)
+    backlog = [ack(n=i) for i in range(3)] + [pong(f"a{i}") for i in range(3)]
+    for item in backlog:
+        put(inflow, item)
+    due = TimerFired(HeartbeatDue("F"))
+    beat = frame("fw", SchedulerHeartbeat(framework_id="F"))
+    inflow.put(due)
+    put(inflow, beat)
+    kept = Received("fw", SchedulerHeartbeat(framework_id="F"))
+    inflow.put(kept)
+    taken = drain(inflow)
+    assert taken[:3] == [due, beat, kept]
+    assert sorted(map(str, taken[3:])) == sorted(map(str, backlog))
