@@ -201,10 +201,13 @@ class Launcher(Scheduler):
 
     def disconnected(self, driver: SchedulerDriver) -> None:
         self.disconnections += 1
-        outbox = driver._outbox  # why: was the driver itself not reading?
+        # Why: was the driver itself not reading, or its loop stalled?
+        outbox, dealer = driver._outbox, driver._dealer
+        waiting = dealer is not None and bool(dealer._now.get(zmq.EVENTS) & zmq.POLLIN)
         print(f"{self.name} lost the master at {time.perf_counter():.1f}: outbox "
               f"{len(outbox)} (reading paused: {len(outbox) >= outbox.limit}), "
-              f"sends waited {driver.send_waits}", flush=True)
+              f"frames waiting unread: {waiting}, sends waited {driver.send_waits}, "
+              f"loop lag so far {LAG.most:.1f} s", flush=True)
 
     def status_update(self, driver: SchedulerDriver, status: TaskStatus) -> None:
         now = time.perf_counter()
@@ -276,8 +279,25 @@ def cpu_of(pids: dict[str, list[int]]) -> dict[str, float]:
     return {name: sum(cpu_seconds(p) for p in group) for name, group in pids.items()}
 
 
+class LoopLag:
+    """How late this process's event loop runs a 0.1 s sleep (the drivers' loop)."""
+
+    def __init__(self) -> None:
+        self.most = 0.0
+
+    async def watch(self) -> None:
+        while True:
+            started = time.monotonic()
+            await asyncio.sleep(0.1)
+            self.most = max(self.most, time.monotonic() - started - 0.1)
+
+
+LAG = LoopLag()
+
+
 async def launch_all(address: str, launchers: list[Launcher], total: int,
                      deadline: float) -> tuple[list[SchedulerDriver], float]:
+    lag = asyncio.ensure_future(LAG.watch())
     drivers = [SchedulerDriver(l, FrameworkInfo(name=l.name), master=address)
                for l in launchers]
     running = [asyncio.ensure_future(d.run_async()) for d in drivers]
@@ -289,6 +309,7 @@ async def launch_all(address: str, launchers: list[Launcher], total: int,
     for driver in drivers:
         driver.stop()
     await asyncio.wait(running, timeout=30)
+    lag.cancel()
     return drivers, ended
 
 
@@ -412,7 +433,8 @@ def report(args: argparse.Namespace, total: int, reference: float, launchers: li
           f"{after.get('master/inbound_queued_most', 0):.0f} (full "
           f"{after.get('master/inbound_full', 0):.0f} times); driver outbox most "
           f"{max(d._outbox.most for d in drivers)}; drivers that lost the master: "
-          f"{sum(l.disconnections for l in launchers)} times")
+          f"{sum(l.disconnections for l in launchers)} times; the drivers' loop ran "
+          f"up to {LAG.most:.2f} s late")
     runs = after["allocator/allocation_runs"] - before["allocator/allocation_runs"]
     print(f"CPU per task (ms): " + ", ".join(f"{k} {v * 1000 / max(done, 1):.2f}"
                                             for k, v in cpu.items())

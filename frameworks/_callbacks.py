@@ -21,6 +21,12 @@ with effects. `DriverRuntime` is the part of the shell they share:
 - Nothing the core sends is dropped (`frameworks.outbox`): a full socket makes the
   send loop wait for it, and a long outbox makes the receive loop wait, so a flood
   slows the peer down instead of losing acknowledgements.
+- Drivers share their process's loop fairly: the receive loop yields after
+  every frame and the callback worker every `CALLBACKS_PER_TURN` callbacks.
+  Awaiting a socket with a frame ready does not suspend, so before this one
+  driver's flood of updates held ten drivers' loop for 15 s; their liveness
+  checks fired before their frames were read, and the master, hearing no
+  heartbeats, tore their frameworks down (issue 19's re-subscriptions).
 - The socket loops (and a subclass's own, started with `_spawn`) run under a
   `dyad.supervision.Supervisor`: no frame can end the receive loop (a bad one is
   answered `Rejected`; one the core fails on is counted in `internal_errors` and
@@ -52,6 +58,8 @@ from frameworks.outbox import DEFAULT_LIMIT, Outbox
 _CLOSE_LINGER_MS = 1000
 SEND_BATCH = 512
 """Messages sent in one `Batch` frame at most, to a peer that takes batches."""
+CALLBACKS_PER_TURN = 64
+"""Callbacks run back to back before the worker lets the loop's other tasks run."""
 
 
 class DriverCore(Protocol):
@@ -330,6 +338,11 @@ class DriverRuntime(Generic[CoreT]):
                     self._received(message)
             elif inbound.message is not None:
                 self._received(inbound.message)
+            # Awaiting a socket that has a frame ready does not suspend: without
+            # this a flood of frames kept the loop to this task, starving the
+            # other drivers of the process, their heartbeats and their liveness
+            # checks, which then fired before their frames were read (issue 19).
+            await asyncio.sleep(0)
 
     def _received(self, message: Message) -> None:
         try:
@@ -342,6 +355,7 @@ class DriverRuntime(Generic[CoreT]):
     # ----------------------------------------------------------- user callbacks
 
     async def _run_callbacks(self) -> Finish:
+        ran = 0
         while True:
             item = await self._callbacks.get()
             if isinstance(item, Finish):
@@ -350,6 +364,9 @@ class DriverRuntime(Generic[CoreT]):
                 continue
             if await self._invoke(item.name, *item.args):
                 self._callback_returned(item)
+            ran += 1
+            if ran % CALLBACKS_PER_TURN == 0:
+                await asyncio.sleep(0)  # a queue of thousands must not hold the loop
 
     async def _invoke(self, name: str, *args: Any) -> bool:
         """Call the user's callback; True if it returned, False if it raised."""

@@ -25,15 +25,16 @@ timeout, which only makes the timeout find the offer accepted.
 Liveness first. Frameworks' heartbeats -- `SchedulerHeartbeat` frames and the
 master's own `HeartbeatDue` timers -- wait in a third lane, taken before both
 others, in arrival order among themselves. A heartbeat is evidence that its
-sender is alive and nothing else, so it needs no order with the other frames;
-queued behind a backlog it turns into false alarms. Ten frameworks flooding
-accepts built a framework lane 15-25 s deep: the master's heartbeats to some
-drivers went out more than three intervals apart (their timer waited behind the
-backlog each time), and the master judged a driver by a last-seen time that its
-heartbeat, waiting in the same lane, was about to refresh. Both sides called the
-other lost, drivers re-subscribed, and a framework without a failover timeout
-was torn down with its tasks (issue 19). The check still never overtakes the
-heartbeat that answers it: both wait in this lane.
+sender is alive and nothing else, so it needs no order with the other frames,
+and queued behind a backlog it makes false alarms: a `HeartbeatDue` waits once
+per interval, so with a framework lane D seconds deep the master's heartbeats go
+out 5 + D s apart, and a driver calls the master lost once D passes 10 s; and
+the check judges a driver by a last-seen time that its heartbeat, waiting in the
+same lane, is about to refresh (a framework without a failover timeout is then
+torn down with its tasks). The check still never overtakes the heartbeat that
+answers it: both wait in this lane. (The re-subscriptions issue 19 measured had
+another cause, a driver's loop starved by its own receive loop:
+frameworks/_callbacks.py.)
 
 Read early, decode late. Frames wait here as read (the shell's undecoded form,
 a few hundred bytes each, with the peer's identity and the frame's bytes), sorted into their lane by the type that opens them, and are decoded
