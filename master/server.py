@@ -49,7 +49,7 @@ from dyad.supervision import LogLimiter, Supervisor
 from dyad.transport import Router, Undecoded
 from dyad.zk import (
     CONNECTED, LOST, SUSPENDED, LeaderWatch, Lease, SessionState, ZkAddress, ZkError,
-    ZkSession, create_contender,
+    ZkSession, create_contender, lease_term,
 )
 from master.api_v1 import SchedulerStreams, add_routes as add_v1_routes
 from master.http import make_app
@@ -58,6 +58,7 @@ from master.registry import (
 )
 from master.restore import restore
 from master.inflow import Inflow
+from master.liveness import Campaign, LivenessListener, publish
 from master.metrics import LATENCY_BOUNDS, Histogram
 from master.operator import INTERNAL, OperatorCall, Reply, Request
 from master.model import (
@@ -98,6 +99,10 @@ SEND_QUEUE = 50_000
 """Frames queued for one peer before a send to it fails (counted in
 `master/dropped_sends`, never silently). ZMQ's default (1,000) is below what a
 busy framework, reading at its own pace, has in flight."""
+
+ELECTION_COUNTERS = ("proven_dead", "fast_failovers", "deletes_refused", "watch_retries",
+                     "unwatchable")
+"""What `master.liveness.Campaign` counts, reported as master/election/<name>."""
 
 DEFAULT_ZK_SESSION_TIMEOUT = 4.0
 """Seconds. ZooKeeper's own minimum with its stock tickTime (2 s): the shortest
@@ -162,6 +167,8 @@ class MasterServer:
         self._contender: str | None = None
         self._watch: LeaderWatch | None = None
         self._lease: Lease | None = None
+        self._liveness: LivenessListener | None = None
+        self._campaigning: Campaign | None = None
         self._electing = False
         self._registry: Registry | None = None
         self._registry_dirty = asyncio.Event()
@@ -246,9 +253,14 @@ class MasterServer:
             self._zap = None
         if self._registry is not None:
             await self._registry.close()
+        if self._campaigning is not None:
+            await self._campaigning.hold()  # a leader we deleted may hold a lease still
+            await self._campaigning.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
+        if self._liveness is not None:  # after the session: a clean stop is no death
+            await self._liveness.close()
 
     @property
     def lost(self) -> asyncio.Future[str]:
@@ -298,7 +310,10 @@ class MasterServer:
 
     @property
     def is_leader(self) -> bool:
-        return self._state is not None and not self.lost.done()
+        """Leading and not done: a leader whose lease lapsed longer ago than it may
+        wait for it (resumed after a pause) is done even before it notices."""
+        return (self._state is not None and not self.lost.done()
+                and not (self._lease is not None and self._lease.dead()))
 
     def snapshot(self) -> dict[str, Any]:
         if self.is_leader:
@@ -347,6 +362,9 @@ class MasterServer:
         result["master/registry_writes"] = self._counts["registry_writes"]
         result["master/messages_received_as_standby"] = self._counts["received_as_standby"]
         result["master/leadership_pauses"] = self._counts["paused"]
+        if self._campaigning is not None:
+            for name in ELECTION_COUNTERS:
+                result[f"master/election/{name}"] = self._campaigning.counts[name]
         result["master/loop_restarts"] = self._supervisor.restarts
         if self.usage is not None:
             result.update(self.usage.metrics())
@@ -369,24 +387,34 @@ class MasterServer:
         self._session = ZkSession(zk.hosts, self._zk_session_timeout, self._session_state,
                                   digest=self.security.zk_digest, leader_root=zk.root)
         try:
+            self._liveness = LivenessListener(self.ip)
+            await self._liveness.start()
             await self._session.start()
+            lease = lease_term(self._zk_session_timeout)
+            await publish(self._session, zk, self.ip, self._liveness.port, lease)
             self._contender = await create_contender(self._session, zk.root, self.info)
             log.info("contending for leadership as %s", self._contender)
             self._watch = LeaderWatch(self._session, zk.root, self._leader_changed)
             await self._watch.start()
-        except ZkError as exc:
+            self._campaigning = Campaign(self._session, zk, self._contender, lease,
+                                         on_lead=self._elected_now, on_stand_down=self._give_up)
+            await self._campaigning.start()
+        except (ZkError, OSError) as exc:
             self._give_up(f"cannot enter the election under {zk.url}: {exc}")
 
     def _leader_changed(self, path: str | None, info: MasterInfo | None) -> None:
         self.leader = info
         if info is not None:
             log.info("leading master: %s (%s)", info.id, info.http_url)
-        if (path is not None and path == self._contender and self._state is None
-                and not self._electing and not self.lost.done()):
-            self._electing = True
-            self._supervisor.once("master-take-over", self._take_over())
 
-    async def _take_over(self) -> None:
+    def _elected_now(self, not_before: float) -> None:
+        """Our znode is the lowest (master/election.py); act from `not_before`
+        (monotonic) on, once a leader we proved dead can no longer act."""
+        if self._state is None and not self._electing and not self.lost.done():
+            self._electing = True
+            self._supervisor.once("master-take-over", self._take_over(not_before))
+
+    async def _take_over(self, not_before: float) -> None:
         assert self._session is not None and self._contender is not None
         assert self._zk is not None
         self._lease = Lease(self._session, self._contender, grace=self._zk_session_timeout,
@@ -395,14 +423,17 @@ class MasterServer:
         self._lease.start()
         registry = ZooKeeperRegistry(self._session, self._zk.registry_path, self._contender)
         try:
-            await self._lead(registry)
+            await self._lead(registry, not_before)
         except RegistryError as exc:
             self._give_up(f"cannot take over the registry: {exc}")
 
-    async def _lead(self, registry: Registry | None) -> None:
-        """Recover the registry and start acting as leader."""
+    async def _lead(self, registry: Registry | None, not_before: float = 0.0) -> None:
+        """Recover the registry and start acting as leader (not before `not_before`)."""
         started = time.perf_counter()
         data = await registry.recover() if registry is not None else RegistryData()
+        if (fence := not_before - time.monotonic()) > 0:
+            log.info("waiting %.2fs for the deposed leader's lease to run out", fence)
+            await asyncio.sleep(fence)
         now = self._clock.now()
         state = MasterState(self.config, self.info, self._ids, start_time=now)
         effects = restore(state, data, now)
