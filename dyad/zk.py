@@ -402,13 +402,14 @@ class Lease:
         self.term = lease_term(session.session_timeout)
         self._grace = grace
         self._on_expired = on_expired
-        self._until = 0.0
+        self._until = 0.0  # the last confirmed lease's end; revoking keeps it
+        self._revoked = False
         self._lapsed_since: float | None = None
         self.renewed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     def valid(self) -> bool:
-        return time.monotonic() < self._until
+        return not self._revoked and time.monotonic() < self._until
 
     def dead(self) -> bool:
         """Lapsed for longer than `grace`: the holder is done, whether or not the
@@ -418,7 +419,7 @@ class Lease:
     def revoke(self) -> None:
         """Stop acting now (kazoo said SUSPENDED); renewals may restore the lease."""
         self._lapse(time.monotonic())
-        self._until = 0.0
+        self._revoked = True
 
     def _lapse(self, now: float) -> None:
         self.renewed.clear()
@@ -443,6 +444,7 @@ class Lease:
             version = None
         if version is not None and self._session.connected:
             self._until = sent + self.term
+            self._revoked = False
             self._lapsed_since = None
             self.renewed.set()
             return True

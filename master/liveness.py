@@ -40,7 +40,7 @@ from dyad.zk import (
 from master.election import (
     CheckPorts, Closed, Connect, ConnectFailed, Connected, Contenders, DeleteLeader,
     Deleted, Disconnect, Effect, Election, Endpoint, Event, Lead, LeaderRead,
-    LeaderUnreadable, Note, PortsChecked, ReadLeader, StandDown,
+    LeaderUnreadable, Note, PortsChecked, ReadLeader, StandDown, Watch,
 )
 
 log = logging.getLogger(__name__)
@@ -157,6 +157,12 @@ class Campaign:
         self._delete_done = asyncio.Event()
         self._delete_done.set()
         self.counts: Counter[str] = Counter()
+
+    @property
+    def watching(self) -> bool:
+        """Next in line and holding a connection to the leader (so its death is
+        seen at once)."""
+        return self.core.watch is Watch.HOLDING
 
     async def start(self) -> None:
         """Follow the election (our liveness record and contender znode exist)."""

@@ -198,6 +198,7 @@ GAUGES = {
     "master/inbound_queued": "Frames read from the socket and not yet handled.",
     "master/inbound_queued_most": "The most frames ever waiting to be handled at once.",
     "master/elected": "1 if this master is the leader, else 0.",
+    "master/election/watching": "1 while this standby, next in line, holds a connection to the leader's liveness listener.",
     "master/v1/streams": "Open Mesos v1 scheduler event streams.",
     "master/tasks_staging": "Live tasks in TASK_STAGING.",
     "master/tasks_starting": "Live tasks in TASK_STARTING.",

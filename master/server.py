@@ -365,6 +365,7 @@ class MasterServer:
         if self._campaigning is not None:
             for name in ELECTION_COUNTERS:
                 result[f"master/election/{name}"] = self._campaigning.counts[name]
+            result["master/election/watching"] = int(self._campaigning.watching)
         result["master/loop_restarts"] = self._supervisor.restarts
         if self.usage is not None:
             result.update(self.usage.metrics())
