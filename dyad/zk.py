@@ -364,12 +364,14 @@ class LeaderWatch:
             self._reading.cancel()
 
 
-LEASE_MOST = 1.0
+LEASE_MOST = 0.5
 """Seconds: the longest lease a leader holds, whatever its session timeout. A
-standby that proved the leader dead and deleted its znode waits this long before
-acting (master/election.py), so it is what the fast failover costs; a leader
-renews four times per lease, so a ZooKeeper answer slower than 3/4 of it pauses
-the leader (never deposes it)."""
+standby that proved the leader dead and deleted its znode sends nothing for this
+long (master/election.py), so it is what the fast failover costs; it must stay
+well below an agent's first registration retry (1 s), or every agent asks twice.
+A leader renews five times per lease, so a renewal (two ZooKeeper round trips,
+and the leader's own loop) slower than 4/5 of it pauses the leader, never deposes
+it (`master/leadership_pauses`)."""
 
 
 def lease_term(session_timeout: float) -> float:
@@ -386,7 +388,7 @@ class Lease:
     expire it before `sent + session_timeout`; and nobody had deleted the znode
     (the sync makes the read see every delete committed before it). The lease runs
     to `sent + term`, `term` being the smaller of 2/3 of the session timeout and
-    `LEASE_MOST`, and is renewed four times per term. So a leader whose znode goes
+    `LEASE_MOST`, and is renewed five times per term. So a leader whose znode goes
     (its session expired, or a standby proved it dead and deleted it) stops acting
     at most `term` after that, even if it hears nothing. This also covers what
     kazoo's SUSPENDED cannot: a process paused (SIGSTOP, a frozen VM) wakes up
@@ -461,7 +463,7 @@ class Lease:
                     self._on_expired(f"could not confirm the ZooKeeper session for "
                                      f"{now - self._lapsed_since:.1f}s")
                     return
-            await asyncio.sleep(self.term / 4)
+            await asyncio.sleep(self.term / 5)
 
     async def _confirm(self) -> int | None:
         await self._session.sync(self._guard)

@@ -178,6 +178,10 @@ class MasterServer:
         self._counts = {"registry_writes": 0, "received_as_standby": 0, "paused": 0}
         self._lost: asyncio.Future[str] | None = None
         self._elected = asyncio.Event()
+        # Elected after proving a leader dead: the core handles events at once, but
+        # what it sends waits in `_held` until that leader's lease is over.
+        self._acting = asyncio.Event()
+        self._held: collections.deque[Send] = collections.deque()
         self._early: collections.deque[tuple[float, Received | InvalidFrame]] = collections.deque(
             maxlen=EARLY_FRAMES_MAX)
 
@@ -312,7 +316,7 @@ class MasterServer:
     def is_leader(self) -> bool:
         """Leading and not done: a leader whose lease lapsed longer ago than it may
         wait for it (resumed after a pause) is done even before it notices."""
-        return (self._state is not None and not self.lost.done()
+        return (self._state is not None and self._acting.is_set() and not self.lost.done()
                 and not (self._lease is not None and self._lease.dead()))
 
     def snapshot(self) -> dict[str, Any]:
@@ -432,11 +436,11 @@ class MasterServer:
         """Recover the registry and start acting as leader (not before `not_before`)."""
         started = time.perf_counter()
         data = await registry.recover() if registry is not None else RegistryData()
-        if (fence := not_before - time.monotonic()) > 0:
-            log.info("waiting %.2fs for the deposed leader's lease to run out", fence)
-            await asyncio.sleep(fence)
+        fence = max(0.0, not_before - time.monotonic())
+        if fence == 0:
+            self._acting.set()
         now = self._clock.now()
-        state = MasterState(self.config, self.info, self._ids, start_time=now)
+        state = MasterState(self.config, self.info, self._ids, start_time=now + fence)
         effects = restore(state, data, now)
         self._registry = registry
         self._state = state  # from here on `_receive` queues frames for handling
@@ -452,10 +456,21 @@ class MasterServer:
         self._supervisor.loop("master-process", self._process)
         if registry is not None:
             self._supervisor.loop("master-registry", self._write_registry)
+        if fence > 0:
+            log.info("handling, sending nothing for %.2fs: until the lease of the leader "
+                     "we proved dead is over", fence)
+            await asyncio.sleep(fence)
+            await self._release_held()
         self._elected.set()
         log.info("leading: recovered %d agents and %d unreachable ones from the registry "
                  "in %.0f ms", len(data.agents), len(data.unreachable),
                  (time.perf_counter() - started) * 1000)
+
+    async def _release_held(self) -> None:
+        """Send what the fence held, in order; sends made meanwhile queue behind."""
+        while self._held:
+            await self._send(self._held.popleft())
+        self._acting.set()
 
     def _session_state(self, state: SessionState) -> None:
         if state == SUSPENDED:
@@ -501,6 +516,7 @@ class MasterServer:
         while True:
             await self._registry_dirty.wait()
             await asyncio.sleep(REGISTRY_BATCH)
+            await self._acting.wait()
             self._registry_dirty.clear()
             started = time.perf_counter()
             try:
@@ -630,19 +646,25 @@ class MasterServer:
             if self.usage is not None:  # None only while stopping
                 self.usage.store.submit(effect.samples, effect.events)
         elif isinstance(effect, Send):
-            if self.v1_streams.deliver(effect.to, effect.message):
-                return  # an HTTP subscriber's: queued for its event stream
-            sent = False
-            if self._router is not None:
-                try:
-                    sent = await self._router.send(bytes.fromhex(effect.to), effect.message)
-                except zmq.ZMQError as exc:
-                    log.warning("send of %s to %s failed: %s", effect.message.TYPE,
-                                effect.to, exc)
-            if not sent:
-                self._dropped_sends += 1
+            if self._acting.is_set():
+                await self._send(effect)
+            else:
+                self._held.append(effect)
         else:
             self._timers.perform(effect)
+
+    async def _send(self, effect: Send) -> None:
+        if self.v1_streams.deliver(effect.to, effect.message):
+            return  # an HTTP subscriber's: queued for its event stream
+        sent = False
+        if self._router is not None:
+            try:
+                sent = await self._router.send(bytes.fromhex(effect.to), effect.message)
+            except zmq.ZMQError as exc:
+                log.warning("send of %s to %s failed: %s", effect.message.TYPE,
+                            effect.to, exc)
+        if not sent:
+            self._dropped_sends += 1
 
     def _answer(self, reply: Reply) -> None:
         future = self._calls.get(reply.call_id)
