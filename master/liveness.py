@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import json
 import logging
 import time
@@ -257,8 +256,7 @@ class Campaign:
         except ConnectionResetError:
             event = Closed(path, by_peer=True, reason="reset by the peer")
         except OSError as exc:  # timed out, unreachable: not the peer's doing
-            event = Closed(path, by_peer=exc.errno in (errno.ECONNRESET, errno.EPIPE),
-                           reason=repr(exc))
+            event = Closed(path, by_peer=False, reason=repr(exc))
         finally:
             writer.close()
         self.handle(event)
