@@ -225,6 +225,20 @@ async def get_json(http: aiohttp.ClientSession, url: str) -> Any:
         return None
 
 
+async def first_registrations(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    """Hostname -> when the master at `url` first took the agent in (its events log)."""
+    first: dict[str, float] = {}
+    since = 0
+    while True:
+        page = await get_json(http, f"{url}/events?since={since}&limit=5000")
+        if not page or not page["events"]:
+            return first
+        for entry in page["events"]:
+            if entry["type"] == "agent_registered":
+                first.setdefault(entry["hostname"], entry["time"])
+        since = page["next"]
+
+
 async def leading(http: aiohttp.ClientSession, masters: list[Child]) -> Child | None:
     for child in masters:
         if child.process.poll() is None:
@@ -342,11 +356,13 @@ async def one_round(http: aiohttp.ClientSession, cluster: LocalCluster, agents: 
     state = await get_json(http, f"{new[0].url}/state")
     figures = await get_json(http, f"{new[0].url}/metrics/snapshot")
     elected = state["elected_time"]
-    # By the new leader's clock: when it handled each agent's report, but not
-    # before it sent anything (`elected_time`: the fence of master/election.py).
-    # A retry it handles again moves `reregistered_time` on, which only overstates.
-    back = {a["hostname"]: max(a["reregistered_time"] or a["registered_time"], elected)
-            - killed_wall for a in state["agents"]}
+    # By the new leader's clock: when it first handled each agent's report (its
+    # events log; a retry handled again moves `reregistered_time` on), but not
+    # before it could answer (`elected_time`: the fence of master/election.py).
+    first = await first_registrations(http, new[0].url)
+    back = {a["hostname"]: max(first.get(a["hostname"]) or a["reregistered_time"]
+                               or a["registered_time"], elected) - killed_wall
+            for a in state["agents"]}
     sim = sorted(t for name, t in back.items() if name.startswith("sim"))
     real_back = max((t for name, t in back.items() if not name.startswith("sim")),
                     default=float("nan"))
