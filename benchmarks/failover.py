@@ -201,6 +201,7 @@ class Round:
     agents_back: float
     real_back: float
     median_back: float
+    last_handled: float  # the last re-registration the new leader handled, retries too
     registrations: int  # RegisterAgent frames the simulated agents sent this round
     lost: int
     duplicates: int
@@ -367,6 +368,8 @@ async def one_round(http: aiohttp.ClientSession, cluster: LocalCluster, agents: 
     real_back = max((t for name, t in back.items() if not name.startswith("sim")),
                     default=float("nan"))
     back_in = max(back.values())
+    last_handled = max(max(a["reregistered_time"] or a["registered_time"], elected)
+                       for a in state["agents"]) - killed_wall
     missing = total - running_tasks(state)
     duplicates = sum(n - 1 for a in agents for n in a.runs.values())  # simulated agents
     lost = len(filler.terminal) + max(0, missing) + sum(a.kills for a in agents)
@@ -374,7 +377,7 @@ async def one_round(http: aiohttp.ClientSession, cluster: LocalCluster, agents: 
     old.process.wait()
     await asyncio.to_thread(cluster.start_master, 30.0, index)
     return Round(named_in, elected - killed_wall, back_in, real_back, sim[len(sim) // 2]
-                 if sim else float("nan"), sum(a.registrations_sent for a in agents) - sent,
+                 if sim else float("nan"), last_handled, sum(a.registrations_sent for a in agents) - sent,
                  lost, duplicates,
                  fast=bool(figures and figures.get("master/election/fast_failovers")),
                  pauses=int(figures.get("master/leadership_pauses", 0) if figures else 0),
@@ -406,6 +409,8 @@ def summarize(args: argparse.Namespace, rounds: list[Round]) -> None:
     print(f"tasks lost: {sum(r.lost for r in everything)} (must be 0); "
           f"duplicate launches: {sum(r.duplicates for r in everything)} (must be 0)")
     print(f"median simulated agent back:   {stats([r.median_back for r in rounds])}")
+    print(f"last re-registration handled:  {stats([r.last_handled for r in rounds])} "
+          "(retries included)")
     for ref in references:
         print(f"in-run reference, clean stop (SIGTERM): all agents back "
               f"{ref.agents_back:.2f} s (median {ref.median_back:.2f} s); "
