@@ -123,7 +123,7 @@ def parse_liveness(data: bytes) -> tuple[Endpoint, float]:
     return (ip, port), float(lease)
 
 
-async def _try_connect(endpoint: Endpoint) -> tuple[bool, str]:
+async def try_connect(endpoint: Endpoint) -> tuple[bool, str]:
     """(refused, what happened) for one fresh connection attempt."""
     try:
         _, writer = await asyncio.wait_for(asyncio.open_connection(*endpoint), CONNECT_TIMEOUT)
@@ -267,7 +267,7 @@ class Campaign:
             self._holding = None
 
     async def _check(self, path: str, endpoints: tuple[Endpoint, ...]) -> None:
-        results = await asyncio.gather(*(_try_connect(e) for e in endpoints))
+        results = await asyncio.gather(*(try_connect(e) for e in endpoints))
         self.handle(PortsChecked(path, refused=bool(results) and all(r for r, _ in results),
                                  reason="; ".join(why for _, why in results)))
 

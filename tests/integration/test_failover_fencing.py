@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +22,7 @@ import pytest
 
 from dyad.local import Child, LocalCluster, http_get_json
 from frameworks import Filters, FrameworkInfo
+from master.liveness import try_connect
 
 from .conftest import FAST_MASTER, Recorder, wait_for
 from .zookeeper import ZooKeeperServer, zookeeper  # noqa: F401 (the fixture)
@@ -176,3 +179,29 @@ async def test_a_paused_leader_is_not_proven_dead_and_resumed_it_never_leads_aga
     assert len(state["agents"]) == 2 and state["recovering_agents"] == []
     assert not [s for s in recorder.statuses if s.state.is_terminal]
     assert old_writes >= 1
+
+
+async def test_a_paused_process_still_accepts_and_a_dead_one_refuses(tmp_path: Path) -> None:
+    """The second half of the proof (master/liveness.py's port check) against a
+    real process: stopped, its kernel still completes connections to its ports,
+    so no check can call it dead; killed, the same ports refuse."""
+    ready = tmp_path / "port"
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import socket, sys, time\n"
+        "s = socket.create_server(('127.0.0.1', 0))\n"
+        f"open({str(ready)!r}, 'w').write(str(s.getsockname()[1]))\n"
+        "time.sleep(300)\n")])
+    try:
+        port = int(await wait_for(lambda: ready.exists() and ready.read_text(), 10,
+                                  "the listener"))
+        child.send_signal(signal.SIGSTOP)
+        refused, why = await try_connect(("127.0.0.1", port))
+        assert not refused, why
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+        refused, why = await try_connect(("127.0.0.1", port))
+        assert refused, why
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
