@@ -21,6 +21,7 @@ import aiohttp
 import pytest
 
 from dyad.local import Child, LocalCluster, http_get_json
+from dyad.zk import VersionConflict, ZkError, ZkSession
 from frameworks import Filters, FrameworkInfo
 from master.liveness import try_connect
 
@@ -205,3 +206,29 @@ async def test_a_paused_process_still_accepts_and_a_dead_one_refuses(tmp_path: P
         if child.poll() is None:
             child.kill()
             child.wait(10)
+
+
+async def test_the_conditional_delete_touches_only_the_session_it_saw(
+        zookeeper: ZooKeeperServer) -> None:
+    """`ZkSession.delete_owned`: a znode owned by another session, or at another
+    version, is refused; the one the standby saw is deleted; one already gone is
+    an error, never a delete of something else."""
+    leader, standby = ZkSession(zookeeper.hosts, 4.0), ZkSession(zookeeper.hosts, 4.0)
+    await leader.start()
+    await standby.start()
+    try:
+        await leader.ensure_path("/dyad")
+        path = await leader.create("/dyad/json.info_", b"{}", ephemeral=True, sequence=True)
+        owner = await standby.owner(path)
+        assert owner == (leader.session_id, 0)
+        with pytest.raises(VersionConflict):
+            await standby.delete_owned(path, owner=standby.session_id or 0, version=0)
+        with pytest.raises(VersionConflict):
+            await standby.delete_owned(path, owner=owner[0], version=1)
+        await standby.delete_owned(path, owner=owner[0], version=0)
+        assert await standby.owner(path) is None
+        with pytest.raises(ZkError):
+            await standby.delete_owned(path, owner=owner[0], version=0)
+    finally:
+        await standby.close()
+        await leader.close()
