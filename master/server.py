@@ -9,12 +9,15 @@ single task does all the handling, the core never sees concurrency.
 Leadership. Standalone (no ZooKeeper), the master leads from the start and keeps
 its registry in a file under the work dir. With ZooKeeper it starts as a
 *standby*: it binds its ports, serves `/health` and `/state` (saying who leads),
-enters the election (`dyad.zk`) and drops every frame until it is elected. Once
-elected it recovers the registry (which fences the previous leader), builds a
-fresh `MasterState` from it, and acts only while its `Lease` on the ZooKeeper
-session is valid: a leader that cannot confirm its session stops handling events
-at once, and gives up for good (`lost` resolves, `dyad-master` exits non-zero for
-a supervisor to restart it, as Mesos does) when the session is LOST, when it
+enters the election (`dyad.zk`; who leads, and when a dead leader is proven dead,
+is decided in `master.election`, its shell is `master.liveness`) and drops every
+frame until it is elected. Once elected it recovers the registry (which fences the
+previous leader), builds a fresh `MasterState` from it, and acts only while its
+`Lease` on its contender znode is valid; after proving a leader dead it handles
+at once but sends nothing until that leader's lease is over. A leader that cannot
+confirm its lease stops handling events at once, and gives up for good (`lost`
+resolves, `dyad-master` exits non-zero for a supervisor to restart it, as Mesos
+does) when the session is LOST, when its contender znode is gone, when the lease
 stays unconfirmed past one session timeout, or when a registry write is fenced.
 Two masters therefore never both make offers.
 

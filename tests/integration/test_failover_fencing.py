@@ -1,6 +1,8 @@
 """Failover fencing against a real ZooKeeper (master/election.py, master/liveness.py):
-a dead leader is replaced before its session expires, a paused one is not, and a
-paused leader resumed after its successor took over never acts as leader again.
+a dead leader is replaced before its session expires, a paused one is not, a
+paused leader resumed after its successor took over never acts as leader again,
+and the two halves of the proof and the conditional delete hold against real
+processes and a real ZooKeeper.
 
 Masters and agents are real processes, the framework a real `SchedulerDriver`.
 Offer ids begin with the id of the master that made them, so "who offered" is read
