@@ -156,6 +156,7 @@ class Campaign:
         self._delete_done = asyncio.Event()
         self._delete_done.set()
         self.counts: Counter[str] = Counter()
+        self._closed = False
 
     @property
     def watching(self) -> bool:
@@ -173,6 +174,8 @@ class Campaign:
         self.handle(Contenders(tuple(f"{self._zk.root}/{name}" for _, name in numbered)))
 
     def handle(self, event: Event) -> None:
+        if self._closed:
+            return  # the children watch lives as long as the session
         for effect in self.core.handle(event, time.monotonic()):
             self._perform(effect)
 
@@ -295,6 +298,7 @@ class Campaign:
             await asyncio.sleep(wait)
 
     async def close(self) -> None:
+        self._closed = True
         self._timers.cancel_all()
         self._drop_connection()
         for task in list(self._tasks):
