@@ -28,8 +28,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import math
 import os
-import statistics
+import resource
 import sys
 import tempfile
 import time
@@ -135,6 +136,8 @@ class SimAgent:
 
 def agent_worker(endpoint: str, names: list[str], conn: Connection) -> None:
     """A process of simulated agents; says when all are registered, reports on "stop"."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     asyncio.run(_agents(endpoint, names, conn))
 
 
@@ -332,6 +335,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="passed to dyad-master (repeat: --master-arg=--usage-store "
                              "--master-arg=off)")
     args = parser.parse_args(argv)
+    # Each simulated agent is a connection of its own: the master holds one
+    # descriptor per agent, a worker two (its socket's TCP and mailbox).
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if args.agents + 200 > limit:
+        print(f"cannot run {args.agents} agents: the master would need more than "
+              f"{args.agents} file descriptors and the hard limit here is {limit}",
+              file=sys.stderr)
+        return 2
+    args.workers = max(args.workers, math.ceil(2 * args.agents / (limit - 200)))
     waves = 1 if args.quick else 3
     total = args.tasks or args.agents * SLOTS_PER_AGENT * waves
     size = len(encode(StatusUpdate(framework_id="F-" + new_uuid(), status=TaskStatus(
@@ -436,7 +448,7 @@ def report(args: argparse.Namespace, total: int, reference: float, launchers: li
           f"{sum(l.disconnections for l in launchers)} times; the drivers' loop ran "
           f"up to {LAG.most:.2f} s late")
     runs = after["allocator/allocation_runs"] - before["allocator/allocation_runs"]
-    print(f"CPU per task (ms): " + ", ".join(f"{k} {v * 1000 / max(done, 1):.2f}"
+    print("CPU per task (ms): " + ", ".join(f"{k} {v * 1000 / max(done, 1):.2f}"
                                             for k, v in cpu.items())
           + f"; allocation passes {runs:.0f}, p50 {after['allocator/allocation_run_ms_p50']:.1f}"
           f" ms, p99 {after['allocator/allocation_run_ms_p99']:.1f} ms")

@@ -155,6 +155,9 @@ COUNTERS = {
                            "queue was full (ZMQ's queues then push back on senders).",
     "master/resends_coalesced": "Frames dropped as exact copies of one still waiting to be "
                                 "handled (a status update or registration sent again).",
+    "master/batch_frames_sent": "Batch frames sent (several messages for one framework "
+                                "in one frame, docs/protocol.md).",
+    "master/messages_sent_batched": "Messages sent inside batch frames.",
     "master/sends_full": "Sends refused because the peer's outgoing queue was full.",
     "master/sends_unroutable": "Sends to a peer that is gone (no connection with that identity).",
     "master/registry_writes": "Registry writes completed.",
