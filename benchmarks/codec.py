@@ -8,7 +8,8 @@ time of `dyad.bounded_json.loads` and of bare `json.loads` (the reference, which
 has no limits) on the same bytes and their ratio; then the whole
 `dyad.messages.decode` (parse plus validation into attrs objects) against the
 same validation behind bare `json.loads`, and that ratio: what a receiver pays.
-Each figure is the best of five runs of at least `--seconds`, ours and the
+Then `encode` (msgspec, issue 19) against `json.dumps` of the codec's `to_json`
+(the writer before it) on the same message. Each figure is the best of five runs of at least `--seconds`, ours and the
 reference taking turns, with the garbage collector off.
 """
 
@@ -22,7 +23,7 @@ from typing import Any, Callable
 
 from dyad import bounded_json
 from dyad import messages as m
-from dyad.codec import from_json
+from dyad.codec import from_json, to_json
 from dyad.resources import Resources
 
 RES = Resources.parse("cpus:2;mem:2048;disk:10000;ports:[31000-31999]")
@@ -58,6 +59,12 @@ def typical_frames() -> dict[str, bytes]:
         m.RegisterAgent(agent=agent, version="0.1.0", tasks=records, frameworks=[framework]),
     ]
     return {f"{msg.TYPE}": m.encode(msg) for msg in samples}
+
+
+def reference_encode(msg: m.Message) -> bytes:
+    """`encode` as it was before msgspec: `json.dumps` of the codec's `to_json`."""
+    return json.dumps({"type": msg.TYPE, "v": m.WIRE_VERSION, "body": to_json(msg)},
+                      separators=(",", ":")).encode()
 
 
 def reference_decode(frame: bytes) -> m.Message:
@@ -98,17 +105,24 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=0.3, help="minimum time per run")
     args = parser.parse_args()
     print(f"{'frame':<16}{'bytes':>7}{'bounded':>9}{'json':>8}{'ratio':>7}"
-          f"{'decode':>9}{'ref':>8}{'ratio':>7}   (us per frame)")
+          f"{'decode':>9}{'ref':>8}{'ratio':>7}{'encode':>9}{'ref':>8}{'ratio':>7}"
+          "   (us per frame)")
     gc.disable()
     try:
         for name, frame in typical_frames().items():
-            assert m.decode(frame) == reference_decode(frame)
+            message = m.decode(frame)
+            assert message == reference_decode(frame)
+            assert json.loads(m.encode(message)) == json.loads(reference_encode(message))
             ours, reference, whole, whole_reference = best_us(
                 [bounded_json.loads, json.loads, m.decode, reference_decode], frame,
                 args.seconds)
+            out, out_reference = best_us(
+                [lambda _: m.encode(message), lambda _: reference_encode(message)], frame,
+                args.seconds)
             print(f"{name:<16}{len(frame):>7}{ours:>9.2f}{reference:>8.2f}"
                   f"{ours / reference:>7.2f}{whole:>9.2f}{whole_reference:>8.2f}"
-                  f"{whole / whole_reference:>7.2f}")
+                  f"{whole / whole_reference:>7.2f}{out:>9.2f}{out_reference:>8.2f}"
+                  f"{out / out_reference:>7.2f}")
     finally:
         gc.enable()
     print("ratios: ours / reference on the same frame (1.00: bounded parsing costs nothing)")
