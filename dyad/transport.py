@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 _HARD_FRAME_LIMIT = 4 * MAX_FRAME_BYTES
 LISTEN_BACKLOG = 4096
 MAX_REMEMBERED_IDENTITIES = 100_000
+RECHECK = 0.25
+"""Seconds a waiter sleeps at most before it looks at the socket again (`_Ready`)."""
 log = logging.getLogger(__name__)
 
 
@@ -104,7 +106,10 @@ class _Ready:
     have changed, and any call on the socket can consume that signal. So a
     waiter always checks `EVENTS` before it sleeps, the FD's callback wakes
     every waiter to check again, and `poke` (after a send of our own, which may
-    have consumed a signal meant for a waiting receive) checks for them."""
+    have consumed a signal meant for a waiting receive) checks for them. Other
+    calls on the socket (connect, options, a monitor) can consume one too, so a
+    sleeping waiter also looks again every `RECHECK` seconds: a missed signal
+    costs at most that, never a socket that stays deaf."""
 
     def __init__(self, sock: zmq.Socket) -> None:
         self._sock = sock
@@ -119,9 +124,11 @@ class _Ready:
             if self._loop is not loop:
                 self._watch(loop)
             future = self._waiting[flag] = loop.create_future()
+            recheck = loop.call_later(RECHECK, _settle, future)
             try:
                 await future
             finally:
+                recheck.cancel()
                 if self._waiting.get(flag) is future:
                     del self._waiting[flag]
 
@@ -150,6 +157,11 @@ class _Ready:
         if self._loop is not None and self._fd is not None and not self._loop.is_closed():
             self._loop.remove_reader(self._fd)
         self._loop = self._fd = None
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _send_nowait(sock: zmq.Socket, ready: _Ready, frames: list[bytes]) -> bool:
@@ -341,6 +353,7 @@ class Dealer:
             self._sock.disconnect(self.endpoint)
         self._sock.connect(endpoint)
         self.endpoint = endpoint
+        self._ready.poke()
 
     async def recv(self) -> Inbound:
         while True:

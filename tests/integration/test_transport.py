@@ -4,6 +4,7 @@ carrying the error, so a receive loop cannot be ended by one packet."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -124,3 +125,34 @@ async def test_mandatory_sends_report_unknown_peers_and_full_queues() -> None:
     finally:
         peer.close()
         ours.close()
+
+
+async def test_a_waiting_receive_survives_a_signal_someone_else_consumed() -> None:
+    """ZeroMQ's FD is edge-triggered and any call on the socket can take the
+    signal: a waiter that missed it looks again within `RECHECK`, and our own
+    sends wake it at once (`_Ready.poke`)."""
+    server = Router()
+    port = server.bind("127.0.0.1", 0)
+    client = Dealer()
+    client.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        assert await client.send(m.Heartbeat())
+        identity = (await server.recv()).identity
+        waiting = asyncio.ensure_future(client.recv())
+        await asyncio.sleep(0.05)  # asleep on the FD
+        assert await server.send(identity, m.Heartbeat())
+        for _ in range(50):  # take the signal the way any other call would
+            client._now.get(zmq.EVENTS)
+            await asyncio.sleep(0.001)
+        inbound = await asyncio.wait_for(waiting, transport.RECHECK + 1.0)
+        assert inbound.message == m.Heartbeat()
+        # and a receive that waits while we send is woken by our own send
+        waiting = asyncio.ensure_future(client.recv())
+        await asyncio.sleep(0.05)
+        assert await server.send(identity, m.Heartbeat())
+        await asyncio.sleep(0.05)
+        assert client.send_frame(m.encode(m.Heartbeat()))
+        assert (await asyncio.wait_for(waiting, 1.0)).message == m.Heartbeat()
+    finally:
+        client.close()
+        server.close()
