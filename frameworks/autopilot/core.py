@@ -49,7 +49,7 @@ class Config:
     min_change: float = attrs.field(default=0.1, validator=attrs.validators.ge(0.0))
     min_interval: float = attrs.field(default=3600.0, validator=attrs.validators.ge(0.0))
     oom_growth: float = attrs.field(default=1.5, validator=attrs.validators.gt(1.0))
-    oom_hold: float = attrs.field(default=24 * 3600.0, validator=attrs.validators.ge(0.0))
+    oom_hold: float = attrs.field(default=7 * 24 * 3600.0, validator=attrs.validators.ge(0.0))
     floor: Limits = Limits(cpus=0.01, mem_bytes=32 * MIB)
     cap: Limits = Limits(cpus=64.0, mem_bytes=256 * 1024 * MIB)
 
@@ -78,12 +78,18 @@ class AppRemoved:
 
 @attrs.frozen
 class UsageSampled:
-    """One task's measured usage at `at`: cores used over the sample, RSS bytes."""
+    """One task's measured usage at `at`: cores used over the sample, RSS bytes.
+
+    `mem_allowance_bytes`: memory the agent lets the sampled run have beyond the
+    app's `mem` (a Python command executor's 64 MiB), whose use the sample counts
+    too. It is taken off, so samples, OOM kills (at the app's `mem`) and the limits
+    set are all in the app's `mem` terms: the run may use `mem` plus its allowance."""
 
     app_id: str
     at: float
     cpus: float
     mem_bytes: float
+    mem_allowance_bytes: float = 0.0
 
 
 @attrs.frozen
@@ -228,12 +234,12 @@ class Autopilot:
         if app is None:
             self.ignored += 1
             return
-        values = (event.at, event.cpus, event.mem_bytes)
-        if not all(math.isfinite(v) for v in values) or event.cpus < 0 or event.mem_bytes < 0:
+        values = (event.at, event.cpus, event.mem_bytes, event.mem_allowance_bytes)
+        if not all(math.isfinite(v) for v in values) or min(values[1:]) < 0:
             self.rejected += 1
             return
         app.cpu.observe(event.at, event.cpus)
-        app.mem.observe(event.at, event.mem_bytes)
+        app.mem.observe(event.at, max(0.0, event.mem_bytes - event.mem_allowance_bytes))
         if app.first_sample is None or event.at < app.first_sample:
             app.first_sample = event.at
 
@@ -335,8 +341,9 @@ class Autopilot:
 
     def _bound_cpus(self, spec: AutopilotSpec, value: float) -> float:
         b, c = spec.bounds, self.config
-        rounded = math.ceil(value / _MILLICORE - 1e-9) * _MILLICORE
-        return round(_clamp(rounded, b.min_cpus, b.max_cpus, c.floor.cpus, c.cap.cpus), 6)
+        # Rounded before the clamp, so an app's own bound is kept exactly.
+        rounded = round(math.ceil(value / _MILLICORE - 1e-9) * _MILLICORE, 6)
+        return _clamp(rounded, b.min_cpus, b.max_cpus, c.floor.cpus, c.cap.cpus)
 
     def _bound_mem(self, spec: AutopilotSpec, value: float) -> int:
         b, c = spec.bounds, self.config

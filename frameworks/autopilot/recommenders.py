@@ -7,10 +7,12 @@ limit out.
 - Memory (`MemoryRecommender`): the peak seen within the window, times
   ``1 + margin``. Going over a memory limit kills the task, so only a peak is safe;
   the window lets an old peak stop counting once it is `window` seconds old. With
-  a `spread`, the limit also gets ``spread × (peak - median)``, the median from a
-  decaying histogram (half-life half the window): an app whose peaks stand far
-  above its usual use (spikes) gets room for a bigger spike than the last one,
-  while a steady app (peak close to median) pays next to nothing for it.
+  `spike` room, the limit also gets ``spike × jump × peak``, where `jump` is the
+  largest rise within the window of a sample over the level it rose from (a
+  decaying average of the samples before it, half-life `LEVEL_HALF_LIFE`), beyond
+  `jitter`: an app that has jumped 20% once may jump further next time, even if
+  that jump came at a quiet hour and never neared the peak. Steady use, daily
+  cycles, growth and leaks move slowly and never jump, so they pay nothing for it.
 
 Both answer None until they have seen a sample. Bounds, evidence thresholds and
 hysteresis are not theirs: they belong to the policy (`core.Autopilot`), which
@@ -19,6 +21,7 @@ treats every variant the same way.
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 import attrs
@@ -28,8 +31,13 @@ from frameworks.autopilot.window import SlidingPeak
 
 CPU_SCALE = Scale(low=0.001, high=1024.0, ratio=1.05)
 """Cores: a thousandth of a core up to a large machine, within 5%."""
-MEM_SCALE = Scale(low=2.0 ** 20, high=2.0 ** 42, ratio=1.05)
-"""Bytes: a MiB up to 4 TiB, within 5% (only for the median of `spread` variants)."""
+LEVEL_HALF_LIFE = 900.0
+"""Seconds: the level a memory jump is measured from halves the weight of samples
+15 minutes old, so it keeps up with a daily cycle or a leak (a 20% daily swing
+lags it by under 2%) while a jump within minutes stands out."""
+LEVEL_SETTLE = 4 * LEVEL_HALF_LIFE
+"""Jumps count from this long after the first sample, once the level has caught up
+with the app's start (within 1/16 of a step up)."""
 
 _positive = attrs.validators.gt(0.0)
 _nonnegative = attrs.validators.ge(0.0)
@@ -50,12 +58,14 @@ class CpuVariant:
 
 @attrs.frozen
 class MemoryVariant:
-    """Memory limit = peak over the last `window` s, ×(1+margin), + spread×(peak-median)."""
+    """Memory limit = peak over the last `window` s × (1 + margin + spike × jump),
+    `jump` the largest rise in the window of a sample over its level, less `jitter`."""
 
     name: str
     window: float = attrs.field(validator=_positive)
     margin: float = attrs.field(default=0.1, validator=_nonnegative)
-    spread: float = attrs.field(default=0.0, validator=_nonnegative)
+    spike: float = attrs.field(default=0.0, validator=_nonnegative)
+    jitter: float = attrs.field(default=0.05, validator=_nonnegative)
 
     def build(self) -> MemoryRecommender:
         return MemoryRecommender(self)
@@ -96,33 +106,44 @@ class MemoryRecommender:
         self.variant = variant
         self.name = variant.name
         self._peak = SlidingPeak(variant.window)
-        self._usual = (DecayingHistogram(MEM_SCALE, variant.window / 2)
-                       if variant.spread else None)
+        self._jumps = SlidingPeak(variant.window) if variant.spike else None
+        self._level: float | None = None  # decaying average of the samples so far
+        self._level_at = self._first_at = 0.0
 
     def add(self, at: float, value: float) -> None:
         self._peak.add(at, value)
-        if self._usual is not None:
-            self._usual.add(at, value)
+        if self._jumps is None:
+            return
+        if self._level is None:
+            self._level, self._level_at, self._first_at = value, at, at
+            return
+        # Not before the level has settled: a task's first minutes (its start-up
+        # climb from nothing to its working set) are no jump.
+        rise = value / self._level if self._level > 0 else math.inf
+        if at - self._first_at >= LEVEL_SETTLE and math.isfinite(rise):
+            self._jumps.add(at, max(0.0, rise - 1 - self.variant.jitter))
+        keep = 2.0 ** (-max(0.0, at - self._level_at) / LEVEL_HALF_LIFE)
+        self._level = keep * self._level + (1 - keep) * value
+        self._level_at = max(self._level_at, at)
 
-    def _median(self) -> float | None:
-        return None if self._usual is None else self._usual.percentile(50.0)
+    def _jump(self, now: float) -> float:
+        return 0.0 if self._jumps is None else self._jumps.peak(now) or 0.0
 
     def value(self, now: float) -> float | None:
         peak = self._peak.peak(now)
         if peak is None:
             return None
-        median = self._median()
-        extra = 0.0 if median is None else self.variant.spread * max(0.0, peak - median)
-        return peak * (1 + self.variant.margin) + extra
+        v = self.variant
+        return peak * (1 + v.margin + v.spike * self._jump(now))
 
     def explain(self, now: float) -> str:
         v = self.variant
         peak = self._peak.peak(now)
         shown = "none" if peak is None else f"{peak / 2**20:.1f} MiB"
         text = f"peak memory over {v.window:g}s = {shown}, margin {v.margin:.0%}"
-        median = self._median()
-        if median is not None:
-            text += f", plus {v.spread:g} x (peak - median {median / 2**20:.1f} MiB)"
+        if self._jumps is not None:
+            text += (f", plus {v.spike:g} x the largest jump over the usual level "
+                     f"beyond {v.jitter:.0%} ({self._jump(now):.0%})")
         return text
 
 
