@@ -49,7 +49,7 @@ class Config:
     min_change: float = attrs.field(default=0.1, validator=attrs.validators.ge(0.0))
     min_interval: float = attrs.field(default=3600.0, validator=attrs.validators.ge(0.0))
     oom_growth: float = attrs.field(default=1.5, validator=attrs.validators.gt(1.0))
-    oom_hold: float = attrs.field(default=7 * 24 * 3600.0, validator=attrs.validators.ge(0.0))
+    oom_hold: float = attrs.field(default=24 * 3600.0, validator=attrs.validators.ge(0.0))
     floor: Limits = Limits(cpus=0.01, mem_bytes=32 * MIB)
     cap: Limits = Limits(cpus=64.0, mem_bytes=256 * 1024 * MIB)
 
