@@ -8,8 +8,9 @@ memory: steady, daily cycles, spikes, slow growth, memory leaks. Each app's user
 set its limits the way people do (`user_limits`): from the app's usual peak times
 a factor that is mostly generous (log-normal, median 2x) and sometimes short
 (0.75-1x), rounded to numbers people type. Every approach then lives through the
-same week, sample by sample (one every `STEP` seconds: memory is the interval's
-peak, CPU its mean):
+same week, sample by sample (one every `STEP` seconds: what the task wants at
+that instant; a spike lasts at least `STEP`, so every spike is sampled, and memory
+kills are judged at the same instants the policy sees):
 
 - **user**: the hand-set limits, never changed;
 - **each variant** of `DEFAULT_CPU_VARIANTS` alone, with the variants of
