@@ -125,12 +125,13 @@ class Records:
                 assert executor.executor_id == executor_id
                 assert executor.framework_id == framework_id
                 assert executor.phase in (*LIVE_PHASES, TERMINATING), executor.phase
-                # A direct container run has no executor to register (and so no
-                # registration timer); any run from an image pulls untimed.
+                # A direct run has no executor to register (and so no registration
+                # timer); any run from an image pulls untimed.
                 assert (executor.phase == RUNNING) <= (executor.peer is not None
                                                        or executor.direct)
                 assert (executor.phase in (LAUNCHING, RECOVERING)) <= (
-                    executor.timer is not None or executor.info.container is not None)
+                    executor.timer is not None or executor.info.container is not None
+                    or executor.direct)
                 assert executor.limits == limits.limits(executor), executor
                 assert not executor.pending_kills or executor.phase == RECOVERING
                 if executor.peer is not None:

@@ -31,7 +31,8 @@ from aiohttp import web
 import agent
 from agent import access, api_v1, checkpoint, checkpoint_file, gc, volumes
 from agent.checkpoint import CheckpointError, Recover, SavedAgent
-from agent.containerizer import Containerizer, LaunchError, describe_exit
+from agent import shim
+from agent.containerizer import Containerizer, LaunchError, ended
 from agent.containers_core import LaunchContainer, RemoveContainer
 from agent.docker import DEFAULT_PULL_TIMEOUT, DEFAULT_SOCKET
 from agent.docker_runner import DockerRunner, connect
@@ -302,10 +303,18 @@ class AgentServer:
 
     async def _recover(self, saved: SavedAgent) -> None:
         keys = [(e.framework_id, e.info.executor_id, e.run_id) for e in saved.executors]
+        status_files = {key: f"{e.directory}/{shim.STATUS_FILE}" if e.host_direct else ""
+                        for key, e in zip(keys, saved.executors)}
         alive = frozenset(
             key for key, e in zip(keys, saved.executors)
             if e.pid is not None and e.started is not None
-            and self._containerizer.adopt(key, e.pid, e.started))
+            and self._containerizer.adopt(key, e.pid, e.started, status_files[key]))
+        # A direct run that ended while we were away: its shim wrote down how.
+        exits: dict[RunKey, ExecutorProcessExited] = {}
+        for key in set(keys) - alive:
+            found = status_files[key] and await asyncio.to_thread(ended, status_files[key])
+            if found:
+                exits[key] = ExecutorProcessExited(*key, *found)
         if self._executor_keys is not None:
             for key, e in zip(keys, saved.executors):
                 if key in alive:
@@ -318,7 +327,7 @@ class AgentServer:
             alive |= found
         log.info("recovering agent %s: %d of %d executors still running", saved.agent_id,
                  len(alive), len(saved.executors))
-        self._events.put_nowait(Recover(saved, alive, containers))
+        self._events.put_nowait(Recover(saved, alive, containers, exits))
 
     async def stop(self) -> None:
         """Shut down every executor (grace, SIGTERM, SIGKILL), then close. Idempotent."""
@@ -435,12 +444,13 @@ class AgentServer:
                 self._errors.exception(("receive", source),
                                        "a frame on the %s socket could not be received", source)
 
-    def _on_process_exit(self, key: RunKey, status: int, final: RunSample | None) -> None:
+    def _on_process_exit(self, key: RunKey, status: int, final: RunSample | None,
+                         description: str) -> None:
         if final is not None and final.oom:  # the kernel ended it: say why first
             self._events.put_nowait(UsageSampled((final,), tuple(self.fetcher.cache.uris)))
         if self._executor_keys is not None:
             self._executor_keys.forget(key)
-        self._events.put_nowait(ExecutorProcessExited(*key, status, describe_exit(status)))
+        self._events.put_nowait(ExecutorProcessExited(*key, status, description))
 
     def _detect(self) -> None:
         self._leaders.detect_again()
@@ -521,7 +531,8 @@ class AgentServer:
             return
         finally:
             self._fetching.pop(key, None)
-        if self._executor_keys is not None:
+        # A direct run (status_file set) has no executor to connect: no keys to hand out.
+        if self._executor_keys is not None and not effect.status_file:
             try:
                 env = await asyncio.to_thread(self._executor_keys.issue, key, effect.sandbox_dir)
             except OSError as exc:

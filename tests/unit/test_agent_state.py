@@ -37,6 +37,7 @@ MASTER = MasterInfo(id="m1", hostname="m", ip="10.0.0.1", port=5050, zmq_port=50
 FRAMEWORK = FrameworkInfo(name="fw", id="F1")
 TOTAL = Resources.parse("cpus:4;mem:1024;ports:[31000-31009]")
 CONFIG = AgentConfig(hostname="agent-host", ip="127.0.0.1", port=5051, executor_port=5052,
+                     command_tasks="executor",  # these tests drive the command executor
                      work_dir="/work", resources=TOTAL, python="/usr/bin/python3",
                      attributes={"rack": "r1"}, ping_interval=15.0)
 PEER = "aa01"
