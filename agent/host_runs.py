@@ -76,7 +76,7 @@ class HostRuns(ContainerRuns):
             executor.directory, tuple(task.command.uris), executor.limits,
             self._run_user(executor, task), status_file=path)
         return [start, *self._transition(executor, record, self._status_update(
-            task.framework_id, task.task_id, executor.executor_id, TaskState.TASK_STARTING,
+            record.framework_id, task.task_id, executor.executor_id, TaskState.TASK_STARTING,
             "", "", now), now)]
 
     def _on_process_exited(self, event: ExecutorProcessExited, now: float) -> list[Effect]:

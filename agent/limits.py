@@ -67,5 +67,6 @@ def memory_problem(executor: AgentExecutor, sample: RunSample, isolation: str) -
     allowance = (f" ({mib(limit - COMMAND_EXECUTOR_MEM_MB * MIB)} for the task + "
                  f"{COMMAND_EXECUTOR_MEM_MB} MiB for the command executor)"
                  if executor.is_command and not executor.direct and limit else "")
-    return (f"Memory limit exceeded: executor {executor.executor_id} used {mib(used)} "
+    run = "task" if executor.direct else "executor"
+    return (f"Memory limit exceeded: {run} {executor.executor_id} used {mib(used)} "
             f"({sample.processes} processes), its limit is {mib(limit)}{allowance}")
