@@ -212,8 +212,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="the master's usage store (compare launches/s on and off)")
     parser.add_argument("--command-tasks", choices=["direct", "executor"], default="direct",
                         help="how the agents run command tasks (agent --command-tasks)")
+    parser.add_argument("--isolation", choices=["cgroups", "posix"], default=None,
+                        help="the agents' isolation (default: theirs, cgroups if writable)")
     parser.add_argument("--containerizer", choices=["process", "docker"], default="process")
     args = parser.parse_args(argv)
+    isolation = ["--isolation", args.isolation] if args.isolation else []
     slots = args.slots or -(-args.tasks // args.agents)
     if args.containerizer == "docker":
         from benchmarks import launch_docker  # needs root and dockerd
@@ -223,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster = LocalCluster(work_dir=Path(work), agents=args.agents, resources=resources,
                                master_args=["--allocation-interval", "0.05s",
                                             "--usage-store", args.usage_store],
-                               agent_args=["--command-tasks", args.command_tasks])
+                               agent_args=["--command-tasks", args.command_tasks, *isolation])
         with cluster:
             assert cluster.master is not None
             pids = [cluster.master.process.pid] + [a.process.pid for a in cluster.agent_children]
@@ -244,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     agents_cpu = sum(cpu_spent[1:]) / args.tasks
     agents_rss = sum(rss_grown[1:]) / args.tasks
     print(f"agents={args.agents} tasks={args.tasks} parallel slots={parallel} command tasks "
-          f"{args.command_tasks}, usage store {args.usage_store}")
+          f"{args.command_tasks}, isolation {args.isolation or 'default'}, usage store "
+          f"{args.usage_store}")
     print(f"dyad:      {dyad_rate:7.1f} tasks/s launched and finished ({span:.2f} s)")
     print(f"fork/exec: {fork_rate:7.1f} {' '.join(COMMAND)} starts/s ({fork_exec:.2f} s, same "
           f"parallelism, no Dyad); ratio dyad/fork-exec: {dyad_rate / fork_rate:.3f}")
