@@ -24,7 +24,6 @@ and as Borg's Borglet runs tasks. Its run (`AgentExecutor.host_direct`):
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 from agent import shim
@@ -38,8 +37,6 @@ from dyad.messages import Reason, TaskInfo, TaskState
 
 if TYPE_CHECKING:
     from agent.state import Effect
-
-log = logging.getLogger(__name__)
 
 LOST_STATUS = ("Command ended while the agent was down, and left no exit status "
                "(its shim was killed)")
@@ -89,7 +86,6 @@ class HostRuns(ContainerRuns):
     def _host_exited(self, executor: AgentExecutor, status: int, description: str,
                      now: float) -> list[Effect]:
         end = host_ending(status, description or LOST_STATUS, executor.phase == TERMINATING)
-        log.info("task %s: %s", executor.executor_id, end.message)
         return [*self._end_direct(executor, end, False, now),
                 *self._on_executor_gone(*executor.key, status, now)]
 

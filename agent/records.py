@@ -42,7 +42,14 @@ class Records:
 
     def find(self, framework_id: str, task_id: str) -> tuple[AgentExecutor, AgentTask] | None:
         framework = self.frameworks.get(framework_id)
-        for executor in framework.executors.values() if framework else ():
+        if framework is None:
+            return None
+        # A command task's run bears its id: found at once among thousands of runs.
+        own = framework.executors.get(task_id)
+        task = own.find(task_id) if own is not None else None
+        if own is not None and task is not None:
+            return own, task
+        for executor in framework.executors.values():
             task = executor.find(task_id)
             if task is not None:
                 return executor, task
