@@ -164,9 +164,10 @@ def shim_cost(runs: int = 20) -> tuple[float, float]:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds `pid` used so far (its reaped children's too)."""
+    """User + system CPU seconds `pid` itself used so far: not its reaped children's
+    (the runs it reaped: their tasks and holders, counted apart)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    return sum(int(f) for f in fields[11:13]) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mib(pid: int) -> float:
