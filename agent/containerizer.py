@@ -94,6 +94,23 @@ def read_status(path: str) -> int | None:
         return None
 
 
+def stop_unrecorded(sandbox: str) -> bool:
+    """SIGKILL the run of a direct task whose agent died between starting it and
+    checkpointing its pid: its shim wrote its pid in the sandbox first thing, and
+    a process by that pid working in that sandbox is it. True if one was killed."""
+    try:
+        with open(os.path.join(sandbox, shim.PID_FILE)) as handle:
+            pid = int(handle.read(16))
+        if os.path.realpath(psutil.Process(pid).cwd()) != os.path.realpath(sandbox):
+            return False
+    except (OSError, ValueError, psutil.Error):
+        return False
+    signal_group(pid, signal.SIGKILL)
+    log.warning("killed the unrecorded run in %s (pid %d): its agent died as it started it",
+                sandbox, pid)
+    return True
+
+
 def ended(path: str) -> tuple[int, str] | None:
     """A direct run that ended while the agent was away: its status and how
     that reads, or None if its shim wrote none."""

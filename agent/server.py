@@ -32,7 +32,7 @@ import agent
 from agent import access, api_v1, checkpoint, checkpoint_file, gc, volumes
 from agent.checkpoint import CheckpointError, Recover, SavedAgent
 from agent import shim
-from agent.containerizer import Containerizer, LaunchError, ended
+from agent.containerizer import Containerizer, LaunchError, ended, stop_unrecorded
 from agent.containers_core import LaunchContainer, RemoveContainer
 from agent.docker import DEFAULT_PULL_TIMEOUT, DEFAULT_SOCKET
 from agent.docker_runner import DockerRunner, connect
@@ -312,9 +312,12 @@ class AgentServer:
             and self._containerizer.adopt(key, e.pid, e.started, status_files[key]))
         # A direct run that ended while we were away: its shim wrote down how.
         exits: dict[RunKey, ExecutorProcessExited] = {}
-        for key in set(keys) - alive:
-            found = status_files[key] and await asyncio.to_thread(ended, status_files[key])
-            if found:
+        for key, e in zip(keys, saved.executors):
+            if key in alive or not e.host_direct:
+                continue
+            if e.pid is None:  # we died as we started it: nobody knows it, so it must go
+                await asyncio.to_thread(stop_unrecorded, e.directory)
+            elif found := await asyncio.to_thread(ended, status_files[key]):
                 exits[key] = ExecutorProcessExited(*key, *found)
         if self._executor_keys is not None:
             for key, e in zip(keys, saved.executors):

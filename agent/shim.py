@@ -14,6 +14,8 @@ init, but a restarted agent reads the file.
   knows the end from the kill it asked for.
 - A shell reports death by signal n as status 128 + n, which an exit with that
   status cannot be told apart from (the agent's description says both).
+- It writes its own pid first (`PID_FILE`): an agent that died between starting
+  it and checkpointing its pid finds it there after a restart, and stops it.
 - Cost: one dash process (about 1 MiB resident, under a millisecond of CPU,
   measured by `benchmarks.launch`) and one fork/exec more than the bare command.
 
@@ -25,9 +27,10 @@ from __future__ import annotations
 from dyad.messages import CommandInfo
 
 STATUS_FILE = ".dyad-exit-status"
+PID_FILE = ".dyad-shim-pid"  # beside the status file: its own pid, written first
 SHELL = "/bin/sh"
 # $0 is the status file, "$@" the task's argv.
-SCRIPT = 'trap : TERM\n"$@"\ns=$?\necho $s >"$0"\nexit $s\n'
+SCRIPT = f'trap : TERM\necho $$ >"${{0%/*}}/{PID_FILE}"\n"$@"\ns=$?\necho $s >"$0"\nexit $s\n'
 
 
 def wrap(command: CommandInfo, status_path: str) -> CommandInfo:

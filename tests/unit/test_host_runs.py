@@ -13,7 +13,7 @@ import pytest
 
 from agent import shim
 from agent.checkpoint import Recover, decode, encode
-from agent.containerizer import describe_command_exit, ended
+from agent.containerizer import describe_command_exit, ended, stop_unrecorded
 from agent.health import HealthCheckResult, RunHealthCheck
 from agent.host_runs import LOST_STATUS
 from agent.model import (
@@ -265,6 +265,20 @@ def test_sigterm_to_the_group_reaches_the_command_and_the_status_is_still_writte
     os.killpg(process.pid, signal.SIGTERM)  # what KillExecutor("TERM") does
     assert process.wait(10) == 128 + signal.SIGTERM
     assert ended(str(tmp_path / shim.STATUS_FILE)) == (143, describe_command_exit(143))
+    process.stdout.close()
+
+
+def test_a_run_whose_pid_was_never_checkpointed_is_found_by_its_pid_file_and_stopped(
+        tmp_path: Path) -> None:
+    process = shimmed(tmp_path, ["/bin/sh", "-c", "echo up; exec sleep 30"])
+    assert process.stdout is not None and process.stdout.readline() == b"up\n"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / shim.PID_FILE).write_text((tmp_path / shim.PID_FILE).read_text())
+    assert not stop_unrecorded(str(elsewhere))  # that pid works in another sandbox
+    assert not stop_unrecorded(str(tmp_path / "none"))
+    assert stop_unrecorded(str(tmp_path))
+    assert process.wait(10) == -signal.SIGKILL
     process.stdout.close()
 
 
