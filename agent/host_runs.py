@@ -105,5 +105,6 @@ class HostRuns(ContainerRuns):
                 executor, KillDue, now + self.config.executor_kill_delay)]
         for task in executor.launched.values():  # health is not checkpointed
             effects += self._start_direct_check(executor, task, now)
+        # RUNNING again (and TASK_RUNNING for a task that never had it, if any).
         return effects + self._direct_running(executor, "command started before the agent "
-                                              "restarted", now)  # RUNNING; no task queued
+                                              "restarted", now)

@@ -5,7 +5,9 @@ tasks sent as LaunchTask) -> TERMINATING (asked to stop; SIGTERM after the grace
 period, SIGKILL later) -> gone (process exit: its unfinished tasks fail, the
 master hears ExecutorExited). After an agent restart, runs whose process survived
 are RECOVERING until they re-register (-> RUNNING) or the re-registration timeout
-kills them.
+kills them. A direct run (a command task with no executor process, in a container
+or on the host) never registers: it is RUNNING once its process or container
+started, and its end is its task's (the shared steps are below).
 
 `AgentState` inherits these methods; they are kept apart so that the state
 machine reads in one sitting. They use the parts of `AgentState` declared at the
