@@ -233,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
             pids = [cluster.master.process.pid] + [a.process.pid for a in cluster.agent_children]
             cpu_before = [cpu_seconds(pid) for pid in pids]
             rss_before = [rss_mib(pid) for pid in pids]
+            framework_before = time.process_time()
             flood = asyncio.run(run_dyad(cluster, args.tasks))
+            framework_cpu = (time.process_time() - framework_before) / args.tasks
             cpu_spent = [cpu_seconds(pid) - b for pid, b in zip(pids, cpu_before)]
             rss_grown = [rss_mib(pid) - b for pid, b in zip(pids, rss_before)]
             master_rss = peak_rss_mib(cluster.master.process.pid)
@@ -269,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"holder per task: the shim: {holder_cpu * 1000:.2f} ms CPU beyond bare "
               f"{' '.join(COMMAND)}, {holder_rss:.1f} MiB peak RSS of its own")
     print(f"agent per task: {agents_cpu * 1000:.1f} ms CPU, {agents_rss * 1024:.0f} KiB RSS "
-          f"grown; master per task: {cpu_spent[0] / args.tasks * 1000:.1f} ms CPU")
+          f"grown; master per task: {cpu_spent[0] / args.tasks * 1000:.1f} ms CPU; "
+          f"framework (driver) per task: {framework_cpu * 1000:.1f} ms CPU")
     print(f"overhead per task beyond its own process (holder + agent): "
           f"{(holder_cpu + agents_cpu) * 1000:.1f} ms CPU, "
           f"{holder_rss + max(0.0, agents_rss):.1f} MiB RSS")
