@@ -536,8 +536,7 @@ class AgentServer:
     async def _launch(self, effect: LaunchExecutor) -> None:
         key = (effect.framework_id, effect.executor_id, effect.run_id)
         try:
-            if effect.uris:  # else the containerizer makes the sandbox, without a thread hop
-                await self.fetcher.fetch(effect.uris, effect.sandbox_dir)
+            await self.fetcher.fetch(effect.uris, effect.sandbox_dir)
         except FetchError as exc:
             log.warning("executor %s: %s", effect.executor_id, exc)
             self._events.put_nowait(ExecutorLaunchFailed(*key, str(exc), Reason.FETCH_FAILED))
