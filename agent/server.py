@@ -29,9 +29,8 @@ import zmq
 from aiohttp import web
 
 import agent
-from agent import access, api_v1, checkpoint, checkpoint_file, gc, volumes
+from agent import access, api_v1, checkpoint, checkpoint_file, gc, shim, volumes
 from agent.checkpoint import CheckpointError, Recover, SavedAgent
-from agent import shim
 from agent.containerizer import Containerizer, LaunchError, ended, stop_unrecorded
 from agent.containers_core import LaunchContainer, RemoveContainer
 from agent.docker import DEFAULT_PULL_TIMEOUT, DEFAULT_SOCKET
