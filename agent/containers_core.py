@@ -46,6 +46,7 @@ from dyad.messages import (
     URI,
     ExecutorInfo,
     Reason,
+    Source,
     TaskInfo,
     TaskState,
 )
@@ -231,8 +232,11 @@ class ContainerRuns(ExecutorRuns):
         effects: list[Effect] = []
         key = executor.key
         if executor.direct:
+            # The engine's word on what the command did, unless it never ran or the
+            # kernel killed it: then the agent's.
+            told = Source.AGENT if state.oom_killed or state.error else Source.EXECUTOR
             effects += self._end_direct(executor, TaskEnd(end.state, end.reason, end.message),
-                                        state.oom_killed, now)
+                                        state.oom_killed, now, told)
             effects += self._on_executor_gone(*key, state.exit_code, now)
         else:
             effects += self._on_executor_gone(*key, state.exit_code, now,

@@ -33,7 +33,7 @@ from agent.model import (
     TERMINATING, UNKNOWN_EXIT, AgentExecutor, ExecutorProcessExited, KillDue,
     LaunchExecutor, TaskEnd, UpdateLimits,
 )
-from dyad.messages import Reason, TaskInfo, TaskState
+from dyad.messages import Reason, Source, TaskInfo, TaskState
 
 if TYPE_CHECKING:
     from agent.state import Effect
@@ -74,7 +74,7 @@ class HostRuns(ContainerRuns):
             self._run_user(executor, task), status_file=path)
         return [start, *self._transition(executor, record, self._status_update(
             record.framework_id, task.task_id, executor.executor_id, TaskState.TASK_STARTING,
-            "", "", now), now)]
+            "", "", now, source=Source.EXECUTOR), now)]
 
     def _on_process_exited(self, event: ExecutorProcessExited, now: float) -> list[Effect]:
         executor = self.records.executor(event.framework_id, event.executor_id)
@@ -86,7 +86,9 @@ class HostRuns(ContainerRuns):
     def _host_exited(self, executor: AgentExecutor, status: int, description: str,
                      now: float) -> list[Effect]:
         end = host_ending(status, description or LOST_STATUS, executor.phase == TERMINATING)
-        return [*self._end_direct(executor, end, False, now),
+        # A status the agent could not learn is its own word, not the command's.
+        told = Source.AGENT if status == UNKNOWN_EXIT else Source.EXECUTOR
+        return [*self._end_direct(executor, end, False, now, told),
                 *self._on_executor_gone(*executor.key, status, now)]
 
     def _host_recovered(self, executor: AgentExecutor, was: str, event: Recover,

@@ -34,7 +34,8 @@ from agent.status_updates import SendMaster
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerKey, UnknownTimer
 from dyad.messages import (
     AgentInfo, ExecutorExited, ExecutorInfo, ExecutorRegistered, KillTask, LaunchTask, Reason,
-    RegisterExecutor, ReregisterExecutor, ShutdownExecutor, StatusUpdate, TaskInfo, TaskState,
+    RegisterExecutor, ReregisterExecutor, ShutdownExecutor, Source, StatusUpdate, TaskInfo,
+    TaskState,
 )
 from dyad.resources import Resources
 
@@ -72,7 +73,8 @@ class ExecutorRuns:
                         now: float) -> list[Effect]: ...
         def _status_update(self, framework_id: str, task_id: str, executor_id: str,
                            state: TaskState, reason: str, message: str, now: float,
-                           healthy: bool | None = None) -> StatusUpdate: ...
+                           healthy: bool | None = None,
+                           source: str = Source.AGENT) -> StatusUpdate: ...
         def _launch_container(self, executor: AgentExecutor,
                               task: TaskInfo) -> list[Effect]: ...
         def _launch_host(self, executor: AgentExecutor, task: TaskInfo,
@@ -139,7 +141,7 @@ class ExecutorRuns:
             executor.launched[task.task_id] = task
             effects += self._transition(executor, task, self._status_update(
                 task.framework_id, task.task_id, executor.executor_id, TaskState.TASK_RUNNING,
-                "", message, now), now)
+                "", message, now, source=Source.EXECUTOR), now)
             effects += self._start_direct_check(executor, task, now)
         return effects
 
@@ -156,17 +158,20 @@ class ExecutorRuns:
                                    executor.directory, self._task_env(executor, task), now,
                                    user)]
 
-    def _end_direct(self, executor: AgentExecutor, end: TaskEnd, forced: bool,
-                    now: float) -> list[Effect]:
-        """The run's process or container ended as `end`: so do its tasks, unless
-        the agent decided their end itself (`kill_as`) and the end is not `forced`
-        (a memory kill counts as the kernel's even then)."""
+    def _end_direct(self, executor: AgentExecutor, end: TaskEnd, forced: bool, now: float,
+                    source: str = Source.EXECUTOR) -> list[Effect]:
+        """The run's process or container ended as `end` (told as `source`: the
+        executor the agent plays, unless the agent itself knows the end): so do its
+        tasks, unless the agent decided their end itself (`kill_as`, told as the
+        agent's) and the end is not `forced` (a memory kill counts as the kernel's
+        even then)."""
         effects: list[Effect] = []
         for task in list(executor.live_tasks()):
-            outcome = end if forced or task.kill_as is None else task.kill_as
+            outcome, told = (end, source) if forced or task.kill_as is None else (
+                task.kill_as, Source.AGENT)
             effects += self._transition(executor, task, self._status_update(
                 task.framework_id, task.task_id, executor.executor_id, outcome.state,
-                outcome.reason, outcome.message, now), now)
+                outcome.reason, outcome.message, now, source=told), now)
         return effects
 
     def _stop_direct(self, executor: AgentExecutor, grace: float | None,
@@ -186,7 +191,8 @@ class ExecutorRuns:
         for task in list(executor.launched.values()):
             effects += self._transition(executor, task, self._status_update(
                 task.framework_id, task.task_id, executor.executor_id, TaskState.TASK_KILLING,
-                "", f"stopping {what}: SIGTERM, SIGKILL after {grace:g}s", now), now)
+                "", f"stopping {what}: SIGTERM, SIGKILL after {grace:g}s", now,
+                source=Source.EXECUTOR), now)
         return [*effects, KillExecutor(*executor.key, "TERM"),
                 *self._arm_executor_timer(executor, KillDue, now + grace)]
 

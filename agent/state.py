@@ -577,10 +577,12 @@ class AgentState(HostRuns):
 
     def _status_update(self, framework_id: str, task_id: str, executor_id: str,
                        state: TaskState, reason: str, message: str, now: float,
-                       healthy: bool | None = None) -> StatusUpdate:
+                       healthy: bool | None = None, source: str = Source.AGENT) -> StatusUpdate:
+        """An update the agent makes; `source` is SOURCE_EXECUTOR where the agent
+        plays a direct run's executor (its start, kill and end)."""
         return StatusUpdate(framework_id=framework_id, status=TaskStatus(
             task_id=task_id, state=state, reason=reason, message=message,
-            source=Source.AGENT, agent_id=self.agent_id or "", executor_id=executor_id,
+            source=source, agent_id=self.agent_id or "", executor_id=executor_id,
             uuid=self._new_id(), healthy=healthy, timestamp=now))
 
     # ------------------------------------------------------------------ health

@@ -23,7 +23,7 @@ from agent.model import (
 from dyad.effects import ArmTimer
 from dyad.messages import (
     CommandInfo, ExecutorExited, HealthCheck, HealthCheckType, KillTask, Reason,
-    RegisterExecutor, ShutdownExecutor, TaskInfo, TaskState, TaskStatus,
+    RegisterExecutor, ShutdownExecutor, Source, TaskInfo, TaskState, TaskStatus,
 )
 from dyad.resources import Resources
 from tests.unit.test_agent_state import Agent, of_type, to_master, to_peer
@@ -59,8 +59,9 @@ def started(agent: Agent, info: TaskInfo | None = None) -> list[Any]:
     info = info or task()
     agent.run(info)
     effects = agent(ExecutorStarted(*KEY, 4242, 1000.5))
-    assert [s.state for s in told(agent, info.task_id)] == [TaskState.TASK_STARTING,
-                                                             TaskState.TASK_RUNNING]
+    # Told as the task's executor's: the agent plays it.
+    assert [(s.state, s.source) for s in told(agent, info.task_id)] == [
+        (TaskState.TASK_STARTING, Source.EXECUTOR), (TaskState.TASK_RUNNING, Source.EXECUTOR)]
     return effects
 
 
@@ -123,6 +124,8 @@ def test_the_commands_exit_is_the_tasks_end(status: int, description: str, state
     effects = agent(ExecutorProcessExited(*KEY, status, description))
     (end,) = told(agent)
     assert (end.state, end.reason, end.message) == (state, reason, description)
+    # What the agent could not learn from the command is its own word.
+    assert end.source == (Source.AGENT if status == UNKNOWN_EXIT else Source.EXECUTOR)
     assert to_master(effects, ExecutorExited)[0].status == status
     assert not agent.state.frameworks
 
@@ -162,8 +165,8 @@ def test_a_failing_health_check_kills_the_task_and_it_ends_unhealthy() -> None:
     effects = agent(HealthCheckResult(probe.key, False, "connection refused"))
     assert of_type(effects, KillExecutor) == [KillExecutor(*KEY, "TERM")]
     agent(ExecutorProcessExited(*KEY, 143, describe_command_exit(143)))
-    states = [(s.state, s.reason) for s in told(agent)]
-    assert states[-1] == (TaskState.TASK_FAILED, Reason.TASK_UNHEALTHY)
+    states = [(s.state, s.reason, s.source) for s in told(agent)]
+    assert states[-1] == (TaskState.TASK_FAILED, Reason.TASK_UNHEALTHY, Source.AGENT)
 
 
 def test_a_kill_before_the_shim_started_abandons_the_launch() -> None:
