@@ -25,7 +25,7 @@ from typing import Any, Iterable, TypeVar
 
 import attrs
 
-from agent.model import AgentConfig, AgentExecutor, TaskEnd, AgentTask
+from agent.model import AgentConfig, AgentExecutor, AgentTask, ExecutorProcessExited, TaskEnd
 from dyad.codec import CodecError, from_json, to_json
 from dyad.messages import (
     ExecutorExited, ExecutorInfo, FrameworkInfo, StatusUpdate, TaskInfo, TaskState,
@@ -66,6 +66,7 @@ class SavedExecutor:
     pending_kills: dict[str, float | None] = attrs.field(factory=dict)
     container_id: str | None = None
     log_since_nanos: int = 0
+    host_direct: bool = False  # the agent runs the command itself (agent.host_runs)
 
 
 @attrs.frozen(kw_only=True)
@@ -97,7 +98,7 @@ def save_executor(executor: AgentExecutor) -> SavedExecutor:
         directory=executor.directory, is_command=executor.is_command, phase=executor.phase,
         pid=executor.pid, started=executor.started, tasks=tasks,
         pending_kills=dict(executor.pending_kills), container_id=executor.container_id,
-        log_since_nanos=executor.log_since_nanos)
+        log_since_nanos=executor.log_since_nanos, host_direct=executor.host_direct)
 
 
 def load_executor(saved: SavedExecutor, phase: str) -> AgentExecutor:
@@ -106,7 +107,8 @@ def load_executor(saved: SavedExecutor, phase: str) -> AgentExecutor:
                               saved.is_command, phase=phase, pid=saved.pid,
                               started=saved.started, pending_kills=dict(saved.pending_kills),
                               container_id=saved.container_id,
-                              log_since_nanos=saved.log_since_nanos)
+                              log_since_nanos=saved.log_since_nanos,
+                              host_direct=saved.host_direct)
     for task in saved.tasks:
         record = AgentTask(task.info, saved.framework_id, saved.info.executor_id, task.state,
                             task.status_uuid, set(task.seen_uuids), task.kill_as)
@@ -120,11 +122,14 @@ def load_executor(saved: SavedExecutor, phase: str) -> AgentExecutor:
 class Recover:
     """Event for `AgentState`: take over `saved`; `alive` holds the runs
     ``(framework_id, executor_id, run_id)`` whose process (or container) survived;
-    `containers` the container of each such run from an image."""
+    `containers` the container of each such run from an image; `exits` how each
+    direct run that ended while the agent was away ended, as its shim wrote it
+    down (a direct run neither alive nor here left no status: `agent.host_runs`)."""
 
     saved: SavedAgent
     alive: frozenset[tuple[str, str, str]] = frozenset()
     containers: dict[tuple[str, str, str], str] = attrs.field(factory=dict)
+    exits: dict[tuple[str, str, str], ExecutorProcessExited] = attrs.field(factory=dict)
 
 
 def meta_dir(work_dir: str) -> str:

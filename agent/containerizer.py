@@ -16,7 +16,9 @@ A run is either started here (`launch`: the agent's child, reaped with its exit
 status) or *adopted* after an agent restart (`adopt`: watched through a pidfd; it
 is no longer our child, so its exit status is unknown). Adoption checks the
 process start time, so a pid reused by something else is never taken for an
-executor.
+executor. A direct run (a command task the agent runs itself, `agent.host_runs`)
+runs under the shim (`agent.shim`), whose status file says how the command
+ended, adopted or not.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import psutil
 from dyad.processes import describe_exit as describe_process_exit
 from dyad.processes import signal_group
 
-from agent import users
+from agent import shim, users
 from agent.isolation import Isolator, IsolationError, PosixIsolator, processes
 from agent.model import UNKNOWN_EXIT, LaunchExecutor, Limits, RunKey, RunSample
 
@@ -44,7 +46,8 @@ SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
 # same value, a different one almost never within this.
 START_TIME_SLACK = 0.05
 
-OnExit = Callable[[RunKey, int, RunSample | None], None]
+OnExit = Callable[[RunKey, int, RunSample | None, str], None]
+SIGNAL_BASE = 128  # a shell reports death by signal n as status 128 + n
 
 
 class LaunchError(Exception):
@@ -58,6 +61,7 @@ class _Run:
     process: asyncio.subprocess.Process | None  # None when adopted
     waiter: asyncio.Future[None] | None = None
     seen: list[psutil.Process] = attrs.field(factory=list)  # at the last sample
+    status_file: str = ""  # a direct run's (agent.shim)
 
 
 def describe_exit(status: int) -> str:
@@ -67,10 +71,58 @@ def describe_exit(status: int) -> str:
     return describe_process_exit(status, "Executor")
 
 
+def describe_command_exit(status: int) -> str:
+    """How a direct run's command ended, from the status its shim wrote (or the
+    shim's own end when it wrote none)."""
+    if status == UNKNOWN_EXIT:
+        return "Command is gone and left no exit status (its shim was killed)"
+    if SIGNAL_BASE < status <= SIGNAL_BASE + 64:
+        try:
+            name = signal.Signals(status - SIGNAL_BASE).name
+        except ValueError:
+            name = str(status - SIGNAL_BASE)
+        return f"Command exited with status {status} (signal {name}, or an exit with that status)"
+    return describe_process_exit(status, "Command")
+
+
+def read_status(path: str) -> int | None:
+    """What a direct run's shim wrote, or None (no file, or nothing in it)."""
+    try:
+        with open(path) as handle:
+            return shim.parse_status(handle.read(16))
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def stop_unrecorded(sandbox: str) -> bool:
+    """SIGKILL the run of a direct task whose agent died between starting it and
+    checkpointing its pid: its shim wrote its pid in the sandbox first thing, and
+    a process by that pid working in that sandbox is it. True if one was killed."""
+    try:
+        with open(os.path.join(sandbox, shim.PID_FILE)) as handle:
+            pid = int(handle.read(16))
+        if os.path.realpath(psutil.Process(pid).cwd()) != os.path.realpath(sandbox):
+            return False
+    except (OSError, ValueError, psutil.Error):
+        return False
+    signal_group(pid, signal.SIGKILL)
+    log.warning("killed the unrecorded run in %s (pid %d): its agent died as it started it",
+                sandbox, pid)
+    return True
+
+
+def ended(path: str) -> tuple[int, str] | None:
+    """A direct run that ended while the agent was away: its status and how
+    that reads, or None if its shim wrote none."""
+    status = read_status(path)
+    return None if status is None else (status, describe_command_exit(status))
+
+
 class Containerizer:
-    """Runs executors; calls `on_exit(key, status, final_sample)` once per run when
-    its process ends (status < 0: killed by signal -status; `UNKNOWN_EXIT` for an
-    adopted run). `final_sample` is the isolator's last word on the run (it says
+    """Runs executors; calls `on_exit(key, status, final_sample, description)` once
+    per run when its process ends (status < 0: killed by signal -status;
+    `UNKNOWN_EXIT` for an adopted run; a direct run's: what its shim wrote, if it
+    wrote it). `final_sample` is the isolator's last word on the run (it says
     whether the kernel killed it for memory), or None."""
 
     def __init__(self, on_exit: OnExit, base_env: dict[str, str] | None = None,
@@ -129,7 +181,8 @@ class Containerizer:
             started = psutil.Process(process.pid).create_time()
         except psutil.Error:
             started = 0.0  # already gone; the reaper reports how it ended
-        run = self._runs[key] = _Run(process.pid, started, process)
+        run = self._runs[key] = _Run(process.pid, started, process,
+                                     status_file=effect.status_file)
         run.waiter = asyncio.ensure_future(self._reap(key, run))
         log.info("launched executor %s of framework %s: pid %d in %s (%s)", effect.executor_id,
                  effect.framework_id, process.pid, effect.sandbox_dir, self.isolator.name)
@@ -137,7 +190,7 @@ class Containerizer:
             self.kill(key, "KILL")
         return process.pid, started
 
-    def adopt(self, key: RunKey, pid: int, started: float) -> bool:
+    def adopt(self, key: RunKey, pid: int, started: float, status_file: str = "") -> bool:
         """Watch a run left by an earlier agent; False if that process is gone."""
         try:
             process = psutil.Process(pid)
@@ -148,7 +201,7 @@ class Containerizer:
             return False
         if not alive:
             return False
-        run = self._runs[key] = _Run(pid, started, None)
+        run = self._runs[key] = _Run(pid, started, None, status_file=status_file)
         run.waiter = asyncio.ensure_future(self._reap(key, run, descriptor))
         log.info("adopted executor %s (pid %d)", key[1], pid)
         return True
@@ -213,12 +266,21 @@ class Containerizer:
         else:
             status = UNKNOWN_EXIT
             await _readable(descriptor)
-        final = await asyncio.to_thread(self.isolator.sample, key, None)
+        final, written = await asyncio.to_thread(self._final, key, run.status_file)
         self._kill_everything(key, run, None)  # leftovers of a finished run
         await asyncio.to_thread(self.isolator.cleanup, key)
         del self._runs[key]
+        if run.status_file:
+            status = status if written is None else written
+            description = describe_command_exit(status)
+        else:
+            description = describe_exit(status)
         log.info("executor %s (pid %d) ended with status %d", key[1], run.pid, status)
-        self._on_exit(key, status, final)
+        self._on_exit(key, status, final, description)
+
+    def _final(self, key: RunKey, status_file: str) -> tuple[RunSample | None, int | None]:
+        return (self.isolator.sample(key, None),
+                read_status(status_file) if status_file else None)
 
 
 async def _readable(descriptor: int) -> None:

@@ -36,21 +36,17 @@ from agent.model import (
     RUNNING,
     TERMINATING,
     AgentExecutor,
-    AgentTask,
-    KillDue,
-    KillExecutor,
     RegistrationTimeout,
     TaskEnd,
 )
 from agent.runs import ExecutorRuns
-from dyad.containers import SANDBOX_MOUNT, ContainerInfo, Network
+from dyad.containers import SANDBOX_MOUNT, Network
 from dyad.volumes import DynamicResources
 from dyad.messages import (
     URI,
     ExecutorInfo,
-    HealthCheck,
-    HealthCheckType,
     Reason,
+    Source,
     TaskInfo,
     TaskState,
 )
@@ -143,28 +139,6 @@ class RemoveContainer:
 # -------------------------------------------------------------------------- rules
 
 
-def executor_info(task: TaskInfo, framework_id: str) -> ExecutorInfo:
-    """What a command task in a container runs as: no executor process, so the
-    record names the task's own command and container."""
-    assert task.command is not None and task.container is not None
-    return ExecutorInfo(executor_id=task.task_id, command=task.command,
-                        name=f"Container (Task: {task.task_id})", framework_id=framework_id,
-                        container=task.container)
-
-
-def health_check(container: ContainerInfo | None, check: HealthCheck) -> HealthCheck:
-    """Under BRIDGE an HTTP or TCP check of a container port goes to the host
-    port mapped to it (checks run from the host); any other port is taken as a
-    host port already."""
-    docker = container.docker if container else None
-    if docker is None or docker.network != Network.BRIDGE or check.type == HealthCheckType.COMMAND:
-        return check
-    for mapping in docker.port_mappings:
-        if mapping.container_port == check.port and mapping.protocol == "tcp":
-            return attrs.evolve(check, port=mapping.host_port)
-    return check
-
-
 class ContainerRuns(ExecutorRuns):
     """Container runs' launch, start, progress, kill, end and recovery."""
 
@@ -250,25 +224,7 @@ class ContainerRuns(ExecutorRuns):
             return self._arm_executor_timer(executor, RegistrationTimeout,
                                             now + self.config.executor_registration_timeout)
         log.info("task %s runs in container %s", executor.executor_id, container_id[:12])
-        executor.phase = RUNNING
-        effects: list[Effect] = []
-        for task in list(executor.queued.values()):
-            del executor.queued[task.task_id]
-            executor.launched[task.task_id] = task
-            effects += self._transition(executor, task, self._status_update(
-                task.framework_id, task.task_id, executor.executor_id, TaskState.TASK_RUNNING,
-                "", f"container {container_id[:12]} started", now), now)
-            effects += self._start_container_check(executor, task, now)
-        return effects
-
-    def _start_container_check(self, executor: AgentExecutor, task: AgentTask,
-                               now: float) -> list[Effect]:
-        check = task.info.health_check
-        if check is None or task.kill_as is not None or task.state != TaskState.TASK_RUNNING:
-            return []
-        return [*self.health.start(task.framework_id, task.task_id,
-                                   health_check(executor.info.container, check),
-                                   executor.directory, self._task_env(executor, task), now)]
+        return self._direct_running(executor, f"container {container_id[:12]} started", now)
 
     def _container_exited(self, executor: AgentExecutor, state: ContainerState,
                           now: float) -> list[Effect]:
@@ -276,11 +232,11 @@ class ContainerRuns(ExecutorRuns):
         effects: list[Effect] = []
         key = executor.key
         if executor.direct:
-            for task in list(executor.live_tasks()):
-                outcome = end if state.oom_killed or task.kill_as is None else task.kill_as
-                effects += self._transition(executor, task, self._status_update(
-                    task.framework_id, task.task_id, executor.executor_id, outcome.state,
-                    outcome.reason, outcome.message, now), now)
+            # The engine's word on what the command did, unless it never ran or the
+            # kernel killed it: then the agent's.
+            told = Source.AGENT if state.oom_killed or state.error else Source.EXECUTOR
+            effects += self._end_direct(executor, TaskEnd(end.state, end.reason, end.message),
+                                        state.oom_killed, now, told)
             effects += self._on_executor_gone(*key, state.exit_code, now)
         else:
             effects += self._on_executor_gone(*key, state.exit_code, now,
@@ -316,28 +272,6 @@ class ContainerRuns(ExecutorRuns):
                 "", summary, now), now)
         return effects
 
-    # ---------------------------------------------------------------- kills
-
-    def _stop_container(self, executor: AgentExecutor, grace: float | None,
-                        now: float) -> list[Effect]:
-        """Stop a direct run: SIGTERM now, SIGKILL after `grace` (else its task's
-        kill grace period, else the agent's kill delay). The exit reports the end."""
-        if executor.phase != RUNNING:
-            return []
-        if grace is None:
-            grace = max((t.info.kill_grace_period for t in executor.live_tasks()
-                         if t.info.kill_grace_period is not None),
-                        default=self.config.executor_kill_delay)
-        executor.phase = TERMINATING
-        self._changed()
-        effects: list[Effect] = []
-        for task in list(executor.launched.values()):
-            effects += self._transition(executor, task, self._status_update(
-                task.framework_id, task.task_id, executor.executor_id, TaskState.TASK_KILLING,
-                "", f"stopping container: SIGTERM, SIGKILL after {grace:g}s", now), now)
-        return [*effects, KillExecutor(*executor.key, "TERM"),
-                *self._arm_executor_timer(executor, KillDue, now + grace)]
-
     # -------------------------------------------------------------- recovery
 
     def _container_recovered(self, executor: AgentExecutor, container_id: str | None,
@@ -352,6 +286,6 @@ class ContainerRuns(ExecutorRuns):
         executor.phase = RUNNING
         effects: list[Effect] = []
         for task in executor.launched.values():
-            effects += self._start_container_check(executor, task, now)
+            effects += self._start_direct_check(executor, task, now)
         return effects
 

@@ -10,18 +10,44 @@ import attrs
 from agent.model import (
     COMMAND_EXECUTOR_MODULE, AgentConfig, AgentExecutor, AgentTask, LaunchExecutor,
 )
-from dyad.messages import CommandInfo, ExecutorInfo, TaskInfo
+from dyad.containers import ContainerInfo, Network
+from dyad.messages import CommandInfo, ExecutorInfo, HealthCheck, HealthCheckType, TaskInfo
 
 
 def executor_info_for(config: AgentConfig, framework_id: str, task: TaskInfo) -> ExecutorInfo:
     if task.executor is not None:
         return attrs.evolve(task.executor, framework_id=framework_id)
+    if task.container is not None or config.command_tasks == "direct":
+        return direct_info(task, framework_id)
     # A plain command runs under the built-in command executor, one per task,
     # with the task's id and no resources of its own (docs/protocol.md).
     command = CommandInfo(argv=[config.python, "-m", COMMAND_EXECUTOR_MODULE])
     return ExecutorInfo(executor_id=task.task_id, command=command,
                         name=f"Command Executor (Task: {task.task_id})",
                         framework_id=framework_id)
+
+
+def direct_info(task: TaskInfo, framework_id: str) -> ExecutorInfo:
+    """What a command task the agent runs itself is recorded as (a direct run: no
+    executor process): the task's own command, and container if it has one."""
+    assert task.command is not None
+    kind = "Container" if task.container is not None else "Command"
+    return ExecutorInfo(executor_id=task.task_id, command=task.command,
+                        name=f"{kind} (Task: {task.task_id})", framework_id=framework_id,
+                        container=task.container)
+
+
+def health_check(container: ContainerInfo | None, check: HealthCheck) -> HealthCheck:
+    """Under BRIDGE an HTTP or TCP check of a container port goes to the host
+    port mapped to it (checks run from the host); any other port is taken as a
+    host port already."""
+    docker = container.docker if container else None
+    if docker is None or docker.network != Network.BRIDGE or check.type == HealthCheckType.COMMAND:
+        return check
+    for mapping in docker.port_mappings:
+        if mapping.container_port == check.port and mapping.protocol == "tcp":
+            return attrs.evolve(check, port=mapping.host_port)
+    return check
 
 
 def executor_env(config: AgentConfig, agent_id: str | None,

@@ -2,7 +2,8 @@
 pure functions of one executor record, used by `AgentState`.
 
 A run's limits are its executor's resources plus its live tasks'; the built-in
-command executor gets room for itself on top (`COMMAND_EXECUTOR_*`), and a run
+command executor gets room for itself on top (`COMMAND_EXECUTOR_*`; a direct run's
+shim needs none worth a limit), and a run
 that asked for no memory is not memory-limited. Under cgroups the kernel enforces
 and reports (`RunSample.oom`); under posix the agent compares the summed RSS of
 the process tree with the limit itself.
@@ -21,7 +22,7 @@ def limits(executor: AgentExecutor) -> Limits:
     parts = [executor.info.resources, *(t.info.resources for t in executor.live_tasks())]
     cpus = sum(part.get("cpus") for part in parts)
     mem_mb = sum(part.get("mem") for part in parts)
-    if executor.is_command and executor.info.container is None:
+    if executor.is_command and not executor.direct:
         cpus += COMMAND_EXECUTOR_CPUS if cpus else 0.0
         mem_mb += COMMAND_EXECUTOR_MEM_MB if mem_mb else 0.0
     revocable = sum(t.info.resources.get("cpus") for t in executor.live_tasks()
@@ -65,6 +66,7 @@ def memory_problem(executor: AgentExecutor, sample: RunSample, isolation: str) -
         sample.mem_rss_bytes
     allowance = (f" ({mib(limit - COMMAND_EXECUTOR_MEM_MB * MIB)} for the task + "
                  f"{COMMAND_EXECUTOR_MEM_MB} MiB for the command executor)"
-                 if executor.is_command and limit else "")
-    return (f"Memory limit exceeded: executor {executor.executor_id} used {mib(used)} "
+                 if executor.is_command and not executor.direct and limit else "")
+    run = "task" if executor.direct else "executor"
+    return (f"Memory limit exceeded: {run} {executor.executor_id} used {mib(used)} "
             f"({sample.processes} processes), its limit is {mib(limit)}{allowance}")

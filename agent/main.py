@@ -27,7 +27,7 @@ from agent.container_spec import DockerConfig
 from agent.detect import DETECTED_KINDS, resolve_resources
 from agent.docker import DEFAULT_PULL_TIMEOUT, DEFAULT_SOCKET, EngineUnavailable
 from agent.isolation import IsolationError, Isolator, detect
-from agent.model import CONTAINERIZERS, AgentConfig
+from agent.model import COMMAND_TASKS, CONTAINERIZERS, AgentConfig
 from agent.qos import QosConfig
 from agent.reclaim import ReclaimConfig
 from agent.server import AgentOptions, AgentServer
@@ -63,6 +63,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="time an executor gets to stop (plus its tasks' kill grace periods)")
     p.add_argument("--recovery-timeout", type=argtypes.duration, default=15 * 60.0,
                    help="executors shut themselves down when the agent stays away this long")
+    p.add_argument("--command-tasks", choices=COMMAND_TASKS, default="direct",
+                   help="how a plain command task runs: direct (default: by the agent itself "
+                   "under a /bin/sh shim, no process of its own) or executor (under a Python "
+                   "command executor of its own, ~50 MiB each); docs/agent.md")
     p.add_argument("--isolation", choices=["cgroups", "posix"], default=None,
                    help="resource isolation (default: cgroups if writable, else posix)")
     p.add_argument("--cgroups-root", default="dyad", help="cgroup under which runs live")
@@ -188,6 +192,7 @@ def _config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> AgentC
     return AgentConfig(hostname=args.hostname, ip=args.ip, port=args.port,
                        executor_port=args.executor_port, work_dir=work_dir,
                        resources=resources, python=sys.executable,
+                       command_tasks=args.command_tasks,
                        attributes=args.attributes,
                        executor_registration_timeout=args.executor_registration_timeout,
                        executor_reregistration_timeout=args.executor_reregistration_timeout,

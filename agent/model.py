@@ -36,6 +36,9 @@ MIB = 1024 * 1024
 UNKNOWN_EXIT = -256
 
 ISOLATIONS = ("posix", "cgroups")
+# How a plain command task runs (docs/agent.md): "direct", by the agent itself under
+# a /bin/sh shim (agent.host_runs), or under a Python command executor of its own.
+COMMAND_TASKS = ("direct", "executor")
 CONTAINERIZERS = ("process", "docker")
 
 RunKey = tuple[str, str, str]  # (framework_id, executor_id, run_id)
@@ -80,7 +83,8 @@ class ExecutorStarted:
 @attrs.frozen
 class ExecutorProcessExited:
     """`status` is the exit code, minus the signal number that ended it, or
-    `UNKNOWN_EXIT` for an adopted executor. `description` is how the shell names
+    `UNKNOWN_EXIT` for an adopted executor; for a direct run it is its command's,
+    as the shim wrote it down (agent.host_runs). `description` is how the shell names
     the end ("Executor terminated by signal SIGKILL", see
     `agent.containerizer.describe_exit`): naming signals takes the OS, which the
     core does not touch."""
@@ -183,6 +187,9 @@ class LaunchExecutor:
     uris: tuple[URI, ...] = ()
     limits: Limits = Limits()
     user: str = ""  # the Unix user to run as (agent.users); "": the agent's own
+    # A direct run (agent.host_runs): `command` is the task's own under the shim,
+    # which writes its exit status here; the status reported is the file's.
+    status_file: str = ""
 
 
 @attrs.frozen
@@ -283,6 +290,8 @@ class AgentConfig:
     work_dir: str
     resources: Resources
     python: str  # interpreter for the command executor (the agent's own)
+    command_tasks: str = attrs.field(default="direct",
+                                     validator=attrs.validators.in_(COMMAND_TASKS))
     attributes: dict[str, str] = attrs.field(factory=dict)
     version: str = "0.1.0"
     pid: int = 0
@@ -367,6 +376,7 @@ class AgentExecutor:
     status: int | None = None  # exit status once gone
     container_id: str | None = None  # a run from an image, once its container started
     log_since_nanos: int = 0  # engine time of the last log line copied into the sandbox
+    host_direct: bool = False  # a command task the agent runs itself (agent.host_runs)
 
     @property
     def executor_id(self) -> str:
@@ -374,9 +384,9 @@ class AgentExecutor:
 
     @property
     def direct(self) -> bool:
-        """A command task in a container: no executor process, the agent plays
-        its executor (agent.containers_core)."""
-        return self.is_command and self.info.container is not None
+        """A command task with no executor process: the agent plays its executor,
+        in a container (agent.containers_core) or on the host (agent.host_runs)."""
+        return self.is_command and (self.info.container is not None or self.host_direct)
 
     @property
     def key(self) -> RunKey:

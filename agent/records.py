@@ -42,7 +42,14 @@ class Records:
 
     def find(self, framework_id: str, task_id: str) -> tuple[AgentExecutor, AgentTask] | None:
         framework = self.frameworks.get(framework_id)
-        for executor in framework.executors.values() if framework else ():
+        if framework is None:
+            return None
+        # A command task's run bears its id: found at once among thousands of runs.
+        own = framework.executors.get(task_id)
+        task = own.find(task_id) if own is not None else None
+        if own is not None and task is not None:
+            return own, task
+        for executor in framework.executors.values():
             task = executor.find(task_id)
             if task is not None:
                 return executor, task
@@ -125,12 +132,13 @@ class Records:
                 assert executor.executor_id == executor_id
                 assert executor.framework_id == framework_id
                 assert executor.phase in (*LIVE_PHASES, TERMINATING), executor.phase
-                # A direct container run has no executor to register (and so no
-                # registration timer); any run from an image pulls untimed.
+                # A direct run has no executor to register (and so no registration
+                # timer); any run from an image pulls untimed.
                 assert (executor.phase == RUNNING) <= (executor.peer is not None
                                                        or executor.direct)
                 assert (executor.phase in (LAUNCHING, RECOVERING)) <= (
-                    executor.timer is not None or executor.info.container is not None)
+                    executor.timer is not None or executor.info.container is not None
+                    or executor.direct)
                 assert executor.limits == limits.limits(executor), executor
                 assert not executor.pending_kills or executor.phase == RECOVERING
                 if executor.peer is not None:

@@ -5,7 +5,9 @@ tasks sent as LaunchTask) -> TERMINATING (asked to stop; SIGTERM after the grace
 period, SIGKILL later) -> gone (process exit: its unfinished tasks fail, the
 master hears ExecutorExited). After an agent restart, runs whose process survived
 are RECOVERING until they re-register (-> RUNNING) or the re-registration timeout
-kills them.
+kills them. A direct run (a command task with no executor process, in a container
+or on the host) never registers: it is RUNNING once its process or container
+started, and its end is its task's (the shared steps are below).
 
 `AgentState` inherits these methods; they are kept apart so that the state
 machine reads in one sitting. They use the parts of `AgentState` declared at the
@@ -32,7 +34,8 @@ from agent.status_updates import SendMaster
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerKey, UnknownTimer
 from dyad.messages import (
     AgentInfo, ExecutorExited, ExecutorInfo, ExecutorRegistered, KillTask, LaunchTask, Reason,
-    RegisterExecutor, ReregisterExecutor, ShutdownExecutor, StatusUpdate, TaskInfo, TaskState,
+    RegisterExecutor, ReregisterExecutor, ShutdownExecutor, Source, StatusUpdate, TaskInfo,
+    TaskState,
 )
 from dyad.resources import Resources
 
@@ -70,17 +73,21 @@ class ExecutorRuns:
                         now: float) -> list[Effect]: ...
         def _status_update(self, framework_id: str, task_id: str, executor_id: str,
                            state: TaskState, reason: str, message: str, now: float,
-                           healthy: bool | None = None) -> StatusUpdate: ...
+                           healthy: bool | None = None,
+                           source: str = Source.AGENT) -> StatusUpdate: ...
         def _launch_container(self, executor: AgentExecutor,
                               task: TaskInfo) -> list[Effect]: ...
-        def _stop_container(self, executor: AgentExecutor, grace: float | None,
-                            now: float) -> list[Effect]: ...
+        def _launch_host(self, executor: AgentExecutor, task: TaskInfo,
+                         now: float) -> list[Effect]: ...
 
     def _new_executor(self, framework: AgentFramework, info: ExecutorInfo,
                       is_command: bool) -> AgentExecutor:
         run_id = self._new_id()
         directory = run_directory(self.config.work_dir, framework.id, info.executor_id, run_id)
-        executor = AgentExecutor(framework.id, info, run_id, directory, is_command)
+        host_direct = (is_command and info.container is None
+                       and self.config.command_tasks == "direct")
+        executor = AgentExecutor(framework.id, info, run_id, directory, is_command,
+                                 host_direct=host_direct)
         framework.executors[info.executor_id] = executor
         return executor
 
@@ -89,6 +96,8 @@ class ExecutorRuns:
         executor.limits = limits.limits(executor)
         if executor.info.container is not None:  # no registration timer while pulling
             return self._launch_container(executor, task)
+        if executor.host_direct:  # nothing to register: the agent runs the command
+            return self._launch_host(executor, task, now)
         return [launch.launch(self.config, self.agent_id, executor, task,
                               self._run_user(executor, task)),
                 *self._arm_executor_timer(executor, RegistrationTimeout,
@@ -104,13 +113,88 @@ class ExecutorRuns:
             return []
         return [UpdateLimits(*executor.key, new)]
 
-    def _on_started(self, event: ExecutorStarted) -> list[Effect]:
+    def _on_started(self, event: ExecutorStarted, now: float) -> list[Effect]:
+        """The run's process exists. Its pid and start time are checkpointed before
+        a direct run's TASK_RUNNING goes out, so a restarted agent finds it."""
         executor = self.records.executor(event.framework_id, event.executor_id)
-        if executor is not None and executor.run_id == event.run_id:
-            executor.pid = event.pid
-            executor.started = event.started
-            self._changed()
-        return []
+        if executor is None or executor.run_id != event.run_id:
+            return []
+        executor.pid = event.pid
+        executor.started = event.started
+        self._changed()
+        if executor.host_direct and executor.phase == LAUNCHING:
+            return self._direct_running(executor, f"command started as pid {event.pid}", now)
+        return []  # an executor: it registers; a direct run being killed: its exit follows
+
+    # ------------------------------------------------------------ direct runs
+    # A command task without an executor process, in a container (agent.containers_core)
+    # or on the host (agent.host_runs): the agent plays its executor.
+
+    def _direct_running(self, executor: AgentExecutor, message: str,
+                        now: float) -> list[Effect]:
+        """The run's process or container started: its tasks are TASK_RUNNING and
+        their health checks start."""
+        executor.phase = RUNNING
+        effects: list[Effect] = []
+        for task in list(executor.queued.values()):
+            del executor.queued[task.task_id]
+            executor.launched[task.task_id] = task
+            effects += self._transition(executor, task, self._status_update(
+                task.framework_id, task.task_id, executor.executor_id, TaskState.TASK_RUNNING,
+                "", message, now, source=Source.EXECUTOR), now)
+            effects += self._start_direct_check(executor, task, now)
+        return effects
+
+    def _start_direct_check(self, executor: AgentExecutor, task: AgentTask,
+                            now: float) -> list[Effect]:
+        check = task.info.health_check
+        if check is None or task.kill_as is not None or task.state != TaskState.TASK_RUNNING:
+            return []
+        container = executor.info.container
+        # A COMMAND check runs as the task's user on the host; in a container, inside it.
+        user = "" if container is not None else self._run_user(executor, task.info)
+        return [*self.health.start(task.framework_id, task.task_id,
+                                   launch.health_check(container, check),
+                                   executor.directory, self._task_env(executor, task), now,
+                                   user)]
+
+    def _end_direct(self, executor: AgentExecutor, end: TaskEnd, forced: bool, now: float,
+                    source: str = Source.EXECUTOR) -> list[Effect]:
+        """The run's process or container ended as `end` (told as `source`: the
+        executor the agent plays, unless the agent itself knows the end): so do its
+        tasks, unless the agent decided their end itself (`kill_as`, told as the
+        agent's) and the end is not `forced` (a memory kill counts as the kernel's
+        even then)."""
+        effects: list[Effect] = []
+        for task in list(executor.live_tasks()):
+            outcome, told = (end, source) if forced or task.kill_as is None else (
+                task.kill_as, Source.AGENT)
+            effects += self._transition(executor, task, self._status_update(
+                task.framework_id, task.task_id, executor.executor_id, outcome.state,
+                outcome.reason, outcome.message, now, source=told), now)
+        return effects
+
+    def _stop_direct(self, executor: AgentExecutor, grace: float | None,
+                     now: float) -> list[Effect]:
+        """Stop a direct run: SIGTERM now, SIGKILL after `grace` (else its task's
+        kill grace period, else the agent's kill delay). The exit reports the end."""
+        if executor.phase != RUNNING:
+            return []
+        if grace is None:
+            grace = max((t.info.kill_grace_period for t in executor.live_tasks()
+                         if t.info.kill_grace_period is not None),
+                        default=self.config.executor_kill_delay)
+        executor.phase = TERMINATING
+        self._changed()
+        what = "container" if executor.info.container is not None else "command"
+        effects: list[Effect] = []
+        for task in list(executor.launched.values()):
+            effects += self._transition(executor, task, self._status_update(
+                task.framework_id, task.task_id, executor.executor_id, TaskState.TASK_KILLING,
+                "", f"stopping {what}: SIGTERM, SIGKILL after {grace:g}s", now,
+                source=Source.EXECUTOR), now)
+        return [*effects, KillExecutor(*executor.key, "TERM"),
+                *self._arm_executor_timer(executor, KillDue, now + grace)]
 
     def _on_register_executor(self, peer: str, msg: RegisterExecutor | ReregisterExecutor,
                               now: float) -> list[Effect]:
@@ -257,9 +341,9 @@ class ExecutorRuns:
     def _shutdown_executor(self, executor: AgentExecutor, now: float) -> list[Effect]:
         """Ask a registered executor to stop (SIGTERM after the grace period); an
         unregistered one cannot be asked, so it gets SIGTERM at once. SIGKILL follows.
-        A direct container run (no executor) is stopped with its tasks' grace."""
+        A direct run (no executor) is stopped with its tasks' grace."""
         if executor.direct and executor.phase == RUNNING:
-            return self._stop_container(executor, None, now)
+            return self._stop_direct(executor, None, now)
         if executor.phase == RUNNING:
             executor.phase = TERMINATING
             self._changed()

@@ -29,9 +29,9 @@ import zmq
 from aiohttp import web
 
 import agent
-from agent import access, api_v1, checkpoint, checkpoint_file, gc, volumes
+from agent import access, api_v1, checkpoint, checkpoint_file, gc, shim, volumes
 from agent.checkpoint import CheckpointError, Recover, SavedAgent
-from agent.containerizer import Containerizer, LaunchError, describe_exit
+from agent.containerizer import Containerizer, LaunchError, ended, stop_unrecorded
 from agent.containers_core import LaunchContainer, RemoveContainer
 from agent.docker import DEFAULT_PULL_TIMEOUT, DEFAULT_SOCKET
 from agent.docker_runner import DockerRunner, connect
@@ -67,6 +67,7 @@ log = logging.getLogger(__name__)
 FAREWELL_LINGER_MS = 1000
 LOOP_RESTART_DELAY = 0.5
 ERROR_LOG_INTERVAL = 60.0  # seconds: one line per failing peer or loop per minute
+CORE_BATCH = 256  # events handled before their effects are performed (`_run_core`)
 
 
 @attrs.frozen(kw_only=True)
@@ -302,10 +303,21 @@ class AgentServer:
 
     async def _recover(self, saved: SavedAgent) -> None:
         keys = [(e.framework_id, e.info.executor_id, e.run_id) for e in saved.executors]
+        status_files = {key: f"{e.directory}/{shim.STATUS_FILE}" if e.host_direct else ""
+                        for key, e in zip(keys, saved.executors)}
         alive = frozenset(
             key for key, e in zip(keys, saved.executors)
             if e.pid is not None and e.started is not None
-            and self._containerizer.adopt(key, e.pid, e.started))
+            and self._containerizer.adopt(key, e.pid, e.started, status_files[key]))
+        # A direct run that ended while we were away: its shim wrote down how.
+        exits: dict[RunKey, ExecutorProcessExited] = {}
+        for key, e in zip(keys, saved.executors):
+            if key in alive or not e.host_direct:
+                continue
+            if e.pid is None:  # we died as we started it: nobody knows it, so it must go
+                await asyncio.to_thread(stop_unrecorded, e.directory)
+            elif found := await asyncio.to_thread(ended, status_files[key]):
+                exits[key] = ExecutorProcessExited(*key, *found)
         if self._executor_keys is not None:
             for key, e in zip(keys, saved.executors):
                 if key in alive:
@@ -318,7 +330,7 @@ class AgentServer:
             alive |= found
         log.info("recovering agent %s: %d of %d executors still running", saved.agent_id,
                  len(alive), len(saved.executors))
-        self._events.put_nowait(Recover(saved, alive, containers))
+        self._events.put_nowait(Recover(saved, alive, containers, exits))
 
     async def stop(self) -> None:
         """Shut down every executor (grace, SIGTERM, SIGKILL), then close. Idempotent."""
@@ -387,14 +399,25 @@ class AgentServer:
     # ------------------------------------------------------------------- events
 
     async def _run_core(self) -> None:
+        """Handle what is queued in one batch (up to `CORE_BATCH` events), then
+        perform the batch's effects in order after a single checkpoint, if any
+        event asked for one. A group commit: every effect still follows a written
+        state at least as new as the one it depends on, and a flood of events (500
+        tasks launched at once) costs a checkpoint per batch, not one per event."""
         while True:
-            event = await self._events.get()
-            try:
-                effects = self.state.handle(event, self._clock.now())
-            except Exception:  # a core bug must not take the agent down; it is counted
-                self.state.counters["handler_errors"] += 1
-                self._errors.exception(("core", type(event)), "agent core failed on %r", event)
-                continue
+            events = [await self._events.get()]
+            while len(events) < CORE_BATCH and not self._events.empty():
+                events.append(self._events.get_nowait())
+            effects: list[Any] = []
+            for event in events:
+                try:
+                    effects += self.state.handle(event, self._clock.now())
+                except Exception:  # a core bug must not take the agent down; it is counted
+                    self.state.counters["handler_errors"] += 1
+                    self._errors.exception(("core", type(event)), "agent core failed on %r",
+                                           event)
+            if any(isinstance(effect, Checkpoint) for effect in effects):
+                effects = [Checkpoint(), *(e for e in effects if not isinstance(e, Checkpoint))]
             for effect in effects:
                 try:
                     await self._perform(effect)
@@ -435,12 +458,13 @@ class AgentServer:
                 self._errors.exception(("receive", source),
                                        "a frame on the %s socket could not be received", source)
 
-    def _on_process_exit(self, key: RunKey, status: int, final: RunSample | None) -> None:
+    def _on_process_exit(self, key: RunKey, status: int, final: RunSample | None,
+                         description: str) -> None:
         if final is not None and final.oom:  # the kernel ended it: say why first
             self._events.put_nowait(UsageSampled((final,), tuple(self.fetcher.cache.uris)))
         if self._executor_keys is not None:
             self._executor_keys.forget(key)
-        self._events.put_nowait(ExecutorProcessExited(*key, status, describe_exit(status)))
+        self._events.put_nowait(ExecutorProcessExited(*key, status, description))
 
     def _detect(self) -> None:
         self._leaders.detect_again()
@@ -521,7 +545,8 @@ class AgentServer:
             return
         finally:
             self._fetching.pop(key, None)
-        if self._executor_keys is not None:
+        # A direct run (status_file set) has no executor to connect: no keys to hand out.
+        if self._executor_keys is not None and not effect.status_file:
             try:
                 env = await asyncio.to_thread(self._executor_keys.issue, key, effect.sandbox_dir)
             except OSError as exc:

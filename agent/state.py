@@ -35,12 +35,11 @@ import attrs
 
 from agent import checkpoint, launch, limits, persistent, views
 from agent.checkpoint import Recover, SavedAgent
-from agent.containers_core import (
-    ContainerEvent, ContainerRuns, LaunchContainer, RemoveContainer, executor_info,
-)
+from agent.containers_core import ContainerEvent, LaunchContainer, RemoveContainer
 from agent.health import (
     HealthChanged, HealthCheckResult, HealthChecker, HealthRound, RunHealthCheck,
 )
+from agent.host_runs import HostRuns
 from agent.master_link import MasterLink, MasterSilent, RegisterRetry
 from agent.oversubscription import Oversubscription, as_resources
 from agent.model import (
@@ -79,7 +78,7 @@ Effect = (SendMaster | Send | LaunchExecutor | KillExecutor | UpdateLimits | Run
           | persistent.CreateVolume | persistent.DestroyVolume | persistent.MountVolumes)
 
 
-class AgentState(ContainerRuns):
+class AgentState(HostRuns):
     """One agent's executors, tasks and master link. See the module docstring."""
 
     def __init__(self, config: AgentConfig, new_id: Callable[[], str] = new_uuid) -> None:
@@ -130,10 +129,9 @@ class AgentState(ContainerRuns):
         if isinstance(event, TimerFired):
             return self._on_timer(event.key, now)
         if isinstance(event, ExecutorStarted):
-            return self._on_started(event)
+            return self._on_started(event, now)
         if isinstance(event, ExecutorProcessExited):
-            return self._on_executor_gone(event.framework_id, event.executor_id, event.run_id,
-                                          event.status, now, message=event.description)
+            return self._on_process_exited(event, now)
         if isinstance(event, ExecutorLaunchFailed):
             # 127 is what a shell reports when a command cannot be executed.
             return self._on_executor_gone(event.framework_id, event.executor_id, event.run_id,
@@ -356,8 +354,7 @@ class AgentState(ContainerRuns):
         except InvalidId as exc:
             return self._agent_update(framework_id, task.task_id, executor_id,
                                       TaskState.TASK_ERROR, Reason.TASK_INVALID, str(exc), now)
-        info = (executor_info(task, framework_id) if task.container and task.command
-                else launch.executor_info_for(self.config, framework_id, task))
+        info = launch.executor_info_for(self.config, framework_id, task)
         if self.shutting_down:
             return self._agent_update(framework_id, task.task_id, info.executor_id,
                                       TaskState.TASK_LOST, Reason.AGENT_RESTARTED,
@@ -469,7 +466,7 @@ class AgentState(ContainerRuns):
         if task.task_id not in executor.launched:
             return []  # terminal already; its update is on its way
         if executor.direct:
-            return self._stop_container(executor, msg.kill_grace_period, now)
+            return self._stop_direct(executor, msg.kill_grace_period, now)
         effects: list[Effect] = [*self.health.stop(task.framework_id, task.task_id)]
         if executor.phase == RECOVERING:
             executor.pending_kills[task.task_id] = msg.kill_grace_period
@@ -498,7 +495,7 @@ class AgentState(ContainerRuns):
         self._changed()
         effects: list[Effect] = [*self.health.stop(task.framework_id, task.task_id)]
         if executor.direct:
-            return effects + self._stop_container(executor, None, now)
+            return effects + self._stop_direct(executor, None, now)
         if executor.phase == RUNNING and executor.peer is not None:
             effects.append(Send(executor.peer, KillTask(
                 framework_id=task.framework_id, task_id=task.task_id,
@@ -580,10 +577,12 @@ class AgentState(ContainerRuns):
 
     def _status_update(self, framework_id: str, task_id: str, executor_id: str,
                        state: TaskState, reason: str, message: str, now: float,
-                       healthy: bool | None = None) -> StatusUpdate:
+                       healthy: bool | None = None, source: str = Source.AGENT) -> StatusUpdate:
+        """An update the agent makes; `source` is SOURCE_EXECUTOR where the agent
+        plays a direct run's executor (its start, kill and end)."""
         return StatusUpdate(framework_id=framework_id, status=TaskStatus(
             task_id=task_id, state=state, reason=reason, message=message,
-            source=Source.AGENT, agent_id=self.agent_id or "", executor_id=executor_id,
+            source=source, agent_id=self.agent_id or "", executor_id=executor_id,
             uuid=self._new_id(), healthy=healthy, timestamp=now))
 
     # ------------------------------------------------------------------ health
@@ -688,10 +687,13 @@ class AgentState(ContainerRuns):
         phases = {(s.framework_id, s.info.executor_id): s.phase for s in saved.executors}
         for executor in list(self.records.executors()):
             was = phases[(executor.framework_id, executor.executor_id)]
-            if executor.key not in event.alive:
+            if executor.host_direct and executor.pid is not None:
+                effects += self._host_recovered(executor, was, event, now)
+            elif executor.key not in event.alive:
                 effects += self._on_executor_gone(
                     *executor.key, UNKNOWN_EXIT, now, reason=Reason.EXECUTOR_TERMINATED,
                     message=("container vanished" if executor.info.container else
+                             "command did not start" if executor.host_direct else
                              "executor ended") + " while the agent was down")
             elif was == TERMINATING:
                 executor.phase = TERMINATING  # it was being stopped: finish the job

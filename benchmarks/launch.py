@@ -1,21 +1,26 @@
 """Launch throughput through a real master and real agents.
 
+    python -m benchmarks.launch --agents 1 --tasks 500       # issue 19's goal
+    python -m benchmarks.launch --command-tasks executor --tasks 60 --slots 4
     python -m benchmarks.launch [--agents 3] [--tasks 300] [--slots 8] [--usage-store off]
     python -m benchmarks.launch --containerizer docker [--agents 1] [--tasks 60]
 
 Starts `dyad local`-style processes, runs a framework that launches `--tasks`
-command tasks (`true`) as fast as offers allow, and prints:
+command tasks (`/bin/true`) as fast as offers allow -- by default all at once
+(each agent holds `--slots` tasks; default: all of them) -- and prints:
 
 - tasks launched and finished per second (first accept to last TASK_FINISHED);
-- the median and p90 accept -> TASK_RUNNING latency;
-- the master's peak RSS (VmHWM);
-- two references measured in the same run, with the same parallelism and without
-  Dyad: fork/exec of the task's own command (`sh -c true` from Python), the floor a
-  task launcher can reach; and bare executor-like process starts (the Python
-  interpreter plus the command executor's imports plus `sh -c true`), what every
-  Dyad command task costs at least while it has a Python executor of its own;
-- what one command executor costs to start: CPU seconds and peak RSS of a process
-  that imports it (mean of a few), against a bare `python -c pass`.
+- the reference measured in the same run, with the same parallelism and without
+  Dyad: fork/exec of the task's own command (`/bin/true` from Python's
+  `subprocess`), the floor a task launcher can reach, and the ratio to it;
+- the per-task overhead beyond the task's own process: what the agents and the
+  master spent per task (CPU seconds from /proc, and resident memory grown), and
+  what holds each task besides its command -- the shim of a direct run (its CPU
+  beyond bare `/bin/true` and its own peak RSS, mean of a few), or, with
+  ``--command-tasks executor``, one Python command executor (the CPU and peak RSS
+  of a process that imports it, against a bare `python -c pass`) plus a second
+  reference of bare executor-like process starts;
+- the median and p90 accept -> TASK_RUNNING latency, and the master's peak RSS.
 
 With ``--containerizer docker`` the tasks run from an image on a private Docker
 Engine instead, against bare engine create+start of the same image
@@ -35,12 +40,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agent import shim
 from dyad.local import LocalCluster
 from dyad.resources import Resources
 from frameworks import (CommandInfo, ContainerInfo, Filters, FrameworkInfo, Scheduler,
                         SchedulerDriver, TaskInfo, TaskState)
 
 TASK = Resources.parse("cpus:0.25;mem:16")
+COMMAND = ["/bin/true"]
 
 
 class Flood(Scheduler):
@@ -65,7 +72,7 @@ class Flood(Scheduler):
                 self.launched += 1
                 free = free - TASK
                 tasks.append(TaskInfo(task_id=task_id, name="bench", agent_id=offer.agent_id,
-                                      resources=TASK, command=CommandInfo(shell="true"),
+                                      resources=TASK, command=CommandInfo(argv=COMMAND),
                                       container=self.container))
             now = time.monotonic()
             for task in tasks:
@@ -123,8 +130,51 @@ def _start_all(argv: list[str], total: int, parallel: int) -> float:
 
 
 def fork_exec_reference(total: int, parallel: int) -> float:
-    """Seconds to fork/exec `total` `sh -c true`, `parallel` at a time."""
-    return _start_all(["/bin/sh", "-c", "true"], total, parallel)
+    """Seconds to fork/exec `total` of the tasks' command, `parallel` at a time."""
+    return _start_all(COMMAND, total, parallel)
+
+
+def waited_cost(argv: list[str], runs: int = 20) -> tuple[float, float]:
+    """Mean CPU seconds (user + system, with what it waited for) and peak RSS
+    (MiB, the largest of it and its children) of running `argv` to its end."""
+    cpu = rss = 0.0
+    for _ in range(runs):
+        process = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+        _, _, usage = os.wait4(process.pid, 0)
+        process.returncode = 0
+        cpu += usage.ru_utime + usage.ru_stime
+        rss += usage.ru_maxrss / 1024
+    return cpu / runs, rss / runs
+
+
+def shim_cost(runs: int = 20) -> tuple[float, float]:
+    """What the shim of a direct run costs beyond its command: CPU seconds (mean
+    of `runs`), and its own peak RSS in MiB (read by a command it runs)."""
+    with tempfile.TemporaryDirectory(prefix="dyad-shim-") as work:
+        status = os.path.join(work, shim.STATUS_FILE)
+        wrapped = shim.wrap(CommandInfo(argv=COMMAND), status).argv
+        assert wrapped is not None
+        shim_cpu, _ = waited_cost(wrapped, runs)
+        bare_cpu, _ = waited_cost(COMMAND, runs)
+        reader = shim.wrap(CommandInfo(shell='grep VmHWM /proc/$PPID/status'), status).argv
+        assert reader is not None
+        text = subprocess.run(reader, capture_output=True, text=True, check=True).stdout
+    # The reader is `sh -c` under the shim: its parent is the shim.
+    return max(0.0, shim_cpu - bare_cpu), int(text.split()[1]) / 1024
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds `pid` itself used so far: not its reaped children's
+    (the runs it reaped: their tasks and holders, counted apart)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:13]) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def start_cost(code: str, runs: int = 5) -> tuple[float, float]:
@@ -157,46 +207,75 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--agents", type=int, default=3)
     parser.add_argument("--tasks", type=int, default=300)
-    parser.add_argument("--slots", type=int, default=4,
-                        help="tasks that fit on one agent at once")
+    parser.add_argument("--slots", type=int, default=0,
+                        help="tasks that fit on one agent at once (default: all of them)")
     parser.add_argument("--usage-store", choices=["on", "off"], default="on",
                         help="the master's usage store (compare launches/s on and off)")
+    parser.add_argument("--command-tasks", choices=["direct", "executor"], default="direct",
+                        help="how the agents run command tasks (agent --command-tasks)")
+    parser.add_argument("--isolation", choices=["cgroups", "posix"], default=None,
+                        help="the agents' isolation (default: theirs, cgroups if writable)")
     parser.add_argument("--containerizer", choices=["process", "docker"], default="process")
     args = parser.parse_args(argv)
+    isolation = ["--isolation", args.isolation] if args.isolation else []
+    slots = args.slots or -(-args.tasks // args.agents)
     if args.containerizer == "docker":
         from benchmarks import launch_docker  # needs root and dockerd
-        return launch_docker.run(args.agents, args.tasks, args.slots)
-    resources = f"cpus:{args.slots * TASK.get('cpus')};mem:4096;disk:1000"
+        return launch_docker.run(args.agents, args.tasks, args.slots or 4)
+    resources = f"cpus:{slots * TASK.get('cpus')};mem:{max(4096, slots * 16)};disk:1000"
     with tempfile.TemporaryDirectory(prefix="dyad-bench-") as work:
         cluster = LocalCluster(work_dir=Path(work), agents=args.agents, resources=resources,
                                master_args=["--allocation-interval", "0.05s",
-                                            "--usage-store", args.usage_store])
+                                            "--usage-store", args.usage_store],
+                               agent_args=["--command-tasks", args.command_tasks, *isolation])
         with cluster:
-            flood = asyncio.run(run_dyad(cluster, args.tasks))
             assert cluster.master is not None
+            pids = [cluster.master.process.pid] + [a.process.pid for a in cluster.agent_children]
+            cpu_before = [cpu_seconds(pid) for pid in pids]
+            rss_before = [rss_mib(pid) for pid in pids]
+            framework_before = time.process_time()
+            flood = asyncio.run(run_dyad(cluster, args.tasks))
+            framework_cpu = (time.process_time() - framework_before) / args.tasks
+            cpu_spent = [cpu_seconds(pid) - b for pid, b in zip(pids, cpu_before)]
+            rss_grown = [rss_mib(pid) - b for pid, b in zip(pids, rss_before)]
             master_rss = peak_rss_mib(cluster.master.process.pid)
     if flood.failed:
         print(f"{len(flood.failed)} tasks did not finish: {flood.failed[:3]}")
         return 1
     span = max(flood.finished_at.values()) - min(flood.accepted_at.values())
     latencies = sorted(flood.running_at[t] - flood.accepted_at[t] for t in flood.running_at)
-    parallel = args.agents * args.slots
-    reference = bare_reference(args.tasks, parallel)
+    parallel = args.agents * slots
     fork_exec = fork_exec_reference(args.tasks, parallel)
-    dyad_rate, bare_rate = args.tasks / span, args.tasks / reference
-    fork_rate = args.tasks / fork_exec
-    python_cpu, python_rss = start_cost("pass")
-    executor_cpu, executor_rss = start_cost("import frameworks.executors.command")
-    print(f"agents={args.agents} tasks={args.tasks} parallel slots={parallel} "
-          f"usage store {args.usage_store}")
+    dyad_rate, fork_rate = args.tasks / span, args.tasks / fork_exec
+    agents_cpu = sum(cpu_spent[1:]) / args.tasks
+    agents_rss = sum(rss_grown[1:]) / args.tasks
+    print(f"agents={args.agents} tasks={args.tasks} parallel slots={parallel} command tasks "
+          f"{args.command_tasks}, isolation {args.isolation or 'default'}, usage store "
+          f"{args.usage_store}")
     print(f"dyad:      {dyad_rate:7.1f} tasks/s launched and finished ({span:.2f} s)")
-    print(f"reference: {bare_rate:7.1f} bare executor-like process starts/s "
-          f"({reference:.2f} s, same parallelism, no Dyad)")
-    print(f"ratio dyad/reference: {dyad_rate / bare_rate:.2f}")
-    print(f"fork/exec: {fork_rate:7.1f} sh -c true starts/s ({fork_exec:.2f} s, same "
-          f"parallelism); ratio dyad/fork-exec: {dyad_rate / fork_rate:.3f}")
-    print(f"command executor start: {executor_cpu * 1000:.0f} ms CPU, {executor_rss:.1f} MiB "
-          f"peak RSS (bare python: {python_cpu * 1000:.0f} ms, {python_rss:.1f} MiB)")
+    print(f"fork/exec: {fork_rate:7.1f} {' '.join(COMMAND)} starts/s ({fork_exec:.2f} s, same "
+          f"parallelism, no Dyad); ratio dyad/fork-exec: {dyad_rate / fork_rate:.3f}")
+    if args.command_tasks == "executor":
+        reference = bare_reference(args.tasks, parallel)
+        bare_rate = args.tasks / reference
+        print(f"reference: {bare_rate:7.1f} bare executor-like process starts/s "
+              f"({reference:.2f} s, same parallelism); ratio dyad/reference: "
+              f"{dyad_rate / bare_rate:.2f}")
+        python_cpu, python_rss = start_cost("pass")
+        holder_cpu, holder_rss = start_cost("import frameworks.executors.command")
+        print(f"holder per task: a command executor: {holder_cpu * 1000:.1f} ms CPU, "
+              f"{holder_rss:.1f} MiB peak RSS (bare python: {python_cpu * 1000:.0f} ms, "
+              f"{python_rss:.1f} MiB)")
+    else:
+        holder_cpu, holder_rss = shim_cost()
+        print(f"holder per task: the shim: {holder_cpu * 1000:.2f} ms CPU beyond bare "
+              f"{' '.join(COMMAND)}, {holder_rss:.1f} MiB peak RSS of its own")
+    print(f"agent per task: {agents_cpu * 1000:.1f} ms CPU, {agents_rss * 1024:.0f} KiB RSS "
+          f"grown; master per task: {cpu_spent[0] / args.tasks * 1000:.1f} ms CPU; "
+          f"framework (driver) per task: {framework_cpu * 1000:.1f} ms CPU")
+    print(f"overhead per task beyond its own process (holder + agent): "
+          f"{(holder_cpu + agents_cpu) * 1000:.1f} ms CPU, "
+          f"{holder_rss + max(0.0, agents_rss):.1f} MiB RSS")
     print(f"accept->RUNNING latency: median {statistics.median(latencies) * 1000:.0f} ms, "
           f"p90 {latencies[int(len(latencies) * 0.9)] * 1000:.0f} ms")
     print(f"master peak RSS: {master_rss:.1f} MiB")

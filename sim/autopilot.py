@@ -79,10 +79,12 @@ class Recommender:
     def sampled(self, samples: Iterable[UsageSample], framework_id: str | None,
                 now: float) -> None:
         followed = set(self.sizing.followed())
-        rows = [Sample(s.who.app, s.at, s.cpus_used, float(s.mem_rss_bytes)) for s in samples
+        rows = [Sample(s.who.app, s.at, s.cpus_used, float(s.mem_rss_bytes), s.who.task_id,
+                       float(s.mem_limit_bytes))
+                for s in samples
                 if s.who.framework_id == framework_id and s.who.app in followed]
         if rows:
-            self._right_size(self.sizing.sampled(rows, now), now)
+            self._right_size(self.sizing.sampled(self.core, rows, now), now)
 
     def fire(self, key: Evaluate, now: float) -> None:
         self._right_size(self.sizing.pilot.handle(TimerFired(key), now), now)

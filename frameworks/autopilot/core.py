@@ -78,12 +78,18 @@ class AppRemoved:
 
 @attrs.frozen
 class UsageSampled:
-    """One task's measured usage at `at`: cores used over the sample, RSS bytes."""
+    """One task's measured usage at `at`: cores used over the sample, RSS bytes.
+
+    `mem_allowance_bytes`: memory the agent lets the sampled run have beyond the
+    app's `mem` (a Python command executor's 64 MiB), whose use the sample counts
+    too. It is taken off, so samples, OOM kills (at the app's `mem`) and the limits
+    set are all in the app's `mem` terms: the run may use `mem` plus its allowance."""
 
     app_id: str
     at: float
     cpus: float
     mem_bytes: float
+    mem_allowance_bytes: float = 0.0
 
 
 @attrs.frozen
@@ -228,12 +234,12 @@ class Autopilot:
         if app is None:
             self.ignored += 1
             return
-        values = (event.at, event.cpus, event.mem_bytes)
-        if not all(math.isfinite(v) for v in values) or event.cpus < 0 or event.mem_bytes < 0:
+        values = (event.at, event.cpus, event.mem_bytes, event.mem_allowance_bytes)
+        if not all(math.isfinite(v) for v in values) or min(values[1:]) < 0:
             self.rejected += 1
             return
         app.cpu.observe(event.at, event.cpus)
-        app.mem.observe(event.at, event.mem_bytes)
+        app.mem.observe(event.at, max(0.0, event.mem_bytes - event.mem_allowance_bytes))
         if app.first_sample is None or event.at < app.first_sample:
             app.first_sample = event.at
 
@@ -335,8 +341,9 @@ class Autopilot:
 
     def _bound_cpus(self, spec: AutopilotSpec, value: float) -> float:
         b, c = spec.bounds, self.config
-        rounded = math.ceil(value / _MILLICORE - 1e-9) * _MILLICORE
-        return round(_clamp(rounded, b.min_cpus, b.max_cpus, c.floor.cpus, c.cap.cpus), 6)
+        # Rounded before the clamp, so an app's own bound is kept exactly.
+        rounded = round(math.ceil(value / _MILLICORE - 1e-9) * _MILLICORE, 6)
+        return _clamp(rounded, b.min_cpus, b.max_cpus, c.floor.cpus, c.cap.cpus)
 
     def _bound_mem(self, spec: AutopilotSpec, value: float) -> int:
         b, c = spec.bounds, self.config

@@ -7,10 +7,13 @@ limit out.
 - Memory (`MemoryRecommender`): the peak seen within the window, times
   ``1 + margin``. Going over a memory limit kills the task, so only a peak is safe;
   the window lets an old peak stop counting once it is `window` seconds old. With
-  a `spread`, the limit also gets ``spread × (peak - median)``, the median from a
-  decaying histogram (half-life half the window): an app whose peaks stand far
-  above its usual use (spikes) gets room for a bigger spike than the last one,
-  while a steady app (peak close to median) pays next to nothing for it.
+  `spike` room, the limit is at least ``calm × (1 + spike × jump)`` (times the
+  margin), where `jump` is the largest rise within the window of a sample over
+  the level it rose from (a decaying average of the samples before it, half-life
+  `LEVEL_HALF_LIFE`) beyond `jitter`, and `calm` the peak of the samples that were
+  not jumps: an app that jumped 20% once, even at a quiet hour far below its
+  peak, may jump further next time, and at its usual top. Steady use, daily
+  cycles, growth and leaks move slowly and never jump, so they pay nothing for it.
 
 Both answer None until they have seen a sample. Bounds, evidence thresholds and
 hysteresis are not theirs: they belong to the policy (`core.Autopilot`), which
@@ -19,6 +22,7 @@ treats every variant the same way.
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 import attrs
@@ -28,8 +32,13 @@ from frameworks.autopilot.window import SlidingPeak
 
 CPU_SCALE = Scale(low=0.001, high=1024.0, ratio=1.05)
 """Cores: a thousandth of a core up to a large machine, within 5%."""
-MEM_SCALE = Scale(low=2.0 ** 20, high=2.0 ** 42, ratio=1.05)
-"""Bytes: a MiB up to 4 TiB, within 5% (only for the median of `spread` variants)."""
+LEVEL_HALF_LIFE = 900.0
+"""Seconds: the level a memory jump is measured from halves the weight of samples
+15 minutes old, so it keeps up with a daily cycle or a leak (a 20% daily swing
+lags it by under 2%) while a jump within minutes stands out."""
+LEVEL_SETTLE = 4 * LEVEL_HALF_LIFE
+"""Jumps count from this long after the first sample, once the level has caught up
+with the app's start (within 1/16 of a step up)."""
 
 _positive = attrs.validators.gt(0.0)
 _nonnegative = attrs.validators.ge(0.0)
@@ -50,12 +59,14 @@ class CpuVariant:
 
 @attrs.frozen
 class MemoryVariant:
-    """Memory limit = peak over the last `window` s, ×(1+margin), + spread×(peak-median)."""
+    """Memory limit = max(peak, calm peak × (1 + spike × jump)) × (1 + margin) over the
+    last `window` s, `jump` the largest rise of a sample over its level less `jitter`."""
 
     name: str
     window: float = attrs.field(validator=_positive)
     margin: float = attrs.field(default=0.1, validator=_nonnegative)
-    spread: float = attrs.field(default=0.0, validator=_nonnegative)
+    spike: float = attrs.field(default=0.0, validator=_nonnegative)
+    jitter: float = attrs.field(default=0.05, validator=_nonnegative)
 
     def build(self) -> MemoryRecommender:
         return MemoryRecommender(self)
@@ -96,34 +107,57 @@ class MemoryRecommender:
         self.variant = variant
         self.name = variant.name
         self._peak = SlidingPeak(variant.window)
-        self._usual = (DecayingHistogram(MEM_SCALE, variant.window / 2)
-                       if variant.spread else None)
+        spiky = variant.spike > 0
+        self._jumps = SlidingPeak(variant.window) if spiky else None
+        self._calm = SlidingPeak(variant.window) if spiky else None  # peak of non-jumps
+        self._level: float | None = None  # decaying average of the samples so far
+        self._level_at = self._first_at = 0.0
 
     def add(self, at: float, value: float) -> None:
         self._peak.add(at, value)
-        if self._usual is not None:
-            self._usual.add(at, value)
+        if self._jumps is None or self._calm is None:
+            return
+        if self._level is None:
+            self._level, self._level_at, self._first_at = value, at, at
+        # Not before the level has settled: a task's first minutes (its start-up
+        # climb from nothing to its working set) are no jump.
+        rise = value / self._level - 1 if self._level > 0 else math.inf
+        jump = max(0.0, rise - self.variant.jitter)
+        if at - self._first_at < LEVEL_SETTLE or not math.isfinite(jump) or jump == 0:
+            self._calm.add(at, value)
+        else:
+            self._jumps.add(at, jump)
+        keep = 2.0 ** (-max(0.0, at - self._level_at) / LEVEL_HALF_LIFE)
+        self._level = keep * self._level + (1 - keep) * value
+        self._level_at = max(self._level_at, at)
 
-    def _median(self) -> float | None:
-        return None if self._usual is None else self._usual.percentile(50.0)
+    def _room(self, now: float) -> tuple[float, float]:
+        """The largest jump in the window and the peak of the samples that were not
+        jumps (0, 0 without spike room or jumps)."""
+        if self._jumps is None or self._calm is None:
+            return 0.0, 0.0
+        return self._jumps.peak(now) or 0.0, self._calm.peak(now) or 0.0
 
     def value(self, now: float) -> float | None:
         peak = self._peak.peak(now)
         if peak is None:
             return None
-        median = self._median()
-        extra = 0.0 if median is None else self.variant.spread * max(0.0, peak - median)
-        return peak * (1 + self.variant.margin) + extra
+        v = self.variant
+        jump, calm = self._room(now)
+        # A jump multiplies the usual level: room for a bigger one on the usual top.
+        return max(peak, calm * (1 + v.spike * jump)) * (1 + v.margin)
 
     def explain(self, now: float) -> str:
         v = self.variant
         peak = self._peak.peak(now)
         shown = "none" if peak is None else f"{peak / 2**20:.1f} MiB"
-        text = f"peak memory over {v.window:g}s = {shown}, margin {v.margin:.0%}"
-        median = self._median()
-        if median is not None:
-            text += f", plus {v.spread:g} x (peak - median {median / 2**20:.1f} MiB)"
-        return text
+        text = f"peak memory over {v.window:g}s = {shown}"
+        if self._jumps is not None:
+            jump, calm = self._room(now)
+            text += (f", or the peak of calm use {calm / 2**20:.1f} MiB x (1 + {v.spike:g} x "
+                     f"the largest jump over the usual level beyond {v.jitter:.0%}, "
+                     f"{jump:.0%}), whichever is more")
+        return text + f"; margin {v.margin:.0%}"
 
 
 DEFAULT_CPU_VARIANTS = (
@@ -133,15 +167,13 @@ DEFAULT_CPU_VARIANTS = (
     CpuVariant("cpu-p99-24h", half_life=24 * 3600.0, percentile=99.0, margin=0.05),
 )
 DEFAULT_MEMORY_VARIANTS = (
-    MemoryVariant("mem-peak-24h", window=24 * 3600.0, margin=0.1),
-    MemoryVariant("mem-peak-72h", window=72 * 3600.0, margin=0.05),
-    MemoryVariant("mem-peak-48h", window=48 * 3600.0, margin=0.15),
+    MemoryVariant("mem-spike-7d", window=7 * 86400.0, margin=0.05, spike=2.5, jitter=0.05),
 )
 """Variants the meta-recommender chooses among by default: fast CPU decay follows
-change quickly (and pays more margin for it); slow decay is steadier. Memory
-windows are at least a day: a shorter one follows the daily cycle down at night
-and up by day (each move a rolling restart) and forgets yesterday's spike (the
-1 h and 6 h windows were dropped for that, on the fleet benchmark's training seed:
-docs/autopilot.md). A `spread` variant is not among the defaults: on that seed the
-meta-recommender with it chose no better and left more slack (the benchmark shows
-it alone)."""
+change quickly (and pays more margin for it); slow decay is steadier. Memory has one
+variant: a week's peak, so a spike is remembered for a week (a day's window forgot
+Tuesday's spike by Thursday, and the next one killed), with room for a spike bigger
+than the largest jump seen. Without that room the meta-recommender cannot protect
+an app whose jumps so far stayed below its limit: no variant is charged for them,
+so the tightest wins until the first bigger jump kills (docs/autopilot.md, the
+fleet benchmark, where these were chosen on its training seed 2)."""

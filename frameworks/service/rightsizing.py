@@ -56,12 +56,15 @@ from frameworks.service.records import iso_time
 
 @attrs.frozen
 class Sample:
-    """One usage row of one of the app's tasks, as the usage store answers it."""
+    """One usage row of one of the app's tasks, as the usage store answers it.
+    `mem_limit_bytes` is the run's limit as the agent enforces it (0: unknown)."""
 
     app_id: str
     at: float
     cpus: float
     mem_bytes: float
+    task_id: str = ""
+    mem_limit_bytes: float = 0.0
 
 
 def limits_of(app: AppDefinition) -> Limits:
@@ -108,11 +111,19 @@ class RightSizing:
         limit = _version_mem(core, task.app_id, task.config_version)
         return self.pilot.handle(TaskOomKilled(task.app_id, task.task_id, now, limit), now)
 
-    def sampled(self, samples: Iterable[Sample], now: float) -> list[Effect]:
+    def sampled(self, core: ServiceCore, samples: Iterable[Sample],
+                now: float) -> list[Effect]:
+        """Feed usage rows. What a run's limit allows beyond its task's `mem` (a
+        command executor's 64 MiB, whose RSS the row counts too) is passed on as
+        the sample's allowance, so the autopilot sizes `mem` in `mem`'s terms."""
         effects: list[Effect] = []
         for s in samples:
             self.counters["autopilot_samples"] += 1
-            effects += self.pilot.handle(UsageSampled(s.app_id, s.at, s.cpus, s.mem_bytes), now)
+            task = core.tasks.get(s.task_id)
+            mem = _version_mem(core, s.app_id, task.config_version) if task else 0
+            allowance = max(0.0, s.mem_limit_bytes - mem) if mem and s.mem_limit_bytes else 0.0
+            effects += self.pilot.handle(UsageSampled(s.app_id, s.at, s.cpus, s.mem_bytes,
+                                                      allowance), now)
         return effects
 
     def upgrade(self, core: ServiceCore, apply: ApplyLimits) -> PutApp | None:

@@ -84,7 +84,7 @@ class ServiceRuntime:
 
     def sampled(self, samples: Sequence[Sample]) -> None:
         """Usage rows of followed apps, read from the master's usage store."""
-        self._right_size(self.rightsizing.sampled(samples, self.clock.now()))
+        self._right_size(self.rightsizing.sampled(self.core, samples, self.clock.now()))
 
     def _right_size(self, effects: Sequence[AutopilotEffect]) -> None:
         for effect in effects:

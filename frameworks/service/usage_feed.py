@@ -40,7 +40,8 @@ def samples_sql(framework_id: str, app_ids: list[str], after_us: int) -> str:
     """The usage rows of these apps of this framework newer than `after_us`
     (microseconds since the epoch: exact, so the last row read is never read again)."""
     apps = ", ".join(_quoted(a) for a in app_ids)
-    return ("SELECT app, epoch_us(ts) AS at_us, cpus_used, mem_rss_bytes FROM task_usage "
+    return ("SELECT app, epoch_us(ts) AS at_us, cpus_used, mem_rss_bytes, task_id, "
+            "mem_limit_bytes FROM task_usage "
             f"WHERE framework_id = {_quoted(framework_id)} AND app IN ({apps}) "
             f"AND epoch_us(ts) > {int(after_us)} ORDER BY ts")
 
@@ -88,6 +89,7 @@ class UsageFeed:
         rows = answer["rows"]
         if rows:
             self.after_us = max(self.after_us, int(rows[-1][1]))
-            runtime.sampled([Sample(app, at_us / 1e6, float(cpus), float(mem))
-                             for app, at_us, cpus, mem in rows])
+            runtime.sampled([Sample(app, at_us / 1e6, float(cpus), float(mem), task,
+                                    float(limit or 0))
+                             for app, at_us, cpus, mem, task, limit in rows])
         return len(rows)

@@ -1,6 +1,7 @@
 """The agent keeping real tasks in line: memory limits, kill policy, health checks,
-the fetcher and its cache, logs after exit -- real processes under the real command
-executor, an in-process agent, and the fake master of `test_agent_shell`.
+the fetcher and its cache, logs after exit -- real processes run by the agent itself
+(and, where it matters, under the real command executor), an in-process agent, and
+the fake master of `test_agent_shell`.
 """
 
 from __future__ import annotations
@@ -43,10 +44,10 @@ def command_task(task_id: str, shell: str, resources: str = "cpus:0.5;mem:64",
 
 
 async def start_agent(master: FakeMaster, work_dir: Path, isolation: str = "posix",
-                      **options: Any) -> AgentServer:
+                      command_tasks: str = "direct", **options: Any) -> AgentServer:
     config = AgentConfig(
         hostname="localhost", ip="127.0.0.1", port=0, executor_port=0,
-        work_dir=str(work_dir), python=PY, isolation=isolation,
+        work_dir=str(work_dir), python=PY, isolation=isolation, command_tasks=command_tasks,
         resources=Resources.parse("cpus:4;mem:4096;ports:[31000-31100]"),
         status_update_backoff=0.2, status_update_backoff_max=0.4,
         executor_shutdown_grace_period=1.0, executor_kill_delay=0.5)
@@ -101,11 +102,14 @@ def _cgroups_available() -> bool:
     return True
 
 
-@pytest.mark.parametrize("isolation", ["posix", pytest.param("cgroups", marks=pytest.mark.skipif(
-    not _cgroups_available(), reason="no writable cgroups on this machine"))])
+@pytest.mark.parametrize("isolation,command_tasks", [
+    ("posix", "direct"), ("posix", "executor"),
+    pytest.param("cgroups", "direct", marks=pytest.mark.skipif(
+        not _cgroups_available(), reason="no writable cgroups on this machine"))])
 async def test_a_task_over_its_memory_limit_fails_with_the_memory_reason(
-        master: FakeMaster, tmp_path: Path, isolation: str) -> None:
-    server = await start_agent(master, tmp_path / "agent", isolation, cgroups_root="dyad-test")
+        master: FakeMaster, tmp_path: Path, isolation: str, command_tasks: str) -> None:
+    server = await start_agent(master, tmp_path / "agent", isolation, command_tasks,
+                               cgroups_root="dyad-test")
     try:
         assert server.isolator.kind == isolation
         await master.send(RunTask(framework=FRAMEWORK, task=command_task("hog", HOG)))
@@ -113,7 +117,8 @@ async def test_a_task_over_its_memory_limit_fails_with_the_memory_reason(
         assert status.state == TaskState.TASK_FAILED, status
         assert status.reason == Reason.CONTAINER_LIMITATION_MEMORY
         assert "Memory limit exceeded" in status.message and "MiB" in status.message
-        assert "128.0 MiB" in status.message  # 64 MiB asked + the command executor's 64
+        # 64 MiB asked, + the command executor's 64 if it has one
+        assert ("64.0 MiB" if command_tasks == "direct" else "128.0 MiB") in status.message
         await wait_for(lambda: not server.executor_pids, what="the run to be gone")
         assert (await get(server, "/metrics/snapshot"))[1]["agent/executors_memory_limited"] == 1
     finally:
@@ -144,9 +149,10 @@ async def test_usage_is_sampled_and_shown(master: FakeMaster, agent: AgentServer
     (entry,) = await wait_for(busy, 15, "the task to show CPU use")
     assert entry["executor_id"] == "burn" and entry["task_ids"] == ["burn"]
     stats = entry["statistics"]
-    assert stats["mem_rss_bytes"] > 20 * 2 ** 20 and stats["cpus_user_time_secs"] > 0
-    assert stats["cpus_limit"] == pytest.approx(0.6)  # 0.5 asked + the executor's 0.1
-    assert stats["mem_limit_bytes"] == 128 * 2 ** 20
+    # The burner (a Python process) and its shim: no command executor's 40 MiB.
+    assert stats["mem_rss_bytes"] > 5 * 2 ** 20 and stats["cpus_user_time_secs"] > 0
+    assert stats["cpus_limit"] == pytest.approx(0.5)  # what it asked: no executor to add
+    assert stats["mem_limit_bytes"] == 64 * 2 ** 20
     await master.send(KillTask(framework_id="F1", task_id="burn"))
     assert (await final(master, "burn")).state == TaskState.TASK_KILLED
 

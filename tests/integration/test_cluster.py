@@ -96,6 +96,16 @@ async def test_kill_escalates_to_sigkill_after_grace(make_cluster: Any, drivers:
                             kill_grace_period=1.0)
     runner.driver.launch_tasks([offer.id], [stubborn])
     await wait_for(lambda: "TASK_RUNNING" in recorder.states("stubborn"), what="running")
+
+    def ready() -> bool:  # its trap is set: a SIGTERM before that would simply end it
+        state = http_get_json(f"{offer.url}/state")
+        runs = [e for f in state["frameworks"] for e in f["executors"] if e["id"] == "stubborn"]
+        out = os.path.join(runs[0]["directory"], "stdout") if runs else ""
+        if not out or not os.path.exists(out):
+            return False
+        with open(out, "rb") as handle:
+            return b"ready" in handle.read()
+    await wait_for(ready, what="the task to trap SIGTERM")
     started = time.monotonic()
     runner.driver.kill_task("stubborn")
     status = await final_state(recorder, "stubborn")

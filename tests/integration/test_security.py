@@ -67,9 +67,12 @@ def stranger(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    # Command tasks under command executors: each run then has an executor that must
+    # register with the key the agent gave that run (a direct run has none to give).
     cluster = LocalCluster(work_dir=tmp_path_factory.mktemp("secure"), agents=1,
                            resources="cpus:4;mem:2048;disk:1000", master_args=FAST_MASTER,
-                           secure=True, principals=PRINCIPALS)
+                           secure=True, principals=PRINCIPALS,
+                           agent_args=["--command-tasks", "executor"])
     cluster._generate_keys()
     (cluster.keys_dir / "acls.json").write_text(json.dumps(ACLS))
     cluster.start()

@@ -41,6 +41,17 @@ def test_status_update_retries_are_set_by_flags() -> None:
         _config(parser, parser.parse_args(full + ["--status-update-retry", "20mins"]))
 
 
+def test_command_tasks_run_directly_unless_told_to_use_the_command_executor() -> None:
+    from agent.main import _config
+    parser = _parser()
+    full = ["--master", "m:5050", "--resources", "cpus:2;mem:512;disk:100;ports:[31000-31001]"]
+    assert _config(parser, parser.parse_args(full)).command_tasks == "direct"
+    assert _config(parser, parser.parse_args(
+        full + ["--command-tasks", "executor"])).command_tasks == "executor"
+    with pytest.raises(SystemExit):
+        parser.parse_args(full + ["--command-tasks", "sometimes"])
+
+
 def test_containerizers_and_docker_flags() -> None:
     args = _parser().parse_args(["--master", "m:5050", "--containerizers", "process,docker",
                                  "--docker-socket", "/run/d.sock", "--docker-pull-timeout",

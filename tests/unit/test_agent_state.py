@@ -37,6 +37,7 @@ MASTER = MasterInfo(id="m1", hostname="m", ip="10.0.0.1", port=5050, zmq_port=50
 FRAMEWORK = FrameworkInfo(name="fw", id="F1")
 TOTAL = Resources.parse("cpus:4;mem:1024;ports:[31000-31009]")
 CONFIG = AgentConfig(hostname="agent-host", ip="127.0.0.1", port=5051, executor_port=5052,
+                     command_tasks="executor",  # these tests drive the command executor
                      work_dir="/work", resources=TOTAL, python="/usr/bin/python3",
                      attributes={"rack": "r1"}, ping_interval=15.0)
 PEER = "aa01"
@@ -716,10 +717,12 @@ def _messages() -> st.SearchStrategy[Any]:
     )
 
 
+@pytest.mark.parametrize("command_tasks", ["executor", "direct"])
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_messages(), max_size=40))
-def test_any_sequence_of_inputs_keeps_the_invariants(events: list[Any]) -> None:
-    agent = Agent()
+def test_any_sequence_of_inputs_keeps_the_invariants(command_tasks: str,
+                                                     events: list[Any]) -> None:
+    agent = Agent(command_tasks=command_tasks)
     agent.register()
     for event in events:
         if isinstance(event, tuple):
@@ -730,7 +733,7 @@ def test_any_sequence_of_inputs_keeps_the_invariants(events: list[Any]) -> None:
     saved = agent.state.saved()
     alive = frozenset(e.key for f in agent.state.frameworks.values()
                       for e in f.executors.values())
-    fresh = Agent()
+    fresh = Agent(command_tasks=command_tasks)
     fresh(Recover(saved, alive))
     fresh.register()
     assert fresh.state.used == agent.state.used

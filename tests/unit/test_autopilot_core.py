@@ -168,6 +168,28 @@ def test_after_an_oom_kill_memory_is_not_cut_for_the_hold() -> None:
     assert later and later[-1].limits.mem_bytes < raise_.limits.mem_bytes
 
 
+def test_a_command_executors_allowance_is_taken_off_its_samples() -> None:
+    # A command task's run may use its mem plus the executor's 64 MiB, and its
+    # samples count the executor's RSS too: in mem terms it used 140 - 64 MiB.
+    counted, own = Driver(), Driver()
+    for d in (counted, own):
+        configure(d)
+    for i in range(60):
+        for d in (counted, own):
+            d.advance(10)
+        counted.send(UsageSampled("/web", counted.now, 0.05, 140 * MIB,
+                                  mem_allowance_bytes=64 * MIB))
+        own.send(UsageSampled("/web", own.now, 0.05, 76 * MIB))
+    assert counted.effects == own.effects
+    rec = counted.pilot.recommendation("/web")
+    assert rec.ready and rec.mem_bytes < 100 * MIB
+    # An allowance larger than the use (an idle task) is no negative sample.
+    counted.send(UsageSampled("/web", counted.now, 0.05, 10 * MIB, mem_allowance_bytes=64 * MIB))
+    assert counted.pilot.rejected == 0
+    counted.send(UsageSampled("/web", counted.now, 0.05, 10 * MIB, mem_allowance_bytes=-1.0))
+    assert counted.pilot.rejected == 1
+
+
 def test_oom_at_the_cap_cannot_raise() -> None:
     d = Driver()
     configure(d, bounds=Bounds(max_mem_bytes=64 * MIB), mem_mib=64)

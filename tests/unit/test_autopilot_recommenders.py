@@ -232,14 +232,26 @@ def test_spec_names_every_problem() -> None:
         parse_spec({"min": {"cpus": True}})
 
 
-def test_a_spread_variant_adds_room_for_spikes_and_almost_none_for_steady_use() -> None:
-    variant = MemoryVariant("spread", window=3600, margin=0.05, spread=1.0)
-    steady, spiky = variant.build(), variant.build()
-    for i in range(120):
-        steady.add(i * 30.0, 100 * MIB)
-        spiky.add(i * 30.0, (130 if i % 40 == 0 else 100) * MIB)
-    # The median is a bucket's upper bound (within 5%): steady use pays at most that.
-    assert 105 * MIB <= steady.value(3600.0) <= 106 * MIB
-    # Peak 130 x 1.05 plus (130 - ~100): room for a spike well past the last one.
-    assert 160 * MIB <= spiky.value(3600.0) <= 168 * MIB
-    assert "peak - median" in spiky.explain(3600.0)
+def test_a_spike_variant_adds_room_after_a_jump_and_none_for_slow_moves() -> None:
+    variant = MemoryVariant("spike", window=7 * 86400, margin=0.05, spike=2.5, jitter=0.05)
+    steady, cycle, leak, spiky = (variant.build() for _ in range(4))
+    day = 86400.0
+    for i in range(2 * 288):  # two days, a sample every 5 minutes
+        t = i * 300.0
+        usual = 100 * (1 + 0.2 * math.cos(2 * math.pi * t / day))
+        steady.add(t, 100 * MIB * (1 + 0.02 * (-1) ** i))  # ±2% noise
+        cycle.add(t, usual * MIB)
+        leak.add(t, (100 + 100 * t / day) * MIB)  # doubles in a day
+        # One 10-minute jump of 25% at the quiet hour, far below the daily top.
+        spiky.add(t, usual * (1.25 if 12 * 3600 <= t < 12 * 3600 + 600 else 1) * MIB)
+    now = 2 * day - 300
+    assert steady.value(now) == pytest.approx(102 * 1.05 * MIB)
+    assert cycle.value(now) == pytest.approx(120 * 1.05 * MIB, rel=1e-3)
+    assert leak.value(now) == pytest.approx(299.65 * 1.05 * MIB, rel=1e-3)
+    # The jump (25% over its level, 20% beyond the jitter) buys 2.5 x 20% = 50% over
+    # the usual top.
+    assert spiky.value(now) == pytest.approx(120 * 1.5 * 1.05 * MIB, rel=0.01)
+    assert "largest jump" in spiky.explain(now)
+    # Once the jump leaves the window (the second day's samples are still in it), so
+    # does its room.
+    assert spiky.value(8 * day) == pytest.approx(120 * 1.05 * MIB, rel=1e-3)
