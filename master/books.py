@@ -229,6 +229,22 @@ class MasterBooks:
                 self._filter_revocable(offer.framework_id, offer.agent_id, refuse_seconds)
         self._request_allocation()
 
+    def _return_offers(self, framework_id: str, offers: list[Offer],
+                       refuse_seconds: float) -> None:
+        """`_return_offer` for each of one framework's offers in turn, with one
+        allocator call for all (a Decline of hundreds of offers)."""
+        for offer in offers:
+            self._forget_offer(offer)
+        self.allocator.close_offers(framework_id, [
+            (offer.agent_id, offer.resources) for offer in offers if offer.resources])
+        if refuse_seconds > 0:
+            until = self._now + refuse_seconds
+            for offer in offers:
+                self.allocator.add_filter(framework_id, offer.agent_id, until)
+                if offer.revocable:
+                    self._filter_revocable(framework_id, offer.agent_id, refuse_seconds)
+        self._request_allocation()
+
     def _filter_revocable(self, framework_id: str, agent_id: str, refuse_seconds: float) -> None:
         key = (framework_id, agent_id)
         self.revocable_filters[key] = max(self.revocable_filters.get(key, 0.0),

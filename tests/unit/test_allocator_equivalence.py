@@ -10,7 +10,9 @@ hold guarantees below which until quota changes; `_worth` and `_cut` answer
 from scalar totals when they can; a pass skips the guarantee stage when no
 guarantee misses anything. The reference recomputes both on every question,
 asks `get_milli` per name and `_cut_entries` for every cut, and runs the
-guarantee stage whenever a role has a guarantee.
+guarantee stage whenever a role has a guarantee. Several offers declined together
+(`close_offers`, which tells the sorters once per role) are closed one by one on
+the reference.
 """
 
 from __future__ import annotations
@@ -138,6 +140,23 @@ class Equivalence(RuleBasedStateMachine):
         self.both("close_offer", framework, agent, resources)
         if refuse:
             self.both("add_filter", framework, agent, self.now + refuse)
+
+    @precondition(lambda self: self.offers)
+    @rule(data=st.data(), refuse=st.sampled_from([0.0, 5.0]))
+    def decline_together(self, data: st.DataObject, refuse: float) -> None:
+        """Several offers of one framework in one Decline: `close_offers` on the
+        real allocator, `close_offer` one by one on the reference."""
+        framework = data.draw(st.sampled_from(sorted({o[0] for o in self.offers})))
+        mine = [o for o in self.offers if o[0] == framework]
+        chosen = data.draw(st.lists(st.sampled_from(mine), min_size=1, unique=True))
+        chosen = [o for o in mine if o in chosen]
+        self.offers = [o for o in self.offers if o not in chosen]
+        self.fast.close_offers(framework, [(agent, resources) for _, agent, resources in chosen])
+        for _, agent, resources in chosen:
+            self.slow.close_offer(framework, agent, resources)
+        if refuse:
+            for _, agent, _ in chosen:
+                self.both("add_filter", framework, agent, self.now + refuse)
 
     @precondition(lambda self: self.offers)
     @rule(data=st.data(), cpus=st.integers(0, 4), mem=st.sampled_from([0, 256, 1024]))
