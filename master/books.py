@@ -30,7 +30,7 @@ from master.allocator import (
 from master.events import EventLog
 from master.metrics import LATENCY_BOUNDS, Counters, Histogram, Window
 from master.model import (
-    Allocate, CompletedFramework, Effect, FailoverTimeout, HeartbeatDue, MasterAgent,
+    EMPTY, Allocate, CompletedFramework, Effect, FailoverTimeout, HeartbeatDue, MasterAgent,
     MasterConfig, MasterFramework, MasterTask, OfferTimeout, PersistRegistry,
     UnreachableAgent, task_counter,
 )
@@ -213,8 +213,11 @@ class MasterBooks:
         self.frameworks[offer.framework_id].offers.discard(offer.id)
         agent = self.agents[offer.agent_id]
         agent.offers.discard(offer.id)
-        agent.offered = agent.offered - offer.resources
-        agent.revocable_offered = agent.revocable_offered - offer.revocable
+        # Most agents hold one offer: its resources are the very value `offered` is.
+        agent.offered = (EMPTY if agent.offered is offer.resources
+                         else agent.offered - offer.resources)
+        if offer.revocable:
+            agent.revocable_offered = agent.revocable_offered - offer.revocable
         self._cancel(OfferTimeout(offer.id))
 
     def _return_offer(self, offer: Offer, refuse_seconds: float) -> None:

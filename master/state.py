@@ -369,13 +369,14 @@ class MasterState(PreemptionHandlers, AgentHandlers):
             attributes=dict(agent.info.attributes),
             executor_ids=sorted(eid for fid, eid in agent.executors if fid == framework_id),
             url=agent.info.url, cached_uris=list(self.cached_uris.get(agent_id, ())),
-            revocable=lent, volumes=offered_volumes(agent, resources))
+            revocable=lent,
+            volumes=offered_volumes(agent, resources) if agent.dynamic.volumes else [])
         self.offers[offer.id] = offer
         framework.offers.add(offer.id)
         agent.offers.add(offer.id)
         agent.offered = agent.offered + resources
-        agent.revocable_offered = agent.revocable_offered + lent
         if lent:
+            agent.revocable_offered = agent.revocable_offered + lent
             self.counters.inc("master/revocable_offers_sent")
         self._arm(OfferTimeout(offer.id), self._now + self.config.offer_timeout)
         batches.setdefault(framework_id, []).append(offer)

@@ -82,6 +82,7 @@ from frameworks.effects import (
     SuppressOffers)
 
 TICK_INTERVAL = 0.5
+_NONE = Resources()
 MIN_REFUSE = 0.1
 """Shortest filter put on a declined offer: shorter ones only add offer traffic."""
 REFUSAL_LIMIT = 10
@@ -354,7 +355,7 @@ class BatchCore:
         for offer in offers:
             self._agents[offer.agent_id] = offer.hostname
             self._lost_hosts.discard(offer.hostname)
-            lent = offer.revocable if self.config.revocable else Resources()
+            lent = offer.revocable if self.config.revocable else _NONE
             fills.append(_Fill(offer, offer.resources, lent,
                                self.config.executor.executor_id in offer.executor_ids))
         dealing = list(fills)
@@ -385,7 +386,7 @@ class BatchCore:
             return False
         task, speculative, local = pick
         need = self._resources(task.kind)
-        executor = Resources() if fill.executor_here else self.config.executor.resources
+        executor = _NONE if fill.executor_here else self.config.executor.resources
         if need + executor <= fill.left:
             fill.left = fill.left - need - executor
             revocable = False

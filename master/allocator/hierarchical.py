@@ -160,6 +160,15 @@ class HierarchicalAllocator:
         # allocation or the free unreserved amounts change.
         self._rooms: dict[tuple[str, bool], _Rooms | None] = {}
         self._below: dict[str, list[str]] = {}  # `_guaranteed_below`, until quota changes
+        # Per role, until quota changes: its quota chain, the ancestors in it with a
+        # limit, the outermost guaranteed role of it, and whether any has a guarantee.
+        self._chains: dict[str, tuple[list[str], list[tuple[str, Mapping[str, int]]],
+                                      str | None, bool]] = {}
+        # Guaranteed role -> `_need`, and their sum (`_headroom`), until quota or an
+        # allocation in a guaranteed subtree changes.
+        self._needs: dict[str, dict[str, int]] = {}
+        self._required: Counter[str] | None = None
+        self._memo: tuple[Resources | None, dict[str, int]] = (None, {})
         self.last_considered = 0  # agents looked at by the last pass
 
     # ------------------------------------------------------------------ agents
@@ -305,6 +314,8 @@ class HierarchicalAllocator:
             self._quota[role] = quota
         self._rooms.clear()
         self._below.clear()
+        self._chains.clear()
+        self._guarantee_changed()
         self._all_dirty = True
 
     # -------------------------------------------------------------- accounting
@@ -479,7 +490,7 @@ class HierarchicalAllocator:
     def _worth(self, resources: Resources) -> bool:
         # One sum over the scalars rather than one scan per name; a name that is no
         # scalar here (ports) is asked for as `get_milli` would count it.
-        totals = resources.scalar_items()
+        totals = self._scalars(resources)
         for name, milli in self._min:
             if totals.get(name, 0) >= milli or (
                     name not in totals and resources.get_milli(name) >= milli):
@@ -500,7 +511,7 @@ class HierarchicalAllocator:
             rooms = self._rooms[key] = self._room(role, guarantees)
         if rooms is None:
             return None
-        return _cut(offerable, *rooms)
+        return _cut(offerable, *rooms, self._scalars(offerable))
 
     def _room(self, role: str, guarantees: bool) -> _Rooms | None:
         """For `_capped`: the room per kind under limits, and for unreserved
@@ -508,16 +519,14 @@ class HierarchicalAllocator:
         unreserved amounts, so it is kept (`_rooms`) until one of them changes:
         a pass over many agents where few offers are made computes it a few times,
         not once per agent."""
-        chain = allowed_roles(role)[:-1] if role != UNRESERVED else []
+        chain, limited, top, _ = self._chain(role)
         limit_room: dict[str, int] = {}
-        for ancestor in chain:
-            quota = self._quota.get(ancestor)
-            if quota is not None and quota.limit:
-                used = self._role_sorter.allocation(ancestor)
-                for kind, limit in quota.limit.items():
-                    room = max(0, limit - used.get(kind, 0))
-                    limit_room[kind] = min(room, limit_room.get(kind, room))
-        required, own = self._headroom(chain)
+        for ancestor, limits in limited:
+            used = self._role_sorter.allocation(ancestor)
+            for kind, limit in limits.items():
+                room = max(0, limit - used.get(kind, 0))
+                limit_room[kind] = min(room, limit_room.get(kind, room))
+        required, own = self._headroom(top)
         unreserved_room = {kind: max(0, self._free_unreserved[kind] - (needed - own.get(kind, 0)))
                            for kind, needed in required.items() if needed}
         if guarantees:
@@ -539,7 +548,28 @@ class HierarchicalAllocator:
                         missing[kind] = milli
         return {kind: milli for kind, milli in missing.items() if milli}
 
+    def _chain(self, role: str) -> tuple[list[str], list[tuple[str, Mapping[str, int]]],
+                                          str | None, bool]:
+        """`role`'s quota chain (itself and its ancestors), those of them with a
+        limit, its outermost guaranteed role and whether any of the chain has a
+        guarantee; kept (`_chains`) until quota changes."""
+        known = self._chains.get(role)
+        if known is None:
+            chain = allowed_roles(role)[:-1] if role != UNRESERVED else []
+            limited = [(a, q.limit) for a in chain
+                       if (q := self._quota.get(a)) is not None and q.limit]
+            top = self._top_guaranteed(chain[0]) if chain else None
+            known = self._chains[role] = (chain, limited, top, top is not None)
+        return known
+
     def _need(self, role: str, quota: Quota) -> dict[str, int]:
+        """`_unmet`, kept (`_needs`) until an allocation under a guarantee changes."""
+        need = self._needs.get(role)
+        if need is None:
+            need = self._needs[role] = self._unmet(role, quota)
+        return need
+
+    def _unmet(self, role: str, quota: Quota) -> dict[str, int]:
         """What the guarantee of `role` still misses, or its nearest guaranteed
         sub-roles together miss, whichever is more, per kind."""
         used = self._role_sorter.allocation(role)
@@ -563,13 +593,16 @@ class HierarchicalAllocator:
                 top = ancestor
         return top
 
-    def _headroom(self, chain: list[str]) -> tuple[Counter[str], dict[str, int]]:
-        """Unmet guarantees cluster-wide, and the part of them `chain`'s own
-        outermost guaranteed role accounts for (not held back from itself)."""
-        required: Counter[str] = Counter()
-        for role in self._guaranteed_below(""):
-            required.update(self._need(role, self._quota[role]))
-        top = self._top_guaranteed(chain[0]) if chain else None
+    def _headroom(self, top: str | None) -> tuple[Counter[str], dict[str, int]]:
+        """Unmet guarantees cluster-wide (kept with the needs), and the part of
+        them the outermost guaranteed role `top` accounts for (not held back from
+        itself)."""
+        required = self._required
+        if required is None:
+            required = Counter()
+            for role in self._guaranteed_below(""):
+                required.update(self._need(role, self._quota[role]))
+            self._required = required
         own = self._need(top, self._quota[top]) if top is not None else {}
         return required, own
 
@@ -584,6 +617,24 @@ class HierarchicalAllocator:
                 if quota.guarantee and (not role or child.startswith(role + "/"))
                 and self._top_guaranteed(child, within=role) == child]
         return below
+
+    def _guarantee_changed(self) -> None:
+        self._needs.clear()
+        self._required = None
+
+    def _scalars(self, resources: Resources) -> dict[str, int]:
+        """`resources.scalar_items()`, remembered for the last value asked (a pass
+        asks it of the same free resources several times); never mutated."""
+        memo, scalars = self._memo
+        if resources is not memo:
+            scalars = resources.scalar_items()
+            self._memo = (resources, scalars)
+        return scalars
+
+    def _allocation_changed(self, role: str) -> None:
+        if self._needs and self._chain(role)[3]:
+            self._guarantee_changed()
+        self._consumption_changed()
 
     def _consumption_changed(self) -> None:
         self._rooms.clear()
@@ -608,13 +659,13 @@ class HierarchicalAllocator:
             framework.charged[role] += 1
         else:
             agent.allocated[framework_id] = held + resources
-        scalars = resources.scalar_items()
+        scalars = self._scalars(resources)
         free = self._free_unreserved
         for kind, milli in _unreserved_scalars(agent, resources, scalars).items():
             free[kind] -= milli
         self._role_sorter.allocated(role, scalars)
         self._roles[role].sorter.allocated(framework_id, scalars)
-        self._consumption_changed()
+        self._allocation_changed(role)
 
     def _release(self, agent_id: str, agent: _Agent, framework_id: str,
                  resources: Resources, pending: dict[str, Counter[str]] | None = None) -> None:
@@ -622,9 +673,9 @@ class HierarchicalAllocator:
         (`close_offers`) instead of told at once."""
         held = agent.allocated[framework_id]
         role = agent.role_of[framework_id]
-        left = held - resources
+        left = EMPTY if held is resources else held - resources  # a whole offer back
         agent.free = agent.free + resources
-        scalars = resources.scalar_items()
+        scalars = self._scalars(resources)
         free = self._free_unreserved
         for kind, milli in _unreserved_scalars(agent, resources, scalars).items():
             free[kind] += milli
@@ -648,12 +699,13 @@ class HierarchicalAllocator:
         else:
             agent.allocated[framework_id] = left
         self._dirty[agent_id] = None
-        self._consumption_changed()
+        self._allocation_changed(role)
 
     def _unallocate(self, framework_id: str, pending: dict[str, Counter[str]]) -> None:
         for role, scalars in pending.items():
             self._role_sorter.unallocated(role, scalars)
             self._roles[role].sorter.unallocated(framework_id, scalars)
+            self._allocation_changed(role)
         pending.clear()
 
     # ------------------------------------------------------------ roles/clients
@@ -738,13 +790,15 @@ def _dominant(held: Mapping[str, int], total: Mapping[str, int]) -> float:
 
 
 def _cut(resources: Resources, limit_room: Mapping[str, int],
-         unreserved_room: Mapping[str, int]) -> Resources:
+         unreserved_room: Mapping[str, int], totals: Mapping[str, int] | None = None
+         ) -> Resources:
     """`resources` with each scalar kind cut to fit: the unreserved part within
     `unreserved_room`, everything within `limit_room`. Reserved amounts are kept
     before unreserved ones (they are the role's own); both are cut deterministically."""
     if not limit_room and not unreserved_room:
         return resources
-    totals = resources.scalar_items()
+    if totals is None:
+        totals = resources.scalar_items()
     if all(totals.get(kind, 0) <= room for kind, room in limit_room.items()) and \
             all(totals.get(kind, 0) <= room for kind, room in unreserved_room.items()):
         return resources  # it all fits: `_cut_entries` would cut nothing

@@ -5,8 +5,10 @@ accepted in part or declined, and tasks ending, and checks that every pass
 offers exactly the same resources to the same frameworks in the same order.
 
 The shortcuts (see the allocator's module docstring): the quota room of a role
-is kept until quota, an allocation or the free amounts change, and which roles
-hold guarantees below which until quota changes; `_worth` and `_cut` answer
+is kept until quota, an allocation or the free amounts change, which roles
+hold guarantees below which and each role's quota chain until quota changes,
+what each guarantee misses until an allocation under a guarantee changes, the
+scalar totals of the last resources asked; `_worth` and `_cut` answer
 from scalar totals when they can; a pass skips the guarantee stage when no
 guarantee misses anything. The reference recomputes both on every question,
 asks `get_milli` per name and `_cut_entries` for every cut, and runs the
@@ -16,6 +18,9 @@ the reference.
 """
 
 from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -44,6 +49,21 @@ class Reference(HierarchicalAllocator):
 
     def _guarantees_unmet(self) -> bool:
         return any(quota.guarantee for quota in self._quota.values())
+
+    def _need(self, role: str, quota: Quota) -> dict[str, int]:
+        return self._unmet(role, quota)
+
+    def _chain(self, role: str) -> tuple[list[str], list[tuple[str, Mapping[str, int]]],
+                                          str | None, bool]:
+        self._chains.clear()
+        return super()._chain(role)
+
+    def _headroom(self, top: str | None) -> tuple[Counter[str], dict[str, int]]:
+        self._required = None
+        return super()._headroom(top)
+
+    def _scalars(self, resources: Resources) -> dict[str, int]:
+        return resources.scalar_items()
 
 
 agent_resources = st.builds(
@@ -197,3 +217,18 @@ def test_cut_shortcut_matches_the_entry_by_entry_cut(
         resources: Resources, limit_room: dict[str, int], unreserved_room: dict[str, int]) -> None:
     assert hierarchical._cut(resources, limit_room, unreserved_room) == \
         hierarchical._cut_entries(resources, limit_room, unreserved_room)
+
+
+def test_a_guarantee_met_in_a_pass_stops_taking_in_that_pass() -> None:
+    """What a guarantee misses is kept between questions: an offer that meets it
+    must make it miss nothing at once (else the next agent goes to it too)."""
+    offers = []
+    for allocator in (HierarchicalAllocator(MIN), Reference(MIN)):
+        for agent in ("a1", "a2"):
+            allocator.add_agent(agent, Resources.parse("cpus:4;mem:4096"))
+        allocator.add_framework("fp", ["prod"])
+        allocator.add_framework("fb", ["batch"])
+        allocator.set_quota("prod", Quota(guarantee={"cpus": 4000}))
+        offers.append(allocator.allocate(1.0))
+    assert offers[0] == offers[1]
+    assert [(o.framework_id, o.agent_id) for o in offers[0]] == [("fp", "a1"), ("fb", "a2")]
