@@ -367,7 +367,8 @@ class MasterState(PreemptionHandlers, AgentHandlers):
             id=self._ids.next("O"), framework_id=framework_id, agent_id=agent_id,
             hostname=agent.info.hostname, resources=resources,
             attributes=dict(agent.info.attributes),
-            executor_ids=sorted(eid for fid, eid in agent.executors if fid == framework_id),
+            executor_ids=sorted(eid for fid, eid in agent.executors if fid == framework_id)
+            if agent.executors else [],
             url=agent.info.url, cached_uris=list(self.cached_uris.get(agent_id, ())),
             revocable=lent,
             volumes=offered_volumes(agent, resources) if agent.dynamic.volumes else [])

@@ -419,8 +419,8 @@ class HierarchicalAllocator:
         self._all_dirty = False
         self.last_considered = len(candidates)
         result: list[Allocation] = []
-        if not candidates:
-            return result
+        if not candidates or not self._role_sorter.any_active():
+            return result  # nobody would be offered anything (all suppressed or away)
         if self._guarantees_unmet():
             for agent_id in candidates:
                 self._fill(agent_id, now, result, guarantees=True)
