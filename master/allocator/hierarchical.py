@@ -167,7 +167,7 @@ class HierarchicalAllocator:
         # Guaranteed role -> `_need`, and their sum (`_headroom`), until quota or an
         # allocation in a guaranteed subtree changes.
         self._needs: dict[str, dict[str, int]] = {}
-        self._required: Counter[str] | None = None
+        self._required: dict[str, int] | None = None  # only kinds still missed
         self._memo: tuple[Resources | None, dict[str, int]] = (None, {})
         self.last_considered = 0  # agents looked at by the last pass
 
@@ -593,16 +593,16 @@ class HierarchicalAllocator:
                 top = ancestor
         return top
 
-    def _headroom(self, top: str | None) -> tuple[Counter[str], dict[str, int]]:
-        """Unmet guarantees cluster-wide (kept with the needs), and the part of
-        them the outermost guaranteed role `top` accounts for (not held back from
-        itself)."""
+    def _headroom(self, top: str | None) -> tuple[dict[str, int], dict[str, int]]:
+        """Unmet guarantees cluster-wide, the kinds still missed only (kept with
+        the needs), and the part of them the outermost guaranteed role `top`
+        accounts for (not held back from itself)."""
         required = self._required
         if required is None:
-            required = Counter()
+            total: Counter[str] = Counter()
             for role in self._guaranteed_below(""):
-                required.update(self._need(role, self._quota[role]))
-            self._required = required
+                total.update(self._need(role, self._quota[role]))
+            required = self._required = {kind: milli for kind, milli in total.items() if milli}
         own = self._need(top, self._quota[top]) if top is not None else {}
         return required, own
 
@@ -632,12 +632,27 @@ class HierarchicalAllocator:
         return scalars
 
     def _allocation_changed(self, role: str) -> None:
-        if self._needs and self._chain(role)[3]:
-            self._guarantee_changed()
+        """`role`'s allocation (so its ancestors') changed. A kept room stays
+        when nothing it depends on did: no guarantee is missing anything (so no
+        room depends on the free amounts or on needs), `role` is under no
+        guarantee, and none of the room's limited roles is `role` or above it."""
+        chain, _, _, guarded = self._chain(role)
+        if guarded:
+            if self._needs:
+                self._guarantee_changed()
+        elif self._rooms and self._required is not None and not self._required:
+            for key in [key for key in self._rooms
+                        if any(limited in chain for limited, _ in self._chain(key[0])[1])]:
+                del self._rooms[key]
+            self._dirty_quota_blocked()
+            return
         self._consumption_changed()
 
     def _consumption_changed(self) -> None:
         self._rooms.clear()
+        self._dirty_quota_blocked()
+
+    def _dirty_quota_blocked(self) -> None:
         if self._quota_blocked:
             self._dirty.update(self._quota_blocked)
             self._quota_blocked = {}
