@@ -377,6 +377,9 @@ class BatchCore:
     def _deal_one(self, fill: _Fill, now: float) -> bool:
         """Give the offer one more task if one is eligible and fits. When not, note
         how long the offer should be refused and return False."""
+        if not self._copies and not self._pending[REDUCE if self._all_maps_done() else MAP]:
+            fill.refuse = self.config.refuse_seconds  # what `_pick` would say: nothing
+            return False
         pick = self._pick(fill.offer, now)
         if isinstance(pick, _Why):
             fill.refuse = self.config.refuse_seconds

@@ -144,6 +144,7 @@ class HierarchicalAllocator:
     def __init__(self, min_allocatable: Mapping[str, float],
                  sorter: Callable[[], Sorter] = DRFSorter) -> None:
         self._min = [(name, round(amount * 1000)) for name, amount in sorted(min_allocatable.items())]
+        self._empty_worth = any(milli <= 0 for _, milli in self._min)
         self._make_sorter = sorter
         self._agents: dict[str, _Agent] = {}
         self._frameworks: dict[str, _Framework] = {}
@@ -490,6 +491,8 @@ class HierarchicalAllocator:
     def _worth(self, resources: Resources) -> bool:
         # One sum over the scalars rather than one scan per name; a name that is no
         # scalar here (ports) is asked for as `get_milli` would count it.
+        if resources.is_empty():  # the common end of `_fill`: an agent offered whole
+            return self._empty_worth
         totals = self._scalars(resources)
         for name, milli in self._min:
             if totals.get(name, 0) >= milli or (
