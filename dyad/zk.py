@@ -79,6 +79,12 @@ class ZkAddress:
         return f"{self.root}-registry"
 
     @property
+    def liveness_path(self) -> str:
+        """Where each contender publishes its liveness listener (master/liveness.py),
+        under its own contender's name: a sibling too, private to the masters."""
+        return f"{self.root}-liveness"
+
+    @property
     def url(self) -> str:
         return f"zk://{self.hosts}{self.root}"
 
@@ -243,6 +249,38 @@ class ZkSession:
         data, stat = await self._await(self._client.get_async(path))
         return data, stat.version
 
+    @property
+    def session_id(self) -> int | None:
+        """This session's id (the `ephemeralOwner` of znodes it creates)."""
+        client_id = self._client.client_id
+        return None if client_id is None else int(client_id[0])
+
+    async def sync(self, path: str) -> None:
+        """Make the server we talk to catch up with the ensemble's leader, so the
+        next read sees every write committed before this call."""
+        await self._await(self._client.sync_async(path))
+
+    async def owner(self, path: str) -> tuple[int, int] | None:
+        """The session owning an ephemeral znode and its version; None if it does
+        not exist (a persistent znode's owner is 0)."""
+        stat = await self._await(self._client.exists_async(path))
+        return None if stat is None else (int(stat.ephemeralOwner), int(stat.version))
+
+    async def delete_owned(self, path: str, owner: int, version: int) -> None:
+        """Delete an ephemeral znode only if session `owner` holds it at `version`.
+
+        The owner is read first, then the delete is checked against the version:
+        a contender's path is never reused while its parent lives, so the only
+        znode that can be at that path and version is the one whose owner we read.
+        `VersionConflict` if it is not ours to delete, `ZkError` if it is gone."""
+        found = await self.owner(path)
+        if found is None:
+            raise ZkError(f"{path} is gone already")
+        if found != (owner, version):
+            raise VersionConflict(f"{path} is held by session {found[0]:#x} at version "
+                                  f"{found[1]}, not {owner:#x} at {version}")
+        await self._await(self._client.delete_async(path, version=version))
+
     async def exists(self, path: str) -> int | None:
         """A znode's version, or None if it does not exist."""
         stat = await self._await(self._client.exists_async(path))
@@ -326,16 +364,35 @@ class LeaderWatch:
             self._reading.cancel()
 
 
-class Lease:
-    """How long this process may still act on its ZooKeeper session.
+LEASE_MOST = 0.5
+"""Seconds: the longest lease a leader holds, whatever its session timeout. A
+standby that proved the leader dead and deleted its znode sends nothing for this
+long (master/election.py), so it is what the fast failover costs; it must stay
+well below an agent's first registration retry (1 s), or every agent asks twice.
+A leader renews five times per lease, so a renewal (two ZooKeeper round trips,
+and the leader's own loop) slower than 4/5 of it pauses the leader, never deposes
+it (`master/leadership_pauses`)."""
 
-    A request answered by the server proves the session was alive when the server
-    read it, so the server cannot expire it before `sent + session_timeout`, and no
-    other contender can lead before then. The lease runs to `sent + 2/3 of the
-    timeout` (a margin for the watch and the successor's start-up), and is renewed
-    every sixth of the timeout. This covers what kazoo's SUSPENDED cannot: a
-    process paused (SIGSTOP, a frozen VM) wakes up with a lapsed lease before its
-    kazoo thread has noticed anything.
+
+def lease_term(session_timeout: float) -> float:
+    """The lease a leader holds with this session timeout (see `Lease`)."""
+    return min(session_timeout * 2 / 3, LEASE_MOST)
+
+
+class Lease:
+    """How long this process may still act on its contender znode.
+
+    A renewal syncs the server we talk to with the ensemble, then reads our own
+    contender znode (`guard`). An answer that finds it proves two things at the
+    moment the request was sent: the session was alive, so the server cannot
+    expire it before `sent + session_timeout`; and nobody had deleted the znode
+    (the sync makes the read see every delete committed before it). The lease runs
+    to `sent + term`, `term` being the smaller of 2/3 of the session timeout and
+    `LEASE_MOST`, and is renewed five times per term. So a leader whose znode goes
+    (its session expired, or a standby proved it dead and deleted it) stops acting
+    at most `term` after that, even if it hears nothing. This also covers what
+    kazoo's SUSPENDED cannot: a process paused (SIGSTOP, a frozen VM) wakes up
+    with a lapsed lease before its kazoo thread has noticed anything.
 
     `on_expired(reason)` is called once the lease has stayed lapsed for
     `grace` seconds: the holder must stop for good."""
@@ -344,21 +401,27 @@ class Lease:
                  on_expired: Callable[[str], None]) -> None:
         self._session = session
         self._guard = guard
-        self._timeout = session.session_timeout
+        self.term = lease_term(session.session_timeout)
         self._grace = grace
         self._on_expired = on_expired
-        self._until = 0.0
+        self._until = 0.0  # the last confirmed lease's end; revoking keeps it
+        self._revoked = False
         self._lapsed_since: float | None = None
         self.renewed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     def valid(self) -> bool:
-        return time.monotonic() < self._until
+        return not self._revoked and time.monotonic() < self._until
+
+    def dead(self) -> bool:
+        """Lapsed for longer than `grace`: the holder is done, whether or not the
+        renewal loop has run since (a process resumed after a pause)."""
+        return self._until > 0 and time.monotonic() > self._until + self._grace
 
     def revoke(self) -> None:
         """Stop acting now (kazoo said SUSPENDED); renewals may restore the lease."""
         self._lapse(time.monotonic())
-        self._until = 0.0
+        self._revoked = True
 
     def _lapse(self, now: float) -> None:
         self.renewed.clear()
@@ -378,12 +441,12 @@ class Lease:
         sent = time.monotonic()
         try:
             # A later answer could not extend the lease past now anyway.
-            version = await asyncio.wait_for(self._session.exists(self._guard),
-                                             self._timeout * 2 / 3)
+            version = await asyncio.wait_for(self._confirm(), self.term)
         except (ZkError, asyncio.TimeoutError):
             version = None
         if version is not None and self._session.connected:
-            self._until = sent + self._timeout * 2 / 3
+            self._until = sent + self.term
+            self._revoked = False
             self._lapsed_since = None
             self.renewed.set()
             return True
@@ -400,7 +463,11 @@ class Lease:
                     self._on_expired(f"could not confirm the ZooKeeper session for "
                                      f"{now - self._lapsed_since:.1f}s")
                     return
-            await asyncio.sleep(self._timeout / 6)
+            await asyncio.sleep(self.term / 5)
+
+    async def _confirm(self) -> int | None:
+        await self._session.sync(self._guard)
+        return await self._session.exists(self._guard)
 
 
 async def create_contender(session: ZkSession, root: str, info: MasterInfo) -> str:

@@ -9,12 +9,15 @@ single task does all the handling, the core never sees concurrency.
 Leadership. Standalone (no ZooKeeper), the master leads from the start and keeps
 its registry in a file under the work dir. With ZooKeeper it starts as a
 *standby*: it binds its ports, serves `/health` and `/state` (saying who leads),
-enters the election (`dyad.zk`) and drops every frame until it is elected. Once
-elected it recovers the registry (which fences the previous leader), builds a
-fresh `MasterState` from it, and acts only while its `Lease` on the ZooKeeper
-session is valid: a leader that cannot confirm its session stops handling events
-at once, and gives up for good (`lost` resolves, `dyad-master` exits non-zero for
-a supervisor to restart it, as Mesos does) when the session is LOST, when it
+enters the election (`dyad.zk`; who leads, and when a dead leader is proven dead,
+is decided in `master.election`, its shell is `master.liveness`) and drops every
+frame until it is elected. Once elected it recovers the registry (which fences the
+previous leader), builds a fresh `MasterState` from it, and acts only while its
+`Lease` on its contender znode is valid; after proving a leader dead it handles
+at once but sends nothing until that leader's lease is over. A leader that cannot
+confirm its lease stops handling events at once, and gives up for good (`lost`
+resolves, `dyad-master` exits non-zero for a supervisor to restart it, as Mesos
+does) when the session is LOST, when its contender znode is gone, when the lease
 stays unconfirmed past one session timeout, or when a registry write is fenced.
 Two masters therefore never both make offers.
 
@@ -49,7 +52,7 @@ from dyad.supervision import LogLimiter, Supervisor
 from dyad.transport import Router, Undecoded
 from dyad.zk import (
     CONNECTED, LOST, SUSPENDED, LeaderWatch, Lease, SessionState, ZkAddress, ZkError,
-    ZkSession, create_contender,
+    ZkSession, create_contender, lease_term,
 )
 from master.api_v1 import SchedulerStreams, add_routes as add_v1_routes
 from master.http import make_app
@@ -58,6 +61,7 @@ from master.registry import (
 )
 from master.restore import restore
 from master.inflow import Inflow
+from master.liveness import Campaign, LivenessListener, publish
 from master.metrics import LATENCY_BOUNDS, Histogram
 from master.operator import INTERNAL, OperatorCall, Reply, Request
 from master.model import (
@@ -98,6 +102,10 @@ SEND_QUEUE = 50_000
 """Frames queued for one peer before a send to it fails (counted in
 `master/dropped_sends`, never silently). ZMQ's default (1,000) is below what a
 busy framework, reading at its own pace, has in flight."""
+
+ELECTION_COUNTERS = ("proven_dead", "fast_failovers", "deletes_refused", "watch_retries",
+                     "unwatchable")
+"""What `master.liveness.Campaign` counts, reported as master/election/<name>."""
 
 DEFAULT_ZK_SESSION_TIMEOUT = 4.0
 """Seconds. ZooKeeper's own minimum with its stock tickTime (2 s): the shortest
@@ -162,6 +170,8 @@ class MasterServer:
         self._contender: str | None = None
         self._watch: LeaderWatch | None = None
         self._lease: Lease | None = None
+        self._liveness: LivenessListener | None = None
+        self._campaigning: Campaign | None = None
         self._electing = False
         self._registry: Registry | None = None
         self._registry_dirty = asyncio.Event()
@@ -171,6 +181,10 @@ class MasterServer:
         self._counts = {"registry_writes": 0, "received_as_standby": 0, "paused": 0}
         self._lost: asyncio.Future[str] | None = None
         self._elected = asyncio.Event()
+        # Elected after proving a leader dead: the core handles events at once, but
+        # what it sends waits in `_held` until that leader's lease is over.
+        self._acting = asyncio.Event()
+        self._held: collections.deque[Send] = collections.deque()
         self._early: collections.deque[tuple[float, Received | InvalidFrame]] = collections.deque(
             maxlen=EARLY_FRAMES_MAX)
 
@@ -246,9 +260,14 @@ class MasterServer:
             self._zap = None
         if self._registry is not None:
             await self._registry.close()
+        if self._campaigning is not None:
+            await self._campaigning.hold()  # a leader we deleted may hold a lease still
+            await self._campaigning.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
+        if self._liveness is not None:  # after the session: a clean stop is no death
+            await self._liveness.close()
 
     @property
     def lost(self) -> asyncio.Future[str]:
@@ -298,7 +317,10 @@ class MasterServer:
 
     @property
     def is_leader(self) -> bool:
-        return self._state is not None and not self.lost.done()
+        """Leading and not done: a leader whose lease lapsed longer ago than it may
+        wait for it (resumed after a pause) is done even before it notices."""
+        return (self._state is not None and self._acting.is_set() and not self.lost.done()
+                and not (self._lease is not None and self._lease.dead()))
 
     def snapshot(self) -> dict[str, Any]:
         if self.is_leader:
@@ -347,6 +369,10 @@ class MasterServer:
         result["master/registry_writes"] = self._counts["registry_writes"]
         result["master/messages_received_as_standby"] = self._counts["received_as_standby"]
         result["master/leadership_pauses"] = self._counts["paused"]
+        if self._campaigning is not None:
+            for name in ELECTION_COUNTERS:
+                result[f"master/election/{name}"] = self._campaigning.counts[name]
+            result["master/election/watching"] = int(self._campaigning.watching)
         result["master/loop_restarts"] = self._supervisor.restarts
         if self.usage is not None:
             result.update(self.usage.metrics())
@@ -369,24 +395,34 @@ class MasterServer:
         self._session = ZkSession(zk.hosts, self._zk_session_timeout, self._session_state,
                                   digest=self.security.zk_digest, leader_root=zk.root)
         try:
+            self._liveness = LivenessListener(self.ip)
+            await self._liveness.start()
             await self._session.start()
+            lease = lease_term(self._zk_session_timeout)
+            await publish(self._session, zk, self.ip, self._liveness.port, lease)
             self._contender = await create_contender(self._session, zk.root, self.info)
             log.info("contending for leadership as %s", self._contender)
             self._watch = LeaderWatch(self._session, zk.root, self._leader_changed)
             await self._watch.start()
-        except ZkError as exc:
+            self._campaigning = Campaign(self._session, zk, self._contender, lease,
+                                         on_lead=self._elected_now, on_stand_down=self._give_up)
+            await self._campaigning.start()
+        except (ZkError, OSError) as exc:
             self._give_up(f"cannot enter the election under {zk.url}: {exc}")
 
     def _leader_changed(self, path: str | None, info: MasterInfo | None) -> None:
         self.leader = info
         if info is not None:
             log.info("leading master: %s (%s)", info.id, info.http_url)
-        if (path is not None and path == self._contender and self._state is None
-                and not self._electing and not self.lost.done()):
-            self._electing = True
-            self._supervisor.once("master-take-over", self._take_over())
 
-    async def _take_over(self) -> None:
+    def _elected_now(self, not_before: float) -> None:
+        """Our znode is the lowest (master/election.py); act from `not_before`
+        (monotonic) on, once a leader we proved dead can no longer act."""
+        if self._state is None and not self._electing and not self.lost.done():
+            self._electing = True
+            self._supervisor.once("master-take-over", self._take_over(not_before))
+
+    async def _take_over(self, not_before: float) -> None:
         assert self._session is not None and self._contender is not None
         assert self._zk is not None
         self._lease = Lease(self._session, self._contender, grace=self._zk_session_timeout,
@@ -395,16 +431,19 @@ class MasterServer:
         self._lease.start()
         registry = ZooKeeperRegistry(self._session, self._zk.registry_path, self._contender)
         try:
-            await self._lead(registry)
+            await self._lead(registry, not_before)
         except RegistryError as exc:
             self._give_up(f"cannot take over the registry: {exc}")
 
-    async def _lead(self, registry: Registry | None) -> None:
-        """Recover the registry and start acting as leader."""
+    async def _lead(self, registry: Registry | None, not_before: float = 0.0) -> None:
+        """Recover the registry and start acting as leader (not before `not_before`)."""
         started = time.perf_counter()
         data = await registry.recover() if registry is not None else RegistryData()
+        fence = max(0.0, not_before - time.monotonic())
+        if fence == 0:
+            self._acting.set()
         now = self._clock.now()
-        state = MasterState(self.config, self.info, self._ids, start_time=now)
+        state = MasterState(self.config, self.info, self._ids, start_time=now + fence)
         effects = restore(state, data, now)
         self._registry = registry
         self._state = state  # from here on `_receive` queues frames for handling
@@ -420,10 +459,21 @@ class MasterServer:
         self._supervisor.loop("master-process", self._process)
         if registry is not None:
             self._supervisor.loop("master-registry", self._write_registry)
+        if fence > 0:
+            log.info("handling, sending nothing for %.2fs: until the lease of the leader "
+                     "we proved dead is over", fence)
+            await asyncio.sleep(fence)
+            await self._release_held()
         self._elected.set()
         log.info("leading: recovered %d agents and %d unreachable ones from the registry "
                  "in %.0f ms", len(data.agents), len(data.unreachable),
                  (time.perf_counter() - started) * 1000)
+
+    async def _release_held(self) -> None:
+        """Send what the fence held, in order; sends made meanwhile queue behind."""
+        while self._held:
+            await self._send(self._held.popleft())
+        self._acting.set()
 
     def _session_state(self, state: SessionState) -> None:
         if state == SUSPENDED:
@@ -469,6 +519,7 @@ class MasterServer:
         while True:
             await self._registry_dirty.wait()
             await asyncio.sleep(REGISTRY_BATCH)
+            await self._acting.wait()
             self._registry_dirty.clear()
             started = time.perf_counter()
             try:
@@ -598,19 +649,25 @@ class MasterServer:
             if self.usage is not None:  # None only while stopping
                 self.usage.store.submit(effect.samples, effect.events)
         elif isinstance(effect, Send):
-            if self.v1_streams.deliver(effect.to, effect.message):
-                return  # an HTTP subscriber's: queued for its event stream
-            sent = False
-            if self._router is not None:
-                try:
-                    sent = await self._router.send(bytes.fromhex(effect.to), effect.message)
-                except zmq.ZMQError as exc:
-                    log.warning("send of %s to %s failed: %s", effect.message.TYPE,
-                                effect.to, exc)
-            if not sent:
-                self._dropped_sends += 1
+            if self._acting.is_set():
+                await self._send(effect)
+            else:
+                self._held.append(effect)
         else:
             self._timers.perform(effect)
+
+    async def _send(self, effect: Send) -> None:
+        if self.v1_streams.deliver(effect.to, effect.message):
+            return  # an HTTP subscriber's: queued for its event stream
+        sent = False
+        if self._router is not None:
+            try:
+                sent = await self._router.send(bytes.fromhex(effect.to), effect.message)
+            except zmq.ZMQError as exc:
+                log.warning("send of %s to %s failed: %s", effect.message.TYPE,
+                            effect.to, exc)
+        if not sent:
+            self._dropped_sends += 1
 
     def _answer(self, reply: Reply) -> None:
         future = self._calls.get(reply.call_id)

@@ -143,6 +143,11 @@ async def test_a_master_with_the_digest_keeps_its_znodes_to_itself(
             stranger.get(address.registry_path)
         with pytest.raises(NoAuthError):
             stranger.set(address.registry_path, b"forged")
+        # The liveness records (master/liveness.py) are the masters' own too.
+        with pytest.raises(NoAuthError):
+            stranger.get_children(address.liveness_path)
+        with pytest.raises(NoAuthError):
+            stranger.create(f"{address.liveness_path}/forged", b"{}", ephemeral=True)
         assert server.is_leader
     finally:
         await server.stop()
