@@ -21,10 +21,11 @@ simulated second, which bounds the speed whatever the workload.
 Printed per size: wall and CPU seconds, simulated seconds, the speed ratio (the
 reference is real time: 1x) by wall and by CPU time (on a shared machine wall
 time also measures the other users; on a quiet one the two agree), events
-processed per wall second, the CPU time a simulated day takes (measured when `--hours 24`, else the span's speed carried
-over a day, which flatters a span shorter than the jobs' lifetimes: the cost per
-simulated second grows as jobs pile up over the first hours), and the jobs'
-outcome (a sanity check that the day was really simulated). `--quick` runs
+processed per wall second, the CPU time a simulated day takes (measured when
+`--hours 24`, else the span's speed carried over a day, which flatters a span
+shorter than the jobs' lifetimes: the cost per simulated second grows as jobs
+pile up over the first hours, and a job's reduces are offered every agent
+again when its maps end), and the jobs' outcome (a sanity check that the day was really simulated). `--quick` runs
 1,000 agents only; the default runs 1,000 and 10,000. Goals (issue 15): at
 least 1,000x at 1,000 agents; a simulated day of 10,000 agents in under 10 min;
 the last lines say whether this run met them.

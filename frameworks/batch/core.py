@@ -17,8 +17,9 @@ the offers of a batch one at a time in turn (spreading work over agents) while
 they fit (the first task on an agent also pays for the executor); offers that
 get nothing are declined, in one `DeclineOffers` per run of consecutive offers
 with the same filter (one Decline message for hundreds of offers, not one each;
-runs keep the master seeing declines and launches in offer order). Maps are picked data-local first (the offer's host is
-one of the split's preferred hosts), then maps with no preference. When only
+runs keep the master seeing declines and launches in offer order). Maps are
+picked data-local first (the offer's host is one of the split's preferred
+hosts), then maps with no preference. When only
 non-local maps are left for an offer, the job *skips* it, and remembers since when
 it has been skipping; it takes a non-local map only once it has skipped for
 `locality_wait` seconds. Every data-local launch resets that clock. This is delay
@@ -59,8 +60,9 @@ finished peers (and at least `SPECULATIVE_MIN_RUNTIME`) gets one extra attempt o
 another agent; the first attempt to finish wins and the others are killed.
 
 **Starvation.** If tasks wait, none runs, and for `starvation_timeout` seconds no
-offer was big enough for the next task, the job fails with a message that says
-what was needed and the biggest offer seen, instead of waiting forever.
+offer was big enough for the next task, the job fails (at that deadline: the
+`Tick` is armed for it) with a message that says what was needed and the
+biggest offer seen, instead of waiting forever.
 """
 
 from __future__ import annotations
