@@ -30,7 +30,7 @@ from master.allocator import (
 from master.events import EventLog
 from master.metrics import LATENCY_BOUNDS, Counters, Histogram, Window
 from master.model import (
-    Allocate, CompletedFramework, Effect, FailoverTimeout, HeartbeatDue, MasterAgent,
+    EMPTY, Allocate, CompletedFramework, Effect, FailoverTimeout, HeartbeatDue, MasterAgent,
     MasterConfig, MasterFramework, MasterTask, OfferTimeout, PersistRegistry,
     UnreachableAgent, task_counter,
 )
@@ -213,8 +213,11 @@ class MasterBooks:
         self.frameworks[offer.framework_id].offers.discard(offer.id)
         agent = self.agents[offer.agent_id]
         agent.offers.discard(offer.id)
-        agent.offered = agent.offered - offer.resources
-        agent.revocable_offered = agent.revocable_offered - offer.revocable
+        # Most agents hold one offer: its resources are the very value `offered` is.
+        agent.offered = (EMPTY if agent.offered is offer.resources
+                         else agent.offered - offer.resources)
+        if offer.revocable:
+            agent.revocable_offered = agent.revocable_offered - offer.revocable
         self._cancel(OfferTimeout(offer.id))
 
     def _return_offer(self, offer: Offer, refuse_seconds: float) -> None:
@@ -227,6 +230,22 @@ class MasterBooks:
                                        self._now + refuse_seconds)
             if offer.revocable:
                 self._filter_revocable(offer.framework_id, offer.agent_id, refuse_seconds)
+        self._request_allocation()
+
+    def _return_offers(self, framework_id: str, offers: list[Offer],
+                       refuse_seconds: float) -> None:
+        """`_return_offer` for each of one framework's offers in turn, with one
+        allocator call for all (a Decline of hundreds of offers)."""
+        for offer in offers:
+            self._forget_offer(offer)
+        self.allocator.close_offers(framework_id, [
+            (offer.agent_id, offer.resources) for offer in offers if offer.resources])
+        if refuse_seconds > 0:
+            until = self._now + refuse_seconds
+            for offer in offers:
+                self.allocator.add_filter(framework_id, offer.agent_id, until)
+                if offer.revocable:
+                    self._filter_revocable(framework_id, offer.agent_id, refuse_seconds)
         self._request_allocation()
 
     def _filter_revocable(self, framework_id: str, agent_id: str, refuse_seconds: float) -> None:

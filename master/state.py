@@ -367,15 +367,17 @@ class MasterState(PreemptionHandlers, AgentHandlers):
             id=self._ids.next("O"), framework_id=framework_id, agent_id=agent_id,
             hostname=agent.info.hostname, resources=resources,
             attributes=dict(agent.info.attributes),
-            executor_ids=sorted(eid for fid, eid in agent.executors if fid == framework_id),
+            executor_ids=sorted(eid for fid, eid in agent.executors if fid == framework_id)
+            if agent.executors else [],
             url=agent.info.url, cached_uris=list(self.cached_uris.get(agent_id, ())),
-            revocable=lent, volumes=offered_volumes(agent, resources))
+            revocable=lent,
+            volumes=offered_volumes(agent, resources) if agent.dynamic.volumes else [])
         self.offers[offer.id] = offer
         framework.offers.add(offer.id)
         agent.offers.add(offer.id)
         agent.offered = agent.offered + resources
-        agent.revocable_offered = agent.revocable_offered + lent
         if lent:
+            agent.revocable_offered = agent.revocable_offered + lent
             self.counters.inc("master/revocable_offers_sent")
         self._arm(OfferTimeout(offer.id), self._now + self.config.offer_timeout)
         batches.setdefault(framework_id, []).append(offer)
@@ -444,11 +446,11 @@ class MasterState(PreemptionHandlers, AgentHandlers):
         if framework is None:
             return
         # Unknown ids are ignored: a decline racing a rescind is normal.
-        for offer_id in dict.fromkeys(message.offer_ids):
-            offer = self.offers.get(offer_id)
-            if offer is not None and offer.framework_id == framework.id:
-                self.counters.inc("master/offers_declined")
-                self._return_offer(offer, message.filters.refuse_seconds)
+        offers = [offer for offer in map(self.offers.get, dict.fromkeys(message.offer_ids))
+                  if offer is not None and offer.framework_id == framework.id]
+        if offers:
+            self.counters.inc("master/offers_declined", len(offers))
+            self._return_offers(framework.id, offers, message.filters.refuse_seconds)
 
     def _on_accept(self, peer: str, message: Accept) -> None:
         framework = self._owned_framework(peer, message)

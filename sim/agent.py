@@ -166,6 +166,15 @@ class SimAgent:
     def live_tasks(self) -> int:
         return sum(1 for t in self._tasks.values() if not t.state.is_terminal)
 
+    def answer_ping(self, ping: Message) -> Message | None:
+        """The `Pong` that `handle` would send for `ping` at any time from now on
+        (None before registration: it would send nothing yet), counted as
+        received; the engine's one-entry round trip (sim/engine.py)."""
+        if self.agent_id is None:
+            return None
+        self.counters["messages_received"] += 1
+        return Pong(agent_id=self.agent_id)
+
     def handle(self, event: Event, now: float) -> list[Effect]:
         self._out = []
         if isinstance(event, FromMaster):

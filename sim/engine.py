@@ -18,6 +18,16 @@ With `codec=True` every message is encoded and decoded on the way, as a real
 socket would, so a message that does not survive the codec fails the run where
 it was sent. A message to an unknown peer is dropped and counted (a ZMQ ROUTER
 drops what it cannot route).
+
+Pings take one heap entry per round trip instead of two. A node may register an
+*echo* for `Ping` (`add_echo`: the simulated agent's, which answers a ping with a
+`Pong` and nothing else, whatever the time, once registered): a ping to it is
+answered when sent, and only the answer goes on the heap, due `2 x latency`
+later, as it would arrive. The master's liveness code runs unchanged; what
+changes is the Pong's place among other events due at the very same instant
+(it comes before messages sent at the instant the ping arrived), and a Pong
+touches nothing but its agent's liveness. An echo that has no answer (an agent
+not registered yet) sends the ping the ordinary way.
 """
 
 from __future__ import annotations
@@ -28,7 +38,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable
 from typing import Protocol
 
-from dyad.messages import Message, decode, encode
+from dyad.messages import Message, Ping, decode, encode
 
 _MESSAGE = 0
 _TIMER = 1
@@ -59,6 +69,7 @@ class Engine:
         self._seq = 0
         self._nodes: dict[str, Node] = {}
         self._armed: dict[tuple[str, Hashable], int] = {}
+        self._echoes: dict[str, Callable[[Message], Message | None]] = {}
         self._stopped = False
 
     # ------------------------------------------------------------------ nodes
@@ -71,15 +82,29 @@ class Engine:
     def has_node(self, name: str) -> bool:
         return name in self._nodes
 
+    def add_echo(self, name: str, answer: Callable[[Message], Message | None]) -> None:
+        """`answer(ping)` is what node `name` replies to a `Ping` (module docstring)."""
+        self._echoes[name] = answer
+
     # ------------------------------------------------------------------- wire
 
     def send(self, sender: str, to: str, message: Message) -> None:
+        message = self._wire(message)
+        if type(message) is Ping and to in self._echoes:
+            answer = self._echoes[to](message)
+            if answer is not None:
+                self._push(self.now + 2 * self.latency, _MESSAGE, sender,
+                           (to, self._wire(answer)))
+                return
+        self._push(self.now + self.latency, _MESSAGE, to, (sender, message))
+
+    def _wire(self, message: Message) -> Message:
         if self.codec:
             frame = encode(message)
             self.counters["wire_bytes"] += len(frame)
             message = decode(frame)
         self.counters["messages"] += 1
-        self._push(self.now + self.latency, _MESSAGE, to, (sender, message))
+        return message
 
     # ----------------------------------------------------------------- timers
 

@@ -103,6 +103,7 @@ class AgentNode(_Shell):
         super().__init__(engine, name)
         self.agent = agent
         engine.add_node(name, self)
+        engine.add_echo(name, agent.answer_ping)
 
     def start(self, now: float) -> None:
         self._perform(self.agent.handle(Start(), now))

@@ -14,9 +14,12 @@ every map output lives (agent URL and sandbox path) for the shuffle.
 
 **Offers and delay scheduling.** Offers are answered at once: tasks are dealt to
 the offers of a batch one at a time in turn (spreading work over agents) while
-they fit (the first task on an agent also pays for the executor); an offer that
-gets nothing is declined. Maps are picked data-local first (the offer's host is
-one of the split's preferred hosts), then maps with no preference. When only
+they fit (the first task on an agent also pays for the executor); offers that
+get nothing are declined, in one `DeclineOffers` per run of consecutive offers
+with the same filter (one Decline message for hundreds of offers, not one each;
+runs keep the master seeing declines and launches in offer order). Maps are
+picked data-local first (the offer's host is one of the split's preferred
+hosts), then maps with no preference. When only
 non-local maps are left for an offer, the job *skips* it, and remembers since when
 it has been skipping; it takes a non-local map only once it has skipped for
 `locality_wait` seconds. Every data-local launch resets that clock. This is delay
@@ -57,8 +60,9 @@ finished peers (and at least `SPECULATIVE_MIN_RUNTIME`) gets one extra attempt o
 another agent; the first attempt to finish wins and the others are killed.
 
 **Starvation.** If tasks wait, none runs, and for `starvation_timeout` seconds no
-offer was big enough for the next task, the job fails with a message that says
-what was needed and the biggest offer seen, instead of waiting forever.
+offer was big enough for the next task, the job fails (at that deadline: the
+`Tick` is armed for it) with a message that says what was needed and the
+biggest offer seen, instead of waiting forever.
 """
 
 from __future__ import annotations
@@ -80,6 +84,7 @@ from frameworks.effects import (
     SuppressOffers)
 
 TICK_INTERVAL = 0.5
+_NONE = Resources()
 MIN_REFUSE = 0.1
 """Shortest filter put on a declined offer: shorter ones only add offer traffic."""
 REFUSAL_LIMIT = 10
@@ -123,8 +128,9 @@ Event = Started | Reregistered | OffersMade | TaskUpdate | AgentLost | TimerFire
 
 @attrs.frozen
 class Tick(TimerKey):
-    """The periodic check (speculation, starvation, refusal backoffs), every
-    `TICK_INTERVAL` seconds while the job runs."""
+    """The check of what time alone changes: a refusal backoff ended, the
+    starvation timeout ran out (armed for the earliest of them, only while one
+    is pending), and with speculation on, stragglers (every `TICK_INTERVAL`)."""
 
 
 # ----------------------------------------------------------------------- effects
@@ -254,6 +260,9 @@ class BatchCore:
         self._splits = {s.index: s for s in config.splits}
         if sorted(self._splits) != list(range(len(config.splits))):
             raise ValueError("split indexes must be 0..M-1")
+        # Whether any map can ever prefer a host (named hosts, or a URI whose
+        # fetchers become its hosts): without, the first runnable map is the pick.
+        self._placed = any(s.hosts or s.is_uri for s in config.splits)
         self._pending: dict[str, dict[int, None]] = {
             MAP: dict.fromkeys(range(len(self._maps))),
             REDUCE: dict.fromkeys(range(len(self._reduces)))}
@@ -267,6 +276,8 @@ class BatchCore:
         self._suppressed = False
         self._new_work = False  # something became eligible since `_interest` last ran
         self._started = False
+        self._tick_at: float | None = None  # when the armed `Tick` fires
+        self._live_count = 0  # attempts launched and not ended
         self._done: JobDone | None = None
         self._last_launch = 0.0
         self._too_small: Resources | None = None  # biggest offer a task did not fit
@@ -290,6 +301,15 @@ class BatchCore:
     def handle(self, event: Event, now: float) -> list[Effect]:
         if self._done is not None:
             return []
+        effects = self._handle(event, now)
+        if self._started and self._done is None:
+            due = self._tick_due(now)
+            if due is not None and due != self._tick_at:
+                self._tick_at = due
+                effects.append(ArmTimer(Tick(), due))
+        return effects
+
+    def _handle(self, event: Event, now: float) -> list[Effect]:
         match event:
             case Started():
                 return self._start(now)
@@ -302,6 +322,7 @@ class BatchCore:
             case AgentLost(agent_id):
                 return self._on_agent_lost(agent_id, now)
             case TimerFired(Tick()):
+                self._tick_at = None
                 return self._tick(now)
             case TimerFired(key):
                 raise UnknownTimer("BatchCore", key)
@@ -309,11 +330,23 @@ class BatchCore:
                 raise TypeError(f"BatchCore cannot handle {event!r}")
 
     def _start(self, now: float) -> list[Effect]:
-        if self._started:
-            return []
-        self._started = True
-        self._last_launch = now
-        return [ArmTimer(Tick(), now + TICK_INTERVAL)]
+        if not self._started:
+            self._started = True
+            self._last_launch = now
+        return []
+
+    def _tick_due(self, now: float) -> float | None:
+        """When the next `Tick` must come (None: nothing to check). With
+        speculation, every `TICK_INTERVAL`; else when a refusal backoff ends or
+        the starvation timeout runs out, and not before: a job waiting for its
+        tasks to end has nothing to check, so it costs no timer events."""
+        if self.config.speculative:
+            return now + TICK_INTERVAL if self._tick_at is None else self._tick_at
+        due = self._backoff_until
+        if self._too_small is not None and not self._live_count and self._eligible():
+            starving = self._last_launch + self.config.starvation_timeout
+            due = starving if due is None else min(due, starving)
+        return due
 
     # ----------------------------------------------------------------- offers
 
@@ -324,23 +357,31 @@ class BatchCore:
         for offer in offers:
             self._agents[offer.agent_id] = offer.hostname
             self._lost_hosts.discard(offer.hostname)
-            lent = offer.revocable if self.config.revocable else Resources()
+            lent = offer.revocable if self.config.revocable else _NONE
             fills.append(_Fill(offer, offer.resources, lent,
                                self.config.executor.executor_id in offer.executor_ids))
         dealing = list(fills)
         while dealing:
             dealing = [fill for fill in dealing if self._deal_one(fill, now)]
         effects: list[Effect] = []
-        for fill in fills:
+        declined: list[str] = []  # a run of offers declined with the same filter
+        for at, fill in enumerate(fills):
             if fill.tasks:
                 effects.append(LaunchTasks(fill.offer.id, tuple(fill.tasks), fill.refuse))
-            else:
-                effects.append(DeclineOffers((fill.offer.id,), fill.refuse))
+                continue
+            declined.append(fill.offer.id)
+            following = fills[at + 1] if at + 1 < len(fills) else None
+            if following is None or following.tasks or following.refuse != fill.refuse:
+                effects.append(DeclineOffers(tuple(declined), fill.refuse))
+                declined = []
         return effects + self._interest(freed=False)
 
     def _deal_one(self, fill: _Fill, now: float) -> bool:
         """Give the offer one more task if one is eligible and fits. When not, note
         how long the offer should be refused and return False."""
+        if not self._copies and not self._pending[REDUCE if self._all_maps_done() else MAP]:
+            fill.refuse = self.config.refuse_seconds  # what `_pick` would say: nothing
+            return False
         pick = self._pick(fill.offer, now)
         if isinstance(pick, _Why):
             fill.refuse = self.config.refuse_seconds
@@ -350,7 +391,7 @@ class BatchCore:
             return False
         task, speculative, local = pick
         need = self._resources(task.kind)
-        executor = Resources() if fill.executor_here else self.config.executor.resources
+        executor = _NONE if fill.executor_here else self.config.executor.resources
         if need + executor <= fill.left:
             fill.left = fill.left - need - executor
             revocable = False
@@ -377,6 +418,12 @@ class BatchCore:
     def _pick(self, offer: Offer, now: float) -> tuple[_Task, bool, bool | None] | _Why:
         """The next task for this offer: (task, speculative copy?, data-local?)."""
         if not self._all_maps_done():
+            if not self._placed:
+                for i in self._pending[MAP]:
+                    task = self._maps[i]
+                    if self._may_run(task, offer.agent_id, now):
+                        return task, False, None
+                return self._copy_for(MAP, offer)
             # In order of preference: the first runnable map whose data is here,
             # else the first with no data anywhere, else a steal. One scan, which
             # stops at the first local map.
@@ -456,6 +503,7 @@ class BatchCore:
                            local=local)
         self._attempts[task_id] = attempt
         task.live.append(attempt)
+        self._live_count += 1
         if revocable:
             self.revocable_launches += 1
         if local:
@@ -496,6 +544,7 @@ class BatchCore:
             return []  # a duplicate (at-least-once delivery) or progress
         attempt.ended = True
         attempt.task.live.remove(attempt)
+        self._live_count -= 1
         if status.state is TaskState.TASK_FINISHED:
             effects = self._succeeded(attempt, status, now)
         elif _refused(status):
@@ -653,7 +702,6 @@ class BatchCore:
     # ------------------------------------------------------------------ ticks
 
     def _tick(self, now: float) -> list[Effect]:
-        effects: list[Effect] = []
         if self._backoff_until is not None and self._backoff_until <= now:
             self._new_work = True  # refused tasks may launch again: offers back
             waiting = [t.not_before for t in (*self._maps, *self._reduces)
@@ -663,9 +711,7 @@ class BatchCore:
             self._speculate(now)
         if self._starving(now):
             return [self._fail(self._starvation_message())]
-        effects += self._interest(freed=False)
-        effects.append(ArmTimer(Tick(), now + TICK_INTERVAL))
-        return effects
+        return self._interest(freed=False)
 
     def _speculate(self, now: float) -> None:
         kind = REDUCE if self._all_maps_done() else MAP
@@ -688,9 +734,8 @@ class BatchCore:
                 budget -= 1
 
     def _starving(self, now: float) -> bool:
-        return (self._too_small is not None and self._eligible()
-                and not any(True for _ in self._live())
-                and now - self._last_launch >= self.config.starvation_timeout)
+        return (self._too_small is not None and self._eligible() and not self._live_count
+                and now >= self._last_launch + self.config.starvation_timeout)
 
     def _starvation_message(self) -> str:
         kind = REDUCE if self._all_maps_done() else MAP

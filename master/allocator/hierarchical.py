@@ -144,6 +144,7 @@ class HierarchicalAllocator:
     def __init__(self, min_allocatable: Mapping[str, float],
                  sorter: Callable[[], Sorter] = DRFSorter) -> None:
         self._min = [(name, round(amount * 1000)) for name, amount in sorted(min_allocatable.items())]
+        self._empty_worth = any(milli <= 0 for _, milli in self._min)
         self._make_sorter = sorter
         self._agents: dict[str, _Agent] = {}
         self._frameworks: dict[str, _Framework] = {}
@@ -160,6 +161,15 @@ class HierarchicalAllocator:
         # allocation or the free unreserved amounts change.
         self._rooms: dict[tuple[str, bool], _Rooms | None] = {}
         self._below: dict[str, list[str]] = {}  # `_guaranteed_below`, until quota changes
+        # Per role, until quota changes: its quota chain, the ancestors in it with a
+        # limit, the outermost guaranteed role of it, and whether any has a guarantee.
+        self._chains: dict[str, tuple[list[str], list[tuple[str, Mapping[str, int]]],
+                                      str | None, bool]] = {}
+        # Guaranteed role -> `_need`, and their sum (`_headroom`), until quota or an
+        # allocation in a guaranteed subtree changes.
+        self._needs: dict[str, dict[str, int]] = {}
+        self._required: dict[str, int] | None = None  # only kinds still missed
+        self._memo: tuple[Resources | None, dict[str, int]] = (None, {})
         self.last_considered = 0  # agents looked at by the last pass
 
     # ------------------------------------------------------------------ agents
@@ -305,6 +315,8 @@ class HierarchicalAllocator:
             self._quota[role] = quota
         self._rooms.clear()
         self._below.clear()
+        self._chains.clear()
+        self._guarantee_changed()
         self._all_dirty = True
 
     # -------------------------------------------------------------- accounting
@@ -343,6 +355,27 @@ class HierarchicalAllocator:
         agent.offered_to.discard(framework_id)
         self.release(agent_id, framework_id, returned)
         self._dirty[agent_id] = None  # the framework may be offered here again
+
+    def close_offers(self, framework_id: str, returned: Iterable[tuple[str, Resources]]) -> None:
+        """`close_offer` for several offers of one framework in turn (a Decline of
+        hundreds), with the same outcome; the sorters hear once per role, not once
+        per offer, because nothing reads them in between."""
+        self._framework(framework_id)
+        pending: dict[str, Counter[str]] = {}
+        try:
+            for agent_id, resources in returned:
+                agent = self._agent(agent_id)
+                agent.offered_to.discard(framework_id)
+                if not resources.is_empty():
+                    held = agent.allocated.get(framework_id, EMPTY)
+                    if not resources <= held:
+                        raise AllocatorError(
+                            f"framework {framework_id} does not hold {resources} on agent "
+                            f"{agent_id}: it holds {held or 'nothing'}")
+                    self._release(agent_id, agent, framework_id, resources, pending)
+                self._dirty[agent_id] = None
+        finally:
+            self._unallocate(framework_id, pending)
 
     # ----------------------------------------------------------------- queries
 
@@ -387,8 +420,8 @@ class HierarchicalAllocator:
         self._all_dirty = False
         self.last_considered = len(candidates)
         result: list[Allocation] = []
-        if not candidates:
-            return result
+        if not candidates or not self._role_sorter.any_active():
+            return result  # nobody would be offered anything (all suppressed or away)
         if self._guarantees_unmet():
             for agent_id in candidates:
                 self._fill(agent_id, now, result, guarantees=True)
@@ -458,7 +491,9 @@ class HierarchicalAllocator:
     def _worth(self, resources: Resources) -> bool:
         # One sum over the scalars rather than one scan per name; a name that is no
         # scalar here (ports) is asked for as `get_milli` would count it.
-        totals = resources.scalar_items()
+        if resources.is_empty():  # the common end of `_fill`: an agent offered whole
+            return self._empty_worth
+        totals = self._scalars(resources)
         for name, milli in self._min:
             if totals.get(name, 0) >= milli or (
                     name not in totals and resources.get_milli(name) >= milli):
@@ -479,7 +514,7 @@ class HierarchicalAllocator:
             rooms = self._rooms[key] = self._room(role, guarantees)
         if rooms is None:
             return None
-        return _cut(offerable, *rooms)
+        return _cut(offerable, *rooms, self._scalars(offerable))
 
     def _room(self, role: str, guarantees: bool) -> _Rooms | None:
         """For `_capped`: the room per kind under limits, and for unreserved
@@ -487,16 +522,14 @@ class HierarchicalAllocator:
         unreserved amounts, so it is kept (`_rooms`) until one of them changes:
         a pass over many agents where few offers are made computes it a few times,
         not once per agent."""
-        chain = allowed_roles(role)[:-1] if role != UNRESERVED else []
+        chain, limited, top, _ = self._chain(role)
         limit_room: dict[str, int] = {}
-        for ancestor in chain:
-            quota = self._quota.get(ancestor)
-            if quota is not None and quota.limit:
-                used = self._role_sorter.allocation(ancestor)
-                for kind, limit in quota.limit.items():
-                    room = max(0, limit - used.get(kind, 0))
-                    limit_room[kind] = min(room, limit_room.get(kind, room))
-        required, own = self._headroom(chain)
+        for ancestor, limits in limited:
+            used = self._role_sorter.allocation(ancestor)
+            for kind, limit in limits.items():
+                room = max(0, limit - used.get(kind, 0))
+                limit_room[kind] = min(room, limit_room.get(kind, room))
+        required, own = self._headroom(top)
         unreserved_room = {kind: max(0, self._free_unreserved[kind] - (needed - own.get(kind, 0)))
                            for kind, needed in required.items() if needed}
         if guarantees:
@@ -518,7 +551,28 @@ class HierarchicalAllocator:
                         missing[kind] = milli
         return {kind: milli for kind, milli in missing.items() if milli}
 
+    def _chain(self, role: str) -> tuple[list[str], list[tuple[str, Mapping[str, int]]],
+                                          str | None, bool]:
+        """`role`'s quota chain (itself and its ancestors), those of them with a
+        limit, its outermost guaranteed role and whether any of the chain has a
+        guarantee; kept (`_chains`) until quota changes."""
+        known = self._chains.get(role)
+        if known is None:
+            chain = allowed_roles(role)[:-1] if role != UNRESERVED else []
+            limited = [(a, q.limit) for a in chain
+                       if (q := self._quota.get(a)) is not None and q.limit]
+            top = self._top_guaranteed(chain[0]) if chain else None
+            known = self._chains[role] = (chain, limited, top, top is not None)
+        return known
+
     def _need(self, role: str, quota: Quota) -> dict[str, int]:
+        """`_unmet`, kept (`_needs`) until an allocation under a guarantee changes."""
+        need = self._needs.get(role)
+        if need is None:
+            need = self._needs[role] = self._unmet(role, quota)
+        return need
+
+    def _unmet(self, role: str, quota: Quota) -> dict[str, int]:
         """What the guarantee of `role` still misses, or its nearest guaranteed
         sub-roles together miss, whichever is more, per kind."""
         used = self._role_sorter.allocation(role)
@@ -542,13 +596,16 @@ class HierarchicalAllocator:
                 top = ancestor
         return top
 
-    def _headroom(self, chain: list[str]) -> tuple[Counter[str], dict[str, int]]:
-        """Unmet guarantees cluster-wide, and the part of them `chain`'s own
-        outermost guaranteed role accounts for (not held back from itself)."""
-        required: Counter[str] = Counter()
-        for role in self._guaranteed_below(""):
-            required.update(self._need(role, self._quota[role]))
-        top = self._top_guaranteed(chain[0]) if chain else None
+    def _headroom(self, top: str | None) -> tuple[dict[str, int], dict[str, int]]:
+        """Unmet guarantees cluster-wide, the kinds still missed only (kept with
+        the needs), and the part of them the outermost guaranteed role `top`
+        accounts for (not held back from itself)."""
+        required = self._required
+        if required is None:
+            total: Counter[str] = Counter()
+            for role in self._guaranteed_below(""):
+                total.update(self._need(role, self._quota[role]))
+            required = self._required = {kind: milli for kind, milli in total.items() if milli}
         own = self._need(top, self._quota[top]) if top is not None else {}
         return required, own
 
@@ -564,8 +621,41 @@ class HierarchicalAllocator:
                 and self._top_guaranteed(child, within=role) == child]
         return below
 
+    def _guarantee_changed(self) -> None:
+        self._needs.clear()
+        self._required = None
+
+    def _scalars(self, resources: Resources) -> dict[str, int]:
+        """`resources.scalar_items()`, remembered for the last value asked (a pass
+        asks it of the same free resources several times); never mutated."""
+        memo, scalars = self._memo
+        if resources is not memo:
+            scalars = resources.scalar_items()
+            self._memo = (resources, scalars)
+        return scalars
+
+    def _allocation_changed(self, role: str) -> None:
+        """`role`'s allocation (so its ancestors') changed. A kept room stays
+        when nothing it depends on did: no guarantee is missing anything (so no
+        room depends on the free amounts or on needs), `role` is under no
+        guarantee, and none of the room's limited roles is `role` or above it."""
+        chain, _, _, guarded = self._chain(role)
+        if guarded:
+            if self._needs:
+                self._guarantee_changed()
+        elif self._rooms and self._required is not None and not self._required:
+            for key in [key for key in self._rooms
+                        if any(limited in chain for limited, _ in self._chain(key[0])[1])]:
+                del self._rooms[key]
+            self._dirty_quota_blocked()
+            return
+        self._consumption_changed()
+
     def _consumption_changed(self) -> None:
         self._rooms.clear()
+        self._dirty_quota_blocked()
+
+    def _dirty_quota_blocked(self) -> None:
         if self._quota_blocked:
             self._dirty.update(self._quota_blocked)
             self._quota_blocked = {}
@@ -587,26 +677,31 @@ class HierarchicalAllocator:
             framework.charged[role] += 1
         else:
             agent.allocated[framework_id] = held + resources
-        scalars = resources.scalar_items()
+        scalars = self._scalars(resources)
         free = self._free_unreserved
         for kind, milli in _unreserved_scalars(agent, resources, scalars).items():
             free[kind] -= milli
         self._role_sorter.allocated(role, scalars)
         self._roles[role].sorter.allocated(framework_id, scalars)
-        self._consumption_changed()
+        self._allocation_changed(role)
 
     def _release(self, agent_id: str, agent: _Agent, framework_id: str,
-                 resources: Resources) -> None:
+                 resources: Resources, pending: dict[str, Counter[str]] | None = None) -> None:
+        """With `pending`, what the sorters must hear is added up there per role
+        (`close_offers`) instead of told at once."""
         held = agent.allocated[framework_id]
         role = agent.role_of[framework_id]
-        left = held - resources
+        left = EMPTY if held is resources else held - resources  # a whole offer back
         agent.free = agent.free + resources
-        scalars = resources.scalar_items()
+        scalars = self._scalars(resources)
         free = self._free_unreserved
         for kind, milli in _unreserved_scalars(agent, resources, scalars).items():
             free[kind] += milli
-        self._role_sorter.unallocated(role, scalars)
-        self._roles[role].sorter.unallocated(framework_id, scalars)
+        if pending is None:
+            self._role_sorter.unallocated(role, scalars)
+            self._roles[role].sorter.unallocated(framework_id, scalars)
+        else:
+            pending.setdefault(role, Counter()).update(scalars)
         if left.is_empty():
             del agent.allocated[framework_id]
             del agent.role_of[framework_id]
@@ -616,11 +711,20 @@ class HierarchicalAllocator:
             if not framework.charged[role]:
                 del framework.charged[role]
                 if role not in framework.roles:
+                    if pending:
+                        self._unallocate(framework_id, pending)  # before it leaves the sorter
                     self._forget_client(role, framework_id, leaving=False)
         else:
             agent.allocated[framework_id] = left
         self._dirty[agent_id] = None
-        self._consumption_changed()
+        self._allocation_changed(role)
+
+    def _unallocate(self, framework_id: str, pending: dict[str, Counter[str]]) -> None:
+        for role, scalars in pending.items():
+            self._role_sorter.unallocated(role, scalars)
+            self._roles[role].sorter.unallocated(framework_id, scalars)
+            self._allocation_changed(role)
+        pending.clear()
 
     # ------------------------------------------------------------ roles/clients
 
@@ -704,13 +808,15 @@ def _dominant(held: Mapping[str, int], total: Mapping[str, int]) -> float:
 
 
 def _cut(resources: Resources, limit_room: Mapping[str, int],
-         unreserved_room: Mapping[str, int]) -> Resources:
+         unreserved_room: Mapping[str, int], totals: Mapping[str, int] | None = None
+         ) -> Resources:
     """`resources` with each scalar kind cut to fit: the unreserved part within
     `unreserved_room`, everything within `limit_room`. Reserved amounts are kept
     before unreserved ones (they are the role's own); both are cut deterministically."""
     if not limit_room and not unreserved_room:
         return resources
-    totals = resources.scalar_items()
+    if totals is None:
+        totals = resources.scalar_items()
     if all(totals.get(kind, 0) <= room for kind, room in limit_room.items()) and \
             all(totals.get(kind, 0) <= room for kind, room in unreserved_room.items()):
         return resources  # it all fits: `_cut_entries` would cut nothing

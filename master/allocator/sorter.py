@@ -78,6 +78,8 @@ class Sorter(Protocol):
 
     def iter_sorted(self) -> Iterator[str]: ...
 
+    def any_active(self) -> bool: ...
+
 
 def check_weight(weight: float) -> None:
     """Weights are finite and positive; raise `SorterError` otherwise."""
@@ -172,6 +174,10 @@ class _Tree:
         if leaf.active:
             leaf.active = 0
             self._bump_active(leaf.parent, -1)
+
+    def any_active(self) -> bool:
+        """Whether some client is active (`sort()` is not empty)."""
+        return self._root.active > 0
 
     def _bump_active(self, node: _Node | None, delta: int) -> None:
         while node is not None:

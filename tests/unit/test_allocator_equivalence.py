@@ -5,15 +5,22 @@ accepted in part or declined, and tasks ending, and checks that every pass
 offers exactly the same resources to the same frameworks in the same order.
 
 The shortcuts (see the allocator's module docstring): the quota room of a role
-is kept until quota, an allocation or the free amounts change, and which roles
-hold guarantees below which until quota changes; `_worth` and `_cut` answer
+is kept until quota, an allocation or the free amounts change, which roles
+hold guarantees below which and each role's quota chain until quota changes,
+what each guarantee misses until an allocation under a guarantee changes, the
+scalar totals of the last resources asked; `_worth` and `_cut` answer
 from scalar totals when they can; a pass skips the guarantee stage when no
 guarantee misses anything. The reference recomputes both on every question,
 asks `get_milli` per name and `_cut_entries` for every cut, and runs the
-guarantee stage whenever a role has a guarantee.
+guarantee stage whenever a role has a guarantee. Several offers declined together
+(`close_offers`, which tells the sorters once per role) are closed one by one on
+the reference.
 """
 
 from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -42,6 +49,21 @@ class Reference(HierarchicalAllocator):
 
     def _guarantees_unmet(self) -> bool:
         return any(quota.guarantee for quota in self._quota.values())
+
+    def _need(self, role: str, quota: Quota) -> dict[str, int]:
+        return self._unmet(role, quota)
+
+    def _chain(self, role: str) -> tuple[list[str], list[tuple[str, Mapping[str, int]]],
+                                          str | None, bool]:
+        self._chains.clear()
+        return super()._chain(role)
+
+    def _headroom(self, top: str | None) -> tuple[Counter[str], dict[str, int]]:
+        self._required = None
+        return super()._headroom(top)
+
+    def _scalars(self, resources: Resources) -> dict[str, int]:
+        return resources.scalar_items()
 
 
 agent_resources = st.builds(
@@ -140,6 +162,23 @@ class Equivalence(RuleBasedStateMachine):
             self.both("add_filter", framework, agent, self.now + refuse)
 
     @precondition(lambda self: self.offers)
+    @rule(data=st.data(), refuse=st.sampled_from([0.0, 5.0]))
+    def decline_together(self, data: st.DataObject, refuse: float) -> None:
+        """Several offers of one framework in one Decline: `close_offers` on the
+        real allocator, `close_offer` one by one on the reference."""
+        framework = data.draw(st.sampled_from(sorted({o[0] for o in self.offers})))
+        mine = [o for o in self.offers if o[0] == framework]
+        chosen = data.draw(st.lists(st.sampled_from(mine), min_size=1, unique=True))
+        chosen = [o for o in mine if o in chosen]
+        self.offers = [o for o in self.offers if o not in chosen]
+        self.fast.close_offers(framework, [(agent, resources) for _, agent, resources in chosen])
+        for _, agent, resources in chosen:
+            self.slow.close_offer(framework, agent, resources)
+        if refuse:
+            for _, agent, _ in chosen:
+                self.both("add_filter", framework, agent, self.now + refuse)
+
+    @precondition(lambda self: self.offers)
     @rule(data=st.data(), cpus=st.integers(0, 4), mem=st.sampled_from([0, 256, 1024]))
     def accept(self, data: st.DataObject, cpus: int, mem: int) -> None:
         framework, agent, resources = self.offers.pop(data.draw(st.integers(0, len(self.offers) - 1)))
@@ -178,3 +217,18 @@ def test_cut_shortcut_matches_the_entry_by_entry_cut(
         resources: Resources, limit_room: dict[str, int], unreserved_room: dict[str, int]) -> None:
     assert hierarchical._cut(resources, limit_room, unreserved_room) == \
         hierarchical._cut_entries(resources, limit_room, unreserved_room)
+
+
+def test_a_guarantee_met_in_a_pass_stops_taking_in_that_pass() -> None:
+    """What a guarantee misses is kept between questions: an offer that meets it
+    must make it miss nothing at once (else the next agent goes to it too)."""
+    offers = []
+    for allocator in (HierarchicalAllocator(MIN), Reference(MIN)):
+        for agent in ("a1", "a2"):
+            allocator.add_agent(agent, Resources.parse("cpus:4;mem:4096"))
+        allocator.add_framework("fp", ["prod"])
+        allocator.add_framework("fb", ["batch"])
+        allocator.set_quota("prod", Quota(guarantee={"cpus": 4000}))
+        offers.append(allocator.allocate(1.0))
+    assert offers[0] == offers[1]
+    assert [(o.framework_id, o.agent_id) for o in offers[0]] == [("fp", "a1"), ("fb", "a2")]

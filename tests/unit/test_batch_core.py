@@ -118,9 +118,34 @@ def test_core_is_pure() -> None:
                            "os", "time", "threading"}
 
 
-def test_started_arms_the_tick() -> None:
-    core = BatchCore(config([()]))
-    assert core.handle(Started(), 5.0) == [ArmTimer(Tick(), 5.5)]
+def test_the_tick_is_armed_only_while_something_is_due() -> None:
+    # With speculation it checks stragglers every TICK_INTERVAL.
+    assert BatchCore(config([()], speculative=True)).handle(Started(), 5.0) == [
+        ArmTimer(Tick(), 5.5)]
+    # Without, a running job has nothing to check until a deadline exists: here
+    # the starvation timeout, armed once an offer was too small.
+    assert BatchCore(config([()])).handle(Started(), 5.0) == []
+    run = Run(config([()], starvation_timeout=10.0))
+    run.now = 2.0
+    assert of(ArmTimer, run.offer("a", "cpus:0.2;mem:64", executor=False)) == [
+        ArmTimer(Tick(), 10.0)]
+    assert of(ArmTimer, run.offer("b", "cpus:0.2;mem:64", executor=False)) == []  # still due
+    launches = run.offer("c")
+    assert ids(launches) == ["map-00000-1"] and of(ArmTimer, launches) == []
+
+
+def test_offers_declined_in_a_row_go_back_in_one_decline() -> None:
+    run = Run(config([()]))
+    small = "cpus:0.2;mem:64"
+    offers = [run.make_offer(h, r) for h, r in
+              (("a", small), ("b", small), ("c", SLOTS_3), ("d", small), ("e", SLOTS_3))]
+    effects = run.do(OffersMade(tuple(offers)))
+    # a and b fit nothing, c gets the map, d and e get nothing: the launch
+    # splits the runs, so the master sees them in offer order.
+    assert [(type(e).__name__, getattr(e, "offer_ids", None)) for e in effects
+            if isinstance(e, (DeclineOffers, LaunchTasks))] == [
+        ("DeclineOffers", (offers[0].id, offers[1].id)), ("LaunchTasks", None),
+        ("DeclineOffers", (offers[3].id, offers[4].id))]
 
 
 def test_a_timer_the_core_never_arms_is_a_bug() -> None:

@@ -6,7 +6,7 @@ from collections.abc import Hashable
 
 import pytest
 
-from dyad.messages import Message, Ping
+from dyad.messages import Message, Ping, Pong
 from sim.engine import Engine, SimulationError
 
 
@@ -59,6 +59,21 @@ def test_wire_latency_codec_and_unknown_peers() -> None:
     assert seen == [(0.5, "b", Ping(agent_id="S1"))]
     assert engine.counters["messages_dropped"] == 1
     assert engine.counters["wire_bytes"] > 0
+
+
+def test_a_ping_to_an_echo_is_one_heap_entry_and_its_pong_arrives_a_round_trip_later() -> None:
+    engine = Engine(latency=0.5)
+    seen: list[tuple[float, str, object]] = []
+    Log(engine, "master", seen)
+    Log(engine, "agent", seen)
+    registered: list[str] = []
+    engine.add_echo("agent", lambda ping: Pong(agent_id=registered[0]) if registered else None)
+    engine.send("master", "agent", Ping(agent_id="S1"))  # not registered: sent as usual
+    registered.append("S1")
+    engine.send("master", "agent", Ping(agent_id="S1"))
+    engine.run(10.0)
+    assert seen == [(0.5, "agent", Ping(agent_id="S1")), (1.0, "master", Pong(agent_id="S1"))]
+    assert engine.counters["steps"] == 2 and engine.counters["messages"] == 3
 
 
 def test_run_stops_at_until_and_resumes() -> None:

@@ -50,7 +50,18 @@ def test_sort_lists_exactly_the_active_clients(kind: str) -> None:
 def test_added_clients_start_inactive(kind: str) -> None:
     sorter = make(kind)
     sorter.add("x")
-    assert sorter.sort() == []
+    assert sorter.sort() == [] and not sorter.any_active()
+
+
+def test_any_active_says_whether_sort_is_empty(kind: str) -> None:
+    sorter = make(kind, "eng/ml", "ops")
+    assert sorter.any_active()
+    sorter.deactivate("eng/ml")
+    assert sorter.any_active()
+    sorter.deactivate("ops")
+    assert not sorter.any_active() and sorter.sort() == []
+    sorter.activate("eng/ml")
+    assert sorter.any_active()
 
 
 def test_allocation_sums_up_the_tree(kind: str) -> None:
