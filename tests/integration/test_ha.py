@@ -71,6 +71,14 @@ def launched_pids(pids: Path) -> dict[str, list[int]]:
             for path in sorted(pids.iterdir())}
 
 
+async def written_pids(pids: Path, tasks: int) -> dict[str, list[int]]:
+    """`launched_pids` once `tasks` tasks have each written a pid: TASK_RUNNING says
+    the process was started, not that its first line of shell has run."""
+    await wait_for(lambda: len(launched_pids(pids)) == tasks
+                   and all(launched_pids(pids).values()), 20, "every task's pid written")
+    return launched_pids(pids)
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -138,7 +146,7 @@ async def test_failover_keeps_every_task_running(ha_cluster: Any, drivers: Any,
                      cluster.master_address)
     await runner.registered()
     await wait_for(lambda: len(running_in_master(cluster)) == 3, 30, "a running task per agent")
-    before = launched_pids(pids)
+    before = await written_pids(pids, 3)
     assert len(before) == 3 and all(len(p) == 1 for p in before.values()), before
     # Every update acknowledged: none of them may come again after the failover.
     await wait_for(lambda: all(pending_updates(a) == 0 for a in cluster.agent_children), 20,
@@ -262,8 +270,8 @@ async def test_partition_unreachable_then_reconciled(ha_cluster: Any, drivers: A
                  cluster.master_address)
     await r2.registered()
     await wait_for(lambda: "TASK_RUNNING" in aware.states("t1-0"), 20, "aware task running")
-    (plain_pid,) = launched_pids(pids)["t1-0"]
-    (aware_pid,) = launched_pids(aware_pids)["t1-0"]
+    (plain_pid,) = (await written_pids(pids, 1))["t1-0"]
+    (aware_pid,) = (await written_pids(aware_pids, 1))["t1-0"]
 
     agent = cluster.agent_children[0].process
     agent.send_signal(signal.SIGSTOP)  # a partition: the agent stops answering pings
