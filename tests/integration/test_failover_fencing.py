@@ -11,6 +11,7 @@ from the framework's side."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
@@ -65,6 +67,25 @@ async def health(http: aiohttp.ClientSession, child: Child) -> Any:
             return await resp.json()
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
         return None
+
+
+async def health_asked_now(child: Child) -> asyncio.Future[Any]:
+    """Ask `child`'s /health now, even if it is stopped: this returns once the
+    request sits in its kernel's buffers; the future answers when it replies."""
+    url = urlsplit(child.url)
+    reader, writer = await asyncio.open_connection(url.hostname, url.port)
+    writer.write(b"GET /health HTTP/1.1\r\nHost: dyad\r\nConnection: close\r\n\r\n")
+    await writer.drain()
+
+    async def answer() -> Any:
+        try:
+            reply = await asyncio.wait_for(reader.read(), 10)
+            return json.loads(reply.partition(b"\r\n\r\n")[2])
+        except (OSError, asyncio.TimeoutError, ValueError):
+            return None
+        finally:
+            writer.close()
+    return asyncio.ensure_future(answer())
 
 
 async def leads(http: aiohttp.ClientSession, child: Child) -> bool:
@@ -144,8 +165,7 @@ async def test_a_paused_leader_is_not_proven_dead_and_resumed_it_never_leads_aga
                            "agents at the new leader")
             new_id = figures_id(standby)
             # Asked while paused, answered (if at all) after resuming.
-            asked = asyncio.ensure_future(health(http, old))
-            await asyncio.sleep(0.2)  # let the request reach its kernel's backlog
+            asked = await health_asked_now(old)
             offered = len(recorder.offers)
         finally:
             old.process.send_signal(signal.SIGCONT)
