@@ -49,9 +49,10 @@ agent. The cut's room -- per kind, what limits and other roles' unmet
 guarantees leave -- depends only on quota, role allocations and the free
 unreserved amounts, so it is computed once and kept until one of those changes
 (any offer made or resource freed empties it); which roles hold guarantees
-below which is kept until quota changes. `tests/unit/test_allocator_equivalence.py`
-drives this allocator and one without these shortcuts through generated event
-sequences and checks that they make the very same offers.
+below which is kept until quota changes (`master.allocator.quota_rooms` holds
+those caches). `tests/unit/test_allocator_equivalence.py` drives this allocator
+and one without these shortcuts through generated event sequences and checks
+that they make the very same offers.
 
 Everything is pure: no clock (time comes in as `now`), no I/O, deterministic
 (agents in the order they became dirty, sorters with explicit tie-breaks).
@@ -64,8 +65,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
 
-from dyad.resources import SHARE_KINDS, UNRESERVED, VOLUME_KIND, Resources, ResourcesError
+from dyad.resources import SHARE_KINDS, UNRESERVED, Resources, ResourcesError
 from master.allocator.policy import Quota
+from master.allocator.quota_rooms import QuotaRooms, _cut, _Rooms, allowed_roles
+from master.allocator.quota_rooms import _cut_entries  # noqa: F401 (tests reach it here)
 from master.allocator.sorter import DRFSorter, Sorter
 
 __all__ = ["Allocation", "AllocatorError", "HierarchicalAllocator", "allowed_roles"]
@@ -83,23 +86,6 @@ class Allocation(NamedTuple):
 
 class AllocatorError(ValueError):
     """The master told the allocator something inconsistent with its books."""
-
-
-def allowed_roles(role: str) -> list[str]:
-    """The reservation roles a framework offered resources in `role` may get:
-    ``*``, the role and its ancestors (``eng`` for ``eng/ml``), nearest first."""
-    roles = [role]
-    cut = role.rfind("/")
-    while cut > 0:
-        role = role[:cut]
-        roles.append(role)
-        cut = role.rfind("/")
-    if roles[0] != UNRESERVED:
-        roles.append(UNRESERVED)
-    return roles
-
-
-_Rooms = tuple[dict[str, int], dict[str, int]]  # limit room, unreserved room per kind
 
 
 class _Agent:
@@ -136,7 +122,7 @@ class _Role:
         self.clients = 0  # frameworks in `sorter`
 
 
-class HierarchicalAllocator:
+class HierarchicalAllocator(QuotaRooms):
     """See the module docstring. `min_allocatable` maps a resource name to an
     amount: resources are worth offering if they hold *any* of those amounts.
     `sorter` makes the sorters (one over roles, one per role)."""
@@ -429,14 +415,6 @@ class HierarchicalAllocator:
             self._fill(agent_id, now, result, guarantees=False)
         return result
 
-    def _guarantees_unmet(self) -> bool:
-        """Whether some guarantee still misses something. When none does, the
-        guarantee stage would offer nothing (every role's cut there is None), so a
-        pass skips it. A guaranteed role's need covers its guaranteed sub-roles',
-        so the outermost ones tell."""
-        return any(milli for role in self._guaranteed_below("")
-                   for milli in self._need(role, self._quota[role]).values())
-
     def _expire_filters(self, now: float) -> None:
         heap = self._filter_expiry
         while heap and heap[0][0] <= now:
@@ -516,115 +494,6 @@ class HierarchicalAllocator:
             return None
         return _cut(offerable, *rooms, self._scalars(offerable))
 
-    def _room(self, role: str, guarantees: bool) -> _Rooms | None:
-        """For `_capped`: the room per kind under limits, and for unreserved
-        amounts. It depends only on quota, role allocations and the cluster's free
-        unreserved amounts, so it is kept (`_rooms`) until one of them changes:
-        a pass over many agents where few offers are made computes it a few times,
-        not once per agent."""
-        chain, limited, top, _ = self._chain(role)
-        limit_room: dict[str, int] = {}
-        for ancestor, limits in limited:
-            used = self._role_sorter.allocation(ancestor)
-            for kind, limit in limits.items():
-                room = max(0, limit - used.get(kind, 0))
-                limit_room[kind] = min(room, limit_room.get(kind, room))
-        required, own = self._headroom(top)
-        unreserved_room = {kind: max(0, self._free_unreserved[kind] - (needed - own.get(kind, 0)))
-                           for kind, needed in required.items() if needed}
-        if guarantees:
-            missing = self._missing(chain)
-            if not missing:
-                return None
-            for kind, room in missing.items():
-                unreserved_room[kind] = min(room, unreserved_room.get(kind, room))
-        return limit_room, unreserved_room
-
-    def _missing(self, chain: list[str]) -> dict[str, int]:
-        """Per guaranteed kind, the most any quota role in `chain` still misses."""
-        missing: dict[str, int] = {}
-        for ancestor in chain:
-            quota = self._quota.get(ancestor)
-            if quota is not None:
-                for kind, milli in self._need(ancestor, quota).items():
-                    if milli > missing.get(kind, 0):
-                        missing[kind] = milli
-        return {kind: milli for kind, milli in missing.items() if milli}
-
-    def _chain(self, role: str) -> tuple[list[str], list[tuple[str, Mapping[str, int]]],
-                                          str | None, bool]:
-        """`role`'s quota chain (itself and its ancestors), those of them with a
-        limit, its outermost guaranteed role and whether any of the chain has a
-        guarantee; kept (`_chains`) until quota changes."""
-        known = self._chains.get(role)
-        if known is None:
-            chain = allowed_roles(role)[:-1] if role != UNRESERVED else []
-            limited = [(a, q.limit) for a in chain
-                       if (q := self._quota.get(a)) is not None and q.limit]
-            top = self._top_guaranteed(chain[0]) if chain else None
-            known = self._chains[role] = (chain, limited, top, top is not None)
-        return known
-
-    def _need(self, role: str, quota: Quota) -> dict[str, int]:
-        """`_unmet`, kept (`_needs`) until an allocation under a guarantee changes."""
-        need = self._needs.get(role)
-        if need is None:
-            need = self._needs[role] = self._unmet(role, quota)
-        return need
-
-    def _unmet(self, role: str, quota: Quota) -> dict[str, int]:
-        """What the guarantee of `role` still misses, or its nearest guaranteed
-        sub-roles together miss, whichever is more, per kind."""
-        used = self._role_sorter.allocation(role)
-        need = {kind: max(0, milli - used.get(kind, 0)) for kind, milli in quota.guarantee.items()}
-        below: Counter[str] = Counter()
-        for child in self._guaranteed_below(role):
-            below.update(self._need(child, self._quota[child]))
-        for kind, milli in below.items():
-            need[kind] = max(need.get(kind, 0), milli)
-        return need
-
-    def _top_guaranteed(self, role: str, within: str = "") -> str | None:
-        """The outermost role with a guarantee among `role` and its ancestors below
-        `within`."""
-        top = None
-        for ancestor in allowed_roles(role)[:-1]:
-            if within and not ancestor.startswith(within + "/"):
-                break
-            quota = self._quota.get(ancestor)
-            if quota is not None and quota.guarantee:
-                top = ancestor
-        return top
-
-    def _headroom(self, top: str | None) -> tuple[dict[str, int], dict[str, int]]:
-        """Unmet guarantees cluster-wide, the kinds still missed only (kept with
-        the needs), and the part of them the outermost guaranteed role `top`
-        accounts for (not held back from itself)."""
-        required = self._required
-        if required is None:
-            total: Counter[str] = Counter()
-            for role in self._guaranteed_below(""):
-                total.update(self._need(role, self._quota[role]))
-            required = self._required = {kind: milli for kind, milli in total.items() if milli}
-        own = self._need(top, self._quota[top]) if top is not None else {}
-        return required, own
-
-    def _guaranteed_below(self, role: str) -> list[str]:
-        """The nearest roles with a guarantee strictly below `role` (below ``""``:
-        the outermost ones). It depends only on quota, so it is kept (`_below`)
-        until quota changes."""
-        below = self._below.get(role)
-        if below is None:
-            below = self._below[role] = [
-                child for child, quota in self._quota.items()
-                if quota.guarantee and (not role or child.startswith(role + "/"))
-                and self._top_guaranteed(child, within=role) == child]
-        return below
-
-    def _guarantee_changed(self) -> None:
-        self._needs.clear()
-        self._required = None
-
     def _scalars(self, resources: Resources) -> dict[str, int]:
         """`resources.scalar_items()`, remembered for the last value asked (a pass
         asks it of the same free resources several times); never mutated."""
@@ -633,32 +502,6 @@ class HierarchicalAllocator:
             scalars = resources.scalar_items()
             self._memo = (resources, scalars)
         return scalars
-
-    def _allocation_changed(self, role: str) -> None:
-        """`role`'s allocation (so its ancestors') changed. A kept room stays
-        when nothing it depends on did: no guarantee is missing anything (so no
-        room depends on the free amounts or on needs), `role` is under no
-        guarantee, and none of the room's limited roles is `role` or above it."""
-        chain, _, _, guarded = self._chain(role)
-        if guarded:
-            if self._needs:
-                self._guarantee_changed()
-        elif self._rooms and self._required is not None and not self._required:
-            for key in [key for key in self._rooms
-                        if any(limited in chain for limited, _ in self._chain(key[0])[1])]:
-                del self._rooms[key]
-            self._dirty_quota_blocked()
-            return
-        self._consumption_changed()
-
-    def _consumption_changed(self) -> None:
-        self._rooms.clear()
-        self._dirty_quota_blocked()
-
-    def _dirty_quota_blocked(self) -> None:
-        if self._quota_blocked:
-            self._dirty.update(self._quota_blocked)
-            self._quota_blocked = {}
 
     # --------------------------------------------------------------- bookkeeping
 
@@ -805,51 +648,3 @@ def _unreserved_scalars(agent: _Agent, resources: Resources,
 def _dominant(held: Mapping[str, int], total: Mapping[str, int]) -> float:
     return max((held.get(kind, 0) / total[kind] for kind in SHARE_KINDS if total.get(kind)),
                default=0.0)
-
-
-def _cut(resources: Resources, limit_room: Mapping[str, int],
-         unreserved_room: Mapping[str, int], totals: Mapping[str, int] | None = None
-         ) -> Resources:
-    """`resources` with each scalar kind cut to fit: the unreserved part within
-    `unreserved_room`, everything within `limit_room`. Reserved amounts are kept
-    before unreserved ones (they are the role's own); both are cut deterministically."""
-    if not limit_room and not unreserved_room:
-        return resources
-    if totals is None:
-        totals = resources.scalar_items()
-    if all(totals.get(kind, 0) <= room for kind, room in limit_room.items()) and \
-            all(totals.get(kind, 0) <= room for kind, room in unreserved_room.items()):
-        return resources  # it all fits: `_cut_entries` would cut nothing
-    return _cut_entries(resources, limit_room, unreserved_room)
-
-
-def _cut_entries(resources: Resources, limit_room: Mapping[str, int],
-                 unreserved_room: Mapping[str, int]) -> Resources:
-    """`_cut`, entry by entry."""
-    unreserved = resources.unreserved()
-    cut = Resources()
-    for kind in sorted(set(limit_room) | set(unreserved_room)):
-        have_unreserved = unreserved.get_milli(kind)
-        have_reserved = resources.get_milli(kind) - have_unreserved
-        keep_unreserved = min(have_unreserved, unreserved_room.get(kind, have_unreserved))
-        keep_reserved = have_reserved
-        if kind in limit_room:
-            keep_reserved = min(have_reserved, limit_room[kind])
-            keep_unreserved = min(keep_unreserved, limit_room[kind] - keep_reserved)
-        if keep_unreserved < have_unreserved:
-            cut = cut + Resources.scalar_milli(kind, have_unreserved - keep_unreserved)
-        excess = have_reserved - keep_reserved
-        for role in sorted(resources.roles() - {UNRESERVED}):
-            if excess <= 0:
-                break
-            take = min(excess, resources.reserved(role).without_volumes().get_milli(kind))
-            if take:
-                cut = cut + Resources.scalar_milli(kind, take, role)
-                excess -= take
-        # A persistent volume is offered whole or not at all.
-        for volume, (role, milli) in sorted(resources.volumes().items()):
-            if excess <= 0 or kind != VOLUME_KIND:
-                break
-            cut = cut + Resources.scalar_milli(kind, milli, role, volume)
-            excess -= milli
-    return resources - cut
