@@ -67,7 +67,6 @@ biggest offer seen, instead of waiting forever.
 
 from __future__ import annotations
 
-import enum
 import statistics
 from collections.abc import Sequence
 from typing import Any
@@ -78,6 +77,8 @@ from dyad.effects import ArmTimer, TimerFired, TimerKey, UnknownTimer
 from dyad.messages import Offer, Reason, Source, TaskInfo, TaskState, TaskStatus
 from dyad.resources import Resources
 from frameworks.batch.config import CoreConfig
+from frameworks.batch.placement import Placement, Why
+from frameworks.batch.tasks import Attempt, MapOutput, Progress, Task, TaskPhase
 from frameworks.batch.wire import MAP, REDUCE, parse_fetch_failures, parse_result, task_data
 from frameworks.effects import (
     DeclineOffers, DriverEffect, LaunchTasks, ReconcileTasks, RequestKill, ReviveOffers,
@@ -150,31 +151,6 @@ Effect = DriverEffect | ArmTimer | JobDone
 # ------------------------------------------------------------------------- state
 
 
-class TaskPhase(enum.Enum):
-    PENDING = "pending"
-    RUNNING = "running"
-    DONE = "done"
-
-
-class _Why(enum.Enum):
-    """Why no task was picked for an offer: decides how long it is refused."""
-
-    NOTHING = "nothing"
-    LOCALITY = "locality"
-
-
-@attrs.frozen
-class MapOutput:
-    """Where a finished map attempt left its R partition files."""
-
-    task_id: str
-    agent_id: str
-    hostname: str
-    url: str
-    paths: tuple[str, ...]
-    local: bool | None
-
-
 @attrs.define(eq=False)
 class _Fill:
     """An offer being answered: what is left of it and what it got."""
@@ -187,92 +163,23 @@ class _Fill:
     refuse: float = 0.0
 
 
-@attrs.define(eq=False)
-class _Attempt:
-    task_id: str
-    task: _Task
-    agent_id: str
-    hostname: str
-    url: str
-    launched_at: float
-    local: bool | None
-    killed: bool = False  # we asked for the kill: its end is no failure
-    ended: bool = False
-
-
-@attrs.define(eq=False)
-class _Task:
-    kind: str
-    index: int
-    phase: TaskPhase = TaskPhase.PENDING
-    launches: int = 0
-    failures: list[str] = attrs.field(factory=list)
-    avoid: set[str] = attrs.field(factory=set)  # agent ids where it failed
-    live: list[_Attempt] = attrs.field(factory=list)
-    output: MapOutput | None = None
-    result: str = ""  # a reduce's committed part file
-    duration: float | None = None
-    wants_copy: bool = False
-    refusals: int = 0
-    not_before: float = 0.0  # refused launches back off until then
-
-    @property
-    def name(self) -> str:
-        return f"{self.kind} {self.index}"
-
-
-@attrs.frozen
-class Progress:
-    """What `dyad-batch` shows and `JobResult` reports. `locality` is the share of
-    finished maps with preferred hosts that ran on one (None: no map had any)."""
-
-    maps_total: int
-    maps_done: int
-    maps_running: int
-    reduces_total: int
-    reduces_done: int
-    reduces_running: int
-    failed_attempts: int
-    refused_launches: int
-    preempted_attempts: int
-    revocable_launches: int
-    maps_rerun: int
-    speculative_attempts: int
-    local_maps: int
-    preferred_maps: int
-    records_in: int
-    records_out: int
-    invalid_updates: int
-
-    @property
-    def locality(self) -> float | None:
-        return self.local_maps / self.preferred_maps if self.preferred_maps else None
-
-
 class BatchCore:
     """See the module docstring. Create it, feed it `Started` once the framework is
     registered, then every offer, update and timer; carry out what it returns."""
 
     def __init__(self, config: CoreConfig) -> None:
         self.config = config
-        self._maps = [_Task(MAP, s.index) for s in config.splits]
-        self._reduces = [_Task(REDUCE, i) for i in range(config.reducers)]
-        self._splits = {s.index: s for s in config.splits}
-        if sorted(self._splits) != list(range(len(config.splits))):
-            raise ValueError("split indexes must be 0..M-1")
-        # Whether any map can ever prefer a host (named hosts, or a URI whose
-        # fetchers become its hosts): without, the first runnable map is the pick.
-        self._placed = any(s.hosts or s.is_uri for s in config.splits)
+        self._maps = [Task(MAP, s.index) for s in config.splits]
+        self._reduces = [Task(REDUCE, i) for i in range(config.reducers)]
         self._pending: dict[str, dict[int, None]] = {
             MAP: dict.fromkeys(range(len(self._maps))),
             REDUCE: dict.fromkeys(range(len(self._reduces)))}
         self._copies: dict[tuple[str, int], None] = {}
+        self._placement = Placement(config.splits, config.locality_wait, self._maps,
+                                    self._reduces, self._pending, self._copies)
+        self._splits = self._placement.splits
         self._maps_done = 0
-        self._attempts: dict[str, _Attempt] = {}
-        self._agents: dict[str, str] = {}  # live agent id -> hostname
-        self._lost_hosts: set[str] = set()  # preferring these would wait in vain
-        self._cached: dict[str, set[str]] = {}  # URI -> hosts whose executor fetched it
-        self._waiting_since: float | None = None
+        self._attempts: dict[str, Attempt] = {}
         self._suppressed = False
         self._new_work = False  # something became eligible since `_interest` last ran
         self._started = False
@@ -355,8 +262,8 @@ class BatchCore:
         spreads the work (and the risk of losing an agent) over the agents."""
         fills = []
         for offer in offers:
-            self._agents[offer.agent_id] = offer.hostname
-            self._lost_hosts.discard(offer.hostname)
+            self._placement.agents[offer.agent_id] = offer.hostname
+            self._placement.lost_hosts.discard(offer.hostname)
             lent = offer.revocable if self.config.revocable else _NONE
             fills.append(_Fill(offer, offer.resources, lent,
                                self.config.executor.executor_id in offer.executor_ids))
@@ -380,13 +287,13 @@ class BatchCore:
         """Give the offer one more task if one is eligible and fits. When not, note
         how long the offer should be refused and return False."""
         if not self._copies and not self._pending[REDUCE if self._all_maps_done() else MAP]:
-            fill.refuse = self.config.refuse_seconds  # what `_pick` would say: nothing
+            fill.refuse = self.config.refuse_seconds  # what `pick` would say: nothing
             return False
-        pick = self._pick(fill.offer, now)
-        if isinstance(pick, _Why):
+        pick = self._placement.pick(fill.offer, now, self._all_maps_done())
+        if isinstance(pick, Why):
             fill.refuse = self.config.refuse_seconds
-            if pick is _Why.LOCALITY and self._waiting_since is not None:
-                left = self._waiting_since + self.config.locality_wait - now
+            if pick is Why.LOCALITY and self._placement.waiting_since is not None:
+                left = self._placement.waiting_since + self.config.locality_wait - now
                 fill.refuse = max(MIN_REFUSE, left)  # back when the wait is over
             return False
         task, speculative, local = pick
@@ -415,90 +322,11 @@ class BatchCore:
     def _resources(self, kind: str) -> Resources:
         return self.config.map_resources if kind == MAP else self.config.reduce_resources
 
-    def _pick(self, offer: Offer, now: float) -> tuple[_Task, bool, bool | None] | _Why:
-        """The next task for this offer: (task, speculative copy?, data-local?)."""
-        if not self._all_maps_done():
-            if not self._placed:
-                for i in self._pending[MAP]:
-                    task = self._maps[i]
-                    if self._may_run(task, offer.agent_id, now):
-                        return task, False, None
-                return self._copy_for(MAP, offer)
-            # In order of preference: the first runnable map whose data is here,
-            # else the first with no data anywhere, else a steal. One scan, which
-            # stops at the first local map.
-            candidates: list[_Task] = []
-            anywhere: _Task | None = None
-            for i in self._pending[MAP]:
-                task = self._maps[i]
-                if not self._may_run(task, offer.agent_id, now):
-                    continue
-                preferred = self._preferred(task)
-                if offer.hostname in preferred:
-                    return task, False, True
-                if anywhere is None and not preferred:
-                    anywhere = task
-                candidates.append(task)
-            if anywhere is not None:
-                return anywhere, False, None
-            if candidates:
-                if self._may_go_remote(now):
-                    return self._steal(candidates), False, False
-                if self._waiting_since is None:
-                    self._waiting_since = now
-                return _Why.LOCALITY
-            return self._copy_for(MAP, offer)
-        for index in self._pending[REDUCE]:
-            task = self._reduces[index]
-            if self._may_run(task, offer.agent_id, now):
-                return task, False, None
-        return self._copy_for(REDUCE, offer)
-
-    def _copy_for(self, kind: str, offer: Offer) -> tuple[_Task, bool, bool | None] | _Why:
-        for copy_kind, index in self._copies:
-            task = self._task(copy_kind, index)
-            if copy_kind == kind and offer.agent_id not in {a.agent_id for a in task.live}:
-                preferred = self._preferred(task)
-                return task, True, (offer.hostname in preferred) if preferred else None
-        return _Why.NOTHING
-
-    def _preferred(self, task: _Task) -> set[str]:
-        """Hosts where the map's data is, less those known to be lost."""
-        if task.kind != MAP:
-            return set()
-        split = self._splits[task.index]
-        hosts = self._cached.get(split.path, set()) if split.is_uri else set(split.hosts)
-        return hosts - self._lost_hosts
-
-    def _may_run(self, task: _Task, agent_id: str, now: float) -> bool:
-        """Not during a refusal backoff; not where it failed before, unless it
-        failed on every agent we know."""
-        if now < task.not_before:
-            return False
-        if agent_id not in task.avoid:
-            return True
-        return all(known in task.avoid for known in self._agents)
-
-    def _may_go_remote(self, now: float) -> bool:
-        wait = self.config.locality_wait
-        return wait <= 0 or (self._waiting_since is not None
-                             and now - self._waiting_since >= wait)
-
-    def _steal(self, candidates: list[_Task]) -> _Task:
-        """A non-local map from the host with the longest backlog of pending maps,
-        so the steal shortens the job's longest queue."""
-        backlog: dict[str, int] = {}
-        for task in candidates:
-            for host in self._preferred(task):
-                backlog[host] = backlog.get(host, 0) + 1
-        return max(candidates, key=lambda t: (
-            max((backlog[h] for h in self._preferred(t)), default=0), -t.index))
-
-    def _launch(self, task: _Task, offer: Offer, speculative: bool, local: bool | None,
+    def _launch(self, task: Task, offer: Offer, speculative: bool, local: bool | None,
                 now: float, revocable: bool) -> TaskInfo:
         task.launches += 1
         task_id = f"{task.kind}-{task.index:05d}-{task.launches}"
-        attempt = _Attempt(task_id=task_id, task=task, agent_id=offer.agent_id,
+        attempt = Attempt(task_id=task_id, task=task, agent_id=offer.agent_id,
                            hostname=offer.hostname, url=offer.url, launched_at=now,
                            local=local)
         self._attempts[task_id] = attempt
@@ -507,7 +335,7 @@ class BatchCore:
         if revocable:
             self.revocable_launches += 1
         if local:
-            self._waiting_since = None  # delay scheduling: a local launch resets the wait
+            self._placement.waiting_since = None  # delay scheduling: a local launch resets it
         if speculative:
             self.speculative_attempts += 1
             task.wants_copy = False
@@ -522,7 +350,7 @@ class BatchCore:
                         executor=self.config.executor, data=self._task_data(task, task_id),
                         priority=self.config.priority, revocable=revocable)
 
-    def _task_data(self, task: _Task, task_id: str) -> bytes:
+    def _task_data(self, task: Task, task_id: str) -> bytes:
         spec: dict[str, Any] = {"type": task.kind, "index": task.index, "task_id": task_id,
                                 "reducers": self.config.reducers, "output": self.config.output}
         if task.kind == MAP:
@@ -557,7 +385,7 @@ class BatchCore:
             return effects
         return effects + self._interest(freed=True)
 
-    def _succeeded(self, attempt: _Attempt, status: TaskStatus, now: float) -> list[Effect]:
+    def _succeeded(self, attempt: Attempt, status: TaskStatus, now: float) -> list[Effect]:
         task = attempt.task
         if attempt.killed or task.phase is TaskPhase.DONE:
             return []  # a speculative loser that finished anyway
@@ -584,7 +412,7 @@ class BatchCore:
                 url=attempt.url, paths=tuple(result["outputs"]), local=attempt.local)
             split = self._splits[task.index]
             if split.is_uri and result.get("cached"):
-                self._cached.setdefault(split.path, set()).add(attempt.hostname)
+                self._placement.cached.setdefault(split.path, set()).add(attempt.hostname)
             if self._all_maps_done():
                 self._new_work = True  # the reduces are eligible now
         else:
@@ -594,7 +422,7 @@ class BatchCore:
                 effects.append(self._done)
         return effects
 
-    def _failed(self, attempt: _Attempt, status: TaskStatus) -> list[Effect]:
+    def _failed(self, attempt: Attempt, status: TaskStatus) -> list[Effect]:
         task = attempt.task
         if attempt.killed or task.phase is TaskPhase.DONE:
             return []
@@ -617,7 +445,7 @@ class BatchCore:
         self._make_pending(task)
         return []
 
-    def _refused(self, attempt: _Attempt, status: TaskStatus, now: float) -> list[Effect]:
+    def _refused(self, attempt: Attempt, status: TaskStatus, now: float) -> list[Effect]:
         task = attempt.task
         if attempt.killed or task.phase is TaskPhase.DONE:
             return []
@@ -635,7 +463,7 @@ class BatchCore:
             self._make_pending(task)
         return []
 
-    def _preempted(self, attempt: _Attempt) -> list[Effect]:
+    def _preempted(self, attempt: Attempt) -> list[Effect]:
         """Evicted or preempted: run it again, free of charge (module docstring)."""
         task = attempt.task
         if attempt.killed or task.phase is TaskPhase.DONE:
@@ -659,7 +487,7 @@ class BatchCore:
                           f"by a reduce on {reporter}")
         return effects
 
-    def _rerun_map(self, task: _Task, why: str) -> list[Effect]:
+    def _rerun_map(self, task: Task, why: str) -> list[Effect]:
         task.output = None
         self._maps_done -= 1
         task.failures.append(why)
@@ -669,13 +497,13 @@ class BatchCore:
         self._make_pending(task)
         return []
 
-    def _make_pending(self, task: _Task) -> None:
+    def _make_pending(self, task: Task) -> None:
         task.phase = TaskPhase.PENDING
         self._pending[task.kind][task.index] = None
         self._new_work = True
         self._drop_copy(task)
 
-    def _drop_copy(self, task: _Task) -> None:
+    def _drop_copy(self, task: Task) -> None:
         task.wants_copy = False
         self._copies.pop((task.kind, task.index), None)
 
@@ -686,9 +514,9 @@ class BatchCore:
     def _on_agent_lost(self, agent_id: str, now: float) -> list[Effect]:
         """Its attempts end through the TASK_LOST updates the master sends; here
         only the map outputs it held matter, if a reduce still needs them."""
-        hostname = self._agents.pop(agent_id, agent_id)
-        if hostname not in self._agents.values():
-            self._lost_hosts.add(hostname)
+        hostname = self._placement.agents.pop(agent_id, agent_id)
+        if hostname not in self._placement.agents.values():
+            self._placement.lost_hosts.add(hostname)
         effects: list[Effect] = []
         if all(r.phase is TaskPhase.DONE for r in self._reduces):
             return effects
@@ -772,10 +600,10 @@ class BatchCore:
     def _all_maps_done(self) -> bool:
         return self._maps_done == len(self._maps)
 
-    def _task(self, kind: str, index: int) -> _Task:
+    def _task(self, kind: str, index: int) -> Task:
         return self._maps[index] if kind == MAP else self._reduces[index]
 
-    def _live(self) -> list[_Attempt]:
+    def _live(self) -> list[Attempt]:
         return [a for t in (*self._maps, *self._reduces) for a in t.live]
 
     def progress(self) -> Progress:

@@ -21,6 +21,7 @@ PURE_CORES = [
     "agent/views.py", "agent/limits.py", "agent/checkpoint.py", "agent/sandbox.py",
     "frameworks/scheduler_core.py", "frameworks/executor_core.py",
     "frameworks/batch/core.py", "frameworks/service/core.py", "frameworks/autopilot",
+    "frameworks/batch/placement.py", "frameworks/batch/tasks.py",
     "frameworks/service/rightsizing.py", "master/usage_rows.py", "master/usage_view.py",
     "dyad/authz.py", "master/authorization.py", "dyad/containers.py",
     "agent/container_spec.py",
