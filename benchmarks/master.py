@@ -1,7 +1,7 @@
 """One real master under a launch flood: how many tasks a second it carries.
 
     python -m benchmarks.master [--agents 1000] [--frameworks 1] [--tasks N]
-                                [--workers 2] [--quick]
+                                [--workers 2] [--quick] [--pace TASKS_PER_S]
 
 Starts one real `dyad-master` (standalone), `--agents` simulated agents spread
 over `--workers` processes, and `--frameworks` frameworks on the public
@@ -12,6 +12,8 @@ manager (`agent.status_updates`, the agent's retry schedule and all: each update
 is sent when the one before it is acknowledged), then reports its executor gone.
 Each framework launches everything it is offered (as many tasks as fit in each
 offer) until it has launched its share of `--tasks`, and acknowledges every update.
+With `--pace`, the frameworks instead hold their offers and launch from them at
+that rate in all: the paced run a flood should be no slower than (issue 19).
 
 Printed: tasks/s from the first accept to the last TASK_FINISHED; p50 and p99 of
 accept -> TASK_RUNNING as the framework sees it; tasks lost (never finished, or
@@ -34,7 +36,7 @@ import resource
 import sys
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, deque
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -165,11 +167,18 @@ async def _agents(endpoint: str, names: list[str], conn: Connection) -> None:
 # ------------------------------------------------------------------ frameworks
 
 
-class Launcher(Scheduler):
-    """Launches everything it is offered until it has launched `budget` tasks."""
+HOLD_SECONDS = 5.0  # how long a paced framework keeps an offer before giving it back
 
-    def __init__(self, name: str, budget: int) -> None:
+
+class Launcher(Scheduler):
+    """Launches everything it is offered until it has launched `budget` tasks; with a
+    `pace` (tasks/s), it holds its offers and launches from them at that rate."""
+
+    def __init__(self, name: str, budget: int, pace: float = 0.0) -> None:
         self.name = name
+        self.pace = pace
+        self.held: deque[tuple[float, Any]] = deque()  # (received at, offer)
+        self.driver: SchedulerDriver | None = None
         self.remaining = budget
         self.launched = 0
         self.accepted_at: dict[str, float] = {}
@@ -180,11 +189,40 @@ class Launcher(Scheduler):
         self.disconnections = 0  # the driver called the master lost (and re-subscribed)
 
     def resource_offers(self, driver: SchedulerDriver, offers: list[Any]) -> None:
+        if self.pace:
+            self.driver = driver
+            now = time.perf_counter()
+            self.held.extend((now, offer) for offer in offers)
+            return
+        self._launch(driver, offers, self.remaining)
+
+    async def paced(self) -> None:
+        """Every 10 ms, launch from held offers what the pace allows by now."""
+        started = time.perf_counter()
+        while self.remaining:
+            await asyncio.sleep(0.01)
+            allowed = int(self.pace * (time.perf_counter() - started)) - self.launched
+            while self.driver is not None and allowed > 0 and self.held:
+                _, offer = self.held.popleft()
+                allowed -= self._launch(self.driver, [offer], min(allowed, self.remaining))
+            # Give back what was held too long, long before the master's offer
+            # timeout could rescind it under a launch: it comes back as a fresh offer.
+            stale = time.perf_counter() - HOLD_SECONDS
+            while self.driver is not None and self.held and self.held[0][0] < stale:
+                self.driver.decline_offer(self.held.popleft()[1].id, Filters(refuse_seconds=0))
+
+    def offer_rescinded(self, driver: SchedulerDriver, offer_id: str) -> None:
+        self.held = deque(item for item in self.held if item[1].id != offer_id)
+
+    def _launch(self, driver: SchedulerDriver, offers: list[Any], allowed: int) -> int:
+        """Launch up to `allowed` tasks from `offers`, declining what goes unused;
+        how many were launched."""
+        launched = self.launched
         now = time.perf_counter()
         for offer in offers:
             fit = int(min(offer.resources.get("cpus") // TASK.get("cpus"),
                           offer.resources.get("mem") // TASK.get("mem")))
-            count = min(fit, self.remaining)
+            count = min(fit, allowed)
             if count == 0:  # crumbs, or everything is launched
                 driver.decline_offer(offer.id, Filters(
                     refuse_seconds=3600 if self.remaining == 0 else 1))
@@ -197,10 +235,12 @@ class Launcher(Scheduler):
                 tasks.append(TaskInfo(task_id=task_id, name="bench", agent_id=offer.agent_id,
                                       resources=TASK, command=CommandInfo(shell="true")))
             self.remaining -= count
+            allowed -= count
             driver.launch_tasks([offer.id], tasks, Filters(refuse_seconds=0))
         if self.remaining == 0 and not self.suppressed:
             self.suppressed = True
             driver.suppress_offers()
+        return self.launched - launched
 
     def disconnected(self, driver: SchedulerDriver) -> None:
         self.disconnections += 1
@@ -304,11 +344,14 @@ async def launch_all(address: str, launchers: list[Launcher], total: int,
     drivers = [SchedulerDriver(l, FrameworkInfo(name=l.name), master=address)
                for l in launchers]
     running = [asyncio.ensure_future(d.run_async()) for d in drivers]
+    pacers = [asyncio.ensure_future(l.paced()) for l in launchers if l.pace]
     while sum(len(l.finished_at) + len(l.failed) for l in launchers) < total:
         if time.monotonic() > deadline:
             break
         await asyncio.sleep(0.05)
     ended = time.perf_counter()
+    for pacer in pacers:
+        pacer.cancel()
     for driver in drivers:
         driver.stop()
     await asyncio.wait(running, timeout=30)
@@ -330,6 +373,9 @@ def main(argv: list[str] | None = None) -> int:
                              "three waves; --quick: one)")
     parser.add_argument("--workers", type=int, default=2, help="processes of simulated agents")
     parser.add_argument("--quick", action="store_true", help="one wave, a short reference")
+    parser.add_argument("--pace", type=float, default=0.0, metavar="TASKS_PER_S",
+                        help="launch at this rate in all (offers held and used as the "
+                             "pace allows) instead of everything offered at once")
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--master-arg", action="append", default=[], metavar="ARG",
                         help="passed to dyad-master (repeat: --master-arg=--usage-store "
@@ -390,7 +436,8 @@ def measure(args: argparse.Namespace, total: int, master_args: tuple[str, ...] =
             cpu_before = cpu_of(pids)
             per = [total // args.frameworks + (i < total % args.frameworks)
                    for i in range(args.frameworks)]
-            launchers = [Launcher(f"fw{i}", n) for i, n in enumerate(per)]
+            launchers = [Launcher(f"fw{i}", n, args.pace / args.frameworks)
+                         for i, n in enumerate(per)]
             drivers, _ = asyncio.run(launch_all(cluster.master_address, launchers, total,
                                                 time.monotonic() + args.timeout))
             after = master_metrics(url)
