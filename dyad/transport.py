@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -108,8 +109,8 @@ class _Ready:
     every waiter to check again, and `poke` (after a send of our own, which may
     have consumed a signal meant for a waiting receive) checks for them. Other
     calls on the socket (connect, options, a monitor) can consume one too, so a
-    sleeping waiter also looks again every `RECHECK` seconds: a missed signal
-    costs at most that, never a socket that stays deaf."""
+    sleeping waiter is also looked at every `RECHECK` seconds (`_Rechecks`): a
+    missed signal costs at most that, never a socket that stays deaf."""
 
     def __init__(self, sock: zmq.Socket) -> None:
         self._sock = sock
@@ -119,23 +120,31 @@ class _Ready:
 
     async def wait(self, flag: int) -> None:
         """Return once `EVENTS` has `flag` (zmq.POLLIN or zmq.POLLOUT)."""
-        while not self._sock.get(zmq.EVENTS) & flag:
+        flag = int(flag)  # plain ints: IntFlag arithmetic is slow Python
+        while not self._sock.get(_EVENTS) & flag:
             loop = asyncio.get_running_loop()
             if self._loop is not loop:
                 self._watch(loop)
             future = self._waiting[flag] = loop.create_future()
-            recheck = loop.call_later(RECHECK, _settle, future)
+            rechecks = _rechecks(loop)
+            rechecks.add(self)
             try:
                 await future
             finally:
-                recheck.cancel()
                 if self._waiting.get(flag) is future:
                     del self._waiting[flag]
+                if not self._waiting:
+                    rechecks.discard(self)
 
     def poke(self) -> None:
         """Wake a waiter whose event our own call may have consumed."""
-        if self._waiting and self._sock.get(zmq.EVENTS) & sum(self._waiting):
+        if self._waiting and self._sock.get(_EVENTS) & sum(self._waiting):
             self._wake()
+
+    def recheck(self) -> None:
+        """Wake a waiter whose event is here though no signal said so."""
+        if self._waiting and not self._sock.closed:
+            self.poke()
 
     def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
         self.forget()
@@ -146,7 +155,7 @@ class _Ready:
     def _wake(self) -> None:
         if not self._waiting:
             if not self._sock.closed:
-                self._sock.get(zmq.EVENTS)  # takes the signal, so the FD goes quiet
+                self._sock.get(_EVENTS)  # takes the signal, so the FD goes quiet
             return
         for future in self._waiting.values():
             if not future.done():
@@ -156,12 +165,50 @@ class _Ready:
         """Stop watching the FD (before the socket closes)."""
         if self._loop is not None and self._fd is not None and not self._loop.is_closed():
             self._loop.remove_reader(self._fd)
+            _rechecks(self._loop).discard(self)
         self._loop = self._fd = None
 
 
-def _settle(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
+_EVENTS = int(zmq.EVENTS)
+
+
+class _Rechecks:
+    """One timer per loop that looks at every sleeping waiter every `RECHECK`
+    seconds. A timer and a wake-up per wait cost a process of 5,000 idle
+    sockets (a worker of `benchmarks.master`'s simulated agents) a fifth of its
+    CPU; a look at `EVENTS` costs a microsecond, and wakes only a waiter whose
+    event is there."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._waiters: dict[_Ready, None] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, ready: _Ready) -> None:
+        self._waiters[ready] = None
+        if self._timer is None:
+            self._timer = self._loop.call_later(RECHECK, self._tick)
+
+    def discard(self, ready: _Ready) -> None:
+        self._waiters.pop(ready, None)
+
+    def _tick(self) -> None:
+        self._timer = None
+        for ready in list(self._waiters):
+            ready.recheck()
+        if self._waiters:
+            self._timer = self._loop.call_later(RECHECK, self._tick)
+
+
+_RECHECKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Rechecks] = (
+    weakref.WeakKeyDictionary())
+
+
+def _rechecks(loop: asyncio.AbstractEventLoop) -> _Rechecks:
+    found = _RECHECKS.get(loop)
+    if found is None:
+        found = _RECHECKS[loop] = _Rechecks(loop)
+    return found
 
 
 def _send_nowait(sock: zmq.Socket, ready: _Ready, frames: list[bytes]) -> bool:

@@ -275,6 +275,7 @@ class AgentHandlers(MasterBooks):
                              f"task {task.task_id} runs on agent {task.agent_id}, not "
                              f"{agent.id}; story: {' | '.join(task.story)}")
                 return
+            self.admission.started((framework.id, task.task_id), self._now)
             self._note(task, f"{status.state.name} from {status.source or 'agent'} ({status.uuid})")
             task.healthy = status.healthy
             if status.executor_id:

@@ -23,6 +23,7 @@ from dyad.messages import (
 from dyad.resources import UNRESERVED
 from dyad.volumes import DynamicResources
 from master import invariants, views
+from master.admission import Admission
 from master.allocator import (
     Allocator, HierarchicalAllocator, PolicyError, Quota, check_quotas, parse_weights,
     role_problem,
@@ -64,6 +65,7 @@ class MasterBooks:
         self._removals = RemovalLimiter(config.agent_removal_rate)
         self._persist_pending = False  # a PersistRegistry is in this step's effects
         self.offers: dict[str, Offer] = {}
+        self.admission = Admission(config.admission_limit)  # offers not yet out
         # From agents' reports: the URIs each one's fetcher cache holds (put in its
         # offers), and the agents that are draining (offered nothing more).
         self.cached_uris: dict[str, list[str]] = {}
@@ -166,6 +168,7 @@ class MasterBooks:
         for offer_id in sorted(framework.offers):
             self._rescind(self.offers[offer_id], notify=True)
         fid = framework.id
+        self.admission.forget_framework(fid)
         touched: set[str] = set()
         for task in list(framework.tasks.values()):
             agent = self.agents[task.agent_id]
@@ -210,6 +213,7 @@ class MasterBooks:
         """Drop the master's record of an offer; the caller settles the resources
         with the allocator."""
         del self.offers[offer.id]
+        self.admission.closed(offer.id)
         self.frameworks[offer.framework_id].offers.discard(offer.id)
         agent = self.agents[offer.agent_id]
         agent.offers.discard(offer.id)
@@ -254,6 +258,7 @@ class MasterBooks:
                                           self._now + refuse_seconds)
 
     def _rescind(self, offer: Offer, notify: bool, refuse_seconds: float = 0.0) -> None:
+        notify = notify and not self.admission.waiting(offer.id)  # never seen: no news
         self._return_offer(offer, refuse_seconds)
         self.counters.inc("master/offers_rescinded")
         self.events.record(self._now, "offer_rescinded", offer_id=offer.id,
@@ -320,6 +325,7 @@ class MasterBooks:
         if not counted:
             self.counters.inc(task_counter(state))
         del framework.tasks[task.task_id]
+        self.admission.started((framework.id, task.task_id), self._now)
         agent = self.agents[task.agent_id]
         agent.tasks.discard((framework.id, task.task_id))
         if task.revocable:  # lent: never in `used` or the allocator

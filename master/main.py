@@ -34,6 +34,7 @@ from master.registry import RegistryError
 from master.usage import StoreConfig
 from master.server import DEFAULT_ZK_SESSION_TIMEOUT, MasterServer
 from master.allocator.preemption import PreemptionConfig
+from master.admission import DEFAULT_LIMIT as DEFAULT_ADMISSION
 from master.model import MasterConfig
 
 log = logging.getLogger("dyad.master")
@@ -42,14 +43,18 @@ EXIT_NOT_LEADER = 75  # EX_TEMPFAIL
 
 
 
-def _positive_int(text: str) -> int:
+def _positive_int(text: str, least: int = 1) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{value} must be at least {least}")
     return value
+
+
+def _non_negative_int(text: str) -> int:
+    return _positive_int(text, least=0)
 
 
 def _rate(text: str) -> tuple[int, float] | None:
@@ -106,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--agent-ping-timeout", type=argtypes.positive_duration, default="15s",
                         help="ping interval, and how long a ping may go unanswered")
     parser.add_argument("--max-agent-ping-timeouts", type=_positive_int, default=5)
+    parser.add_argument("--admission-limit", type=_non_negative_int, default=DEFAULT_ADMISSION,
+                        help="tasks in flight beyond which offers wait (0: off; "
+                             "master/admission.py)")
     parser.add_argument("--heartbeat-interval", type=argtypes.positive_duration, default="5s",
                         help="framework heartbeat interval (both directions)")
     parser.add_argument("--oversubscription", choices=["on", "off"], default="on",
@@ -175,6 +183,7 @@ def config_from(args: argparse.Namespace,
         offer_timeout=args.offer_timeout, allocation_interval=args.allocation_interval,
         agent_ping_timeout=args.agent_ping_timeout,
         max_agent_ping_timeouts=args.max_agent_ping_timeouts,
+        admission_limit=args.admission_limit,
         heartbeat_interval=args.heartbeat_interval,
         agent_reregister_timeout=args.agent_reregister_timeout,
         agent_removal_rate=args.agent_removal_rate_limit,

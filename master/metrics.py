@@ -109,6 +109,10 @@ COUNTERS = {
     "master/status_updates": "Task status updates received from agents.",
     "master/offers_sent": "Resource offers sent to frameworks.",
     "master/offers_declined": "Offers declined by frameworks.",
+    "master/offers_held": "Offers that did not go out when made: admission held them "
+                          "(master/admission.py).",
+    "master/admission_cuts": "Times admission cut the tasks allowed in flight: a launch "
+                             "took longer than its target (master/admission.py).",
     "master/offers_rescinded": "Offers taken back (timeout, agent lost, framework gone).",
     "master/offers_accepted": "Offers accepted by frameworks.",
     "master/offers_frames": "Offers frames sent (a pass's offers to a framework are split to fit the frame budget).",
@@ -215,7 +219,11 @@ GAUGES = {
     "master/frameworks_connected": "Frameworks with a connected scheduler.",
     "master/frameworks_disconnected": "Frameworks whose scheduler is away (within its failover timeout).",
     "master/frameworks_completed": "Removed frameworks still remembered.",
-    "master/outstanding_offers": "Offers sent and not yet answered.",
+    "master/outstanding_offers": "Offers made and not yet answered (waiting ones too).",
+    "master/offers_waiting": "Offers made and waiting to go out (master/admission.py).",
+    "master/admission_allowed": "Tasks allowed in flight now (master/admission.py).",
+    "master/admission_in_flight": "Tasks launched and not yet heard of, plus the tasks "
+                                  "offers out are expected to become (master/admission.py).",
     "allocator/agents_considered": "Agents the last allocation pass looked at.",
     "allocator/allocation_run_ms": "Duration of the last allocation pass, in milliseconds.",
     "allocator/allocation_run_ms_p50": "Median allocation pass duration over the last 1000 passes, ms.",

@@ -79,6 +79,10 @@ class MasterConfig:
     # Offer what agents lend (master/revocable.py) to frameworks that opt in.
     oversubscription: bool = True
     preemption: PreemptionConfig = PreemptionConfig()  # master/preempting.py; off by default
+    # Tasks in flight (launched, not yet heard of; offers out, as the tasks they
+    # are expected to become) beyond which a pass's offers wait (master/admission.py);
+    # 0: off, every offer goes out at once. dyad-master turns it on.
+    admission_limit: int = 0
     # Who may do what (master/authorization.py); open: security is off.
     acls: Acls = attrs.field(factory=Acls.open)
 

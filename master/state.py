@@ -153,6 +153,8 @@ class MasterState(PreemptionHandlers, AgentHandlers):
                                                            error=refusal))
         else:
             raise TypeError(f"MasterState cannot handle {event!r}")
+        if len(self.admission):
+            self._send_offers_by_framework(self.admission.release(now))
         out, self._out = self._out, []
         return out
 
@@ -355,8 +357,7 @@ class MasterState(PreemptionHandlers, AgentHandlers):
                         else EMPTY, batches)
         for agent_id, (framework_id, extra) in lent.items():
             self._offer(framework_id, agent_id, EMPTY, extra, batches)
-        for framework_id, offers in batches.items():
-            self._send_offers(self.frameworks[framework_id], offers)
+        self._send_offers_by_framework(self.admission.admit(batches.values(), self._now))
         self._guarantee_preemption()
 
     def _offer(self, framework_id: str, agent_id: str, resources: Resources,
@@ -379,7 +380,6 @@ class MasterState(PreemptionHandlers, AgentHandlers):
         if lent:
             agent.revocable_offered = agent.revocable_offered + lent
             self.counters.inc("master/revocable_offers_sent")
-        self._arm(OfferTimeout(offer.id), self._now + self.config.offer_timeout)
         batches.setdefault(framework_id, []).append(offer)
 
     def _revocable_plan(self) -> dict[str, tuple[str, Resources]]:
@@ -401,6 +401,14 @@ class MasterState(PreemptionHandlers, AgentHandlers):
             lambda fid, aid: (fid, aid) in self.revocable_filters,
             (self.config.min_allocatable_cpus, self.config.min_allocatable_mem))
 
+    def _send_offers_by_framework(self, offers: list[Offer]) -> None:
+        """Offers going out now (master/admission.py), each framework's in frames."""
+        batches: dict[str, list[Offer]] = {}
+        for offer in offers:
+            batches.setdefault(offer.framework_id, []).append(offer)
+        for framework_id, batch in batches.items():
+            self._send_offers(self.frameworks[framework_id], batch)
+
     def _send_offers(self, framework: MasterFramework, offers: list[Offer]) -> None:
         """A pass's offers to one framework, in frames under the byte budget; an offer
         no frame can hold goes back (filtered, so it is not made again at once)."""
@@ -412,6 +420,8 @@ class MasterState(PreemptionHandlers, AgentHandlers):
                                bytes=offer_bytes(offer))
             self._return_offer(offer, self.config.default_refuse_seconds)
         for frame in packed.frames:
+            for offer in frame:  # an offer's time starts when it goes out
+                self._arm(OfferTimeout(offer.id), self._now + self.config.offer_timeout)
             self.counters.inc("master/offers_sent", len(frame))
             self.counters.inc("master/offers_frames")
             self._to_framework(framework, Offers(offers=frame))
@@ -480,6 +490,7 @@ class MasterState(PreemptionHandlers, AgentHandlers):
                 continue
             for task in op.tasks:
                 remaining, lent = self._launch(framework, agent, task, seen, remaining, lent)
+        self.admission.accepted(framework.id, len(offers), len(launches))
         if any(offer.resources for offer in offers):  # else the allocator never knew
             self.allocator.close_offer(framework.id, agent.id, remaining)
         if not (remaining.is_empty() and lent.is_empty()):
@@ -535,6 +546,7 @@ class MasterState(PreemptionHandlers, AgentHandlers):
         self._note(record, f"launched on agent {agent.id} with {task.resources}")
         self._task_event(record, "master")
         framework.tasks[task.task_id] = record
+        self.admission.launched((framework.id, task.task_id), self._now)
         agent.tasks.add((framework.id, task.task_id))
         agent.used = agent.used + needed
         agent.revocable_used = agent.revocable_used + borrowed

@@ -16,7 +16,7 @@ IO_MODULES = {"asyncio", "zmq", "aiohttp", "kazoo", "socket", "subprocess",
 PURE_CORES = [
     "dyad/resources.py", "dyad/messages.py", "dyad/codec.py", "dyad/effects.py",
     "master/state.py", "master/allocator", "master/offer_frames.py", "master/inflow.py",
-    "master/outflow.py",
+    "master/outflow.py", "master/admission.py",
     "agent/state.py", "agent/status_updates.py", "agent/model.py", "agent/health.py",
     "agent/views.py", "agent/limits.py", "agent/checkpoint.py", "agent/sandbox.py",
     "frameworks/scheduler_core.py", "frameworks/executor_core.py",

@@ -1,0 +1,161 @@
+"""Admission (master/admission.py): offers wait while too much is in flight, and
+how much may be is learnt from how long launches take. Pure: a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from dyad.messages import Decline, Filters, Offer, Rescind, StatusUpdate, TaskState, Teardown
+from dyad.resources import Resources
+from master.admission import CUT, INITIAL, LEAST, Admission
+from master.model import MasterConfig, OfferTimeout
+from tests.unit.test_master_state import Harness, launch, messages, status, task
+
+
+def offer(n: int, framework: str = "F1", cpus: int = 4) -> Offer:
+    return Offer(id=f"O-{framework}-{n}", framework_id=framework, agent_id=f"A-{n}",
+                 hostname="h", resources=Resources.parse(f"cpus:{cpus};mem:1024"))
+
+
+def test_off_lets_everything_out_at_once() -> None:
+    admission = Admission(limit=0)
+    offers = [offer(i) for i in range(1000)]
+    assert admission.admit([offers], 0.0) == offers
+    assert len(admission) == 0 and admission.held == 0
+
+
+def test_offers_out_count_as_the_tasks_they_may_become() -> None:
+    admission = Admission(limit=100)
+    out = admission.admit([[offer(i) for i in range(100)]], 0.0)
+    # before any accept an offer counts its cpus: 4 tasks each
+    assert len(out) == INITIAL // 4 and len(admission) == 100 - len(out)
+    assert admission.in_flight(0.0) == INITIAL
+    assert admission.release(0.0) == []
+
+
+def test_frameworks_take_turns_in_what_goes_out() -> None:
+    admission = Admission(limit=100)
+    out = admission.admit([[offer(i, "F1") for i in range(50)],
+                           [offer(i, "F2") for i in range(50)]], 0.0)
+    assert [o.framework_id for o in out[:4]] == ["F1", "F2", "F1", "F2"]
+
+
+def test_room_comes_back_in_batches_as_launches_are_heard_of() -> None:
+    admission = Admission(limit=100)
+    out = admission.admit([[offer(i) for i in range(100)]], 0.0)
+    for n, o in enumerate(out):  # each accepted, four tasks launched
+        admission.closed(o.id)
+        admission.accepted("F1", 1, 4)
+        for t in range(4):
+            admission.launched((n, t), 0.0)
+    assert admission.in_flight(0.0) == INITIAL
+    admission.started((0, 0), 0.01)
+    assert admission.release(0.01) == []  # one slot back is not a batch
+    for t in range(1, 4):
+        admission.started((0, t), 0.01)
+    for t in range(4):
+        admission.started((1, t), 0.01)
+    for t in range(4):
+        admission.started((2, t), 0.01)
+    again = admission.release(0.01)
+    assert again and admission.in_flight(0.01) <= admission.allowed
+
+
+def test_a_slow_launch_cuts_once_per_round_trip_and_fast_ones_grow() -> None:
+    admission = Admission(limit=1000, target=0.1)
+    admission.admit([[offer(i, cpus=1) for i in range(1000)]], 0.0)
+    start = admission.allowed
+    for n in range(3):
+        admission.launched(n, 0.0)
+    admission.started(0, 0.5)  # late: cut
+    assert admission.allowed == start * CUT and admission.cuts == 1
+    admission.started(1, 0.6)  # launched before the cut: no second cut
+    assert admission.cuts == 1
+    admission.launched(9, 0.7)
+    admission.started(9, 0.9)  # launched after it, and late: cut again
+    assert admission.allowed == start * CUT * CUT
+    for n in range(200):  # never below LEAST
+        admission.launched(("late", n), 1.0 + n)
+        admission.started(("late", n), 1.5 + n)
+    assert admission.allowed == LEAST
+    admission.release(300.0)  # offers wait for room: in-time launches grow it
+    before = admission.allowed
+    admission.launched("quick", 300.0)
+    admission.started("quick", 300.01)
+    assert admission.allowed > before
+
+
+def test_a_silent_framework_or_a_stuck_launch_holds_nothing_up_for_long() -> None:
+    admission = Admission(limit=100, launch_seconds=5.0, offer_seconds=1.0)
+    admission.admit([[offer(i) for i in range(100)]], 0.0)
+    assert admission.release(0.5) == []
+    assert admission.release(1.0) != []  # the offers out lapsed: room again
+    admission.launched("stuck", 1.0)
+    assert admission.in_flight(5.9) >= 1
+    assert admission.in_flight(6.0) < admission.allowed
+
+
+def test_limit_and_target_are_checked() -> None:
+    with pytest.raises(ValueError):
+        Admission(limit=-1)
+    with pytest.raises(ValueError):
+        Admission(target=0)
+
+
+# ------------------------------------------------------------------ in the core
+
+
+def flood(limit: int = 64) -> tuple[Harness, str, list[str]]:
+    h = Harness(MasterConfig(admission_limit=limit))
+    fid = h.subscribe("f1")
+    agents = [h.register(f"a{i}", hostname=f"h{i}") for i in range(64)]
+    return h, fid, agents
+
+
+def test_a_pass_offers_what_fits_and_the_rest_waits_unseen_and_untimed() -> None:
+    h, fid, agents = flood()
+    first = h.offers_to(h.allocate(), "f1")
+    assert len(first) == INITIAL // 4  # 4 cpus each
+    assert h.metric("master/offers_waiting") == 64 - len(first)
+    assert h.metric("master/outstanding_offers") == 64
+    timed = {key.offer_id for key in h.timers if isinstance(key, OfferTimeout)}
+    assert timed == {o.id for o in first}  # a waiting offer's clock has not started
+
+
+def test_waiting_offers_go_out_as_launches_start_and_none_is_lost() -> None:
+    h, fid, agents = flood()
+    seen: list = h.offers_to(h.allocate(), "f1")
+    launched = 0
+    for _ in range(100):
+        if not seen:
+            break
+        o = seen.pop(0)
+        tasks = [task(f"t{launched + i}", o.agent_id) for i in range(4)]
+        launched += 4
+        sends = h.recv("f1", launch(fid, [o], *tasks))
+        seen += h.offers_to(sends, "f1")
+        peer = f"a{agents.index(o.agent_id)}"
+        h.clock.advance(0.01)
+        for t in tasks:
+            sends = h.recv(peer, StatusUpdate(framework_id=fid, status=status(
+                t.task_id, TaskState.TASK_RUNNING, uuid="r-" + t.task_id)))
+            seen += h.offers_to(sends, "f1")
+    assert launched == 64 * 4  # every agent's offer came out, in time
+    assert h.metric("master/offers_waiting") == 0
+    assert h.metric("master/offers_held") > 0
+
+
+def test_a_waiting_offer_rescinded_is_never_announced() -> None:
+    h, fid, agents = flood()
+    sent = {o.id for o in h.offers_to(h.allocate(), "f1")}
+    # declining what it saw lets the waiting ones out, announcing nothing
+    sends = h.recv("f1", Decline(framework_id=fid, offer_ids=sorted(sent),
+                                 filters=Filters(refuse_seconds=60)))
+    assert not messages(sends, Rescind)
+    out = {o.id for o in h.offers_to(sends, "f1")}
+    assert out and not out & sent
+    assert h.metric("master/offers_waiting") > 0
+    # torn down: only offers it was sent are rescinded to it
+    sends = h.recv("f1", Teardown(framework_id=fid))
+    assert {r.offer_id for r in messages(sends, Rescind)} == out
+    assert h.metric("master/offers_waiting") == 0
