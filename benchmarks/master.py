@@ -49,8 +49,9 @@ from dyad.effects import ArmTimer, CancelTimer
 from dyad.ids import new_uuid
 from dyad.local import LocalCluster, http_get_json
 from dyad.messages import (
-    AgentInfo, AgentRegistered, ExecutorExited, Ping, Pong, RegisterAgent, RunTask, Source,
-    StatusUpdate, StatusUpdateAck, TaskState, TaskStatus, encode)
+    BATCH_CAPABILITY, AgentInfo, AgentRegistered, Batch, ExecutorExited, Ping, Pong,
+    RegisterAgent, RunTask, Source, StatusUpdate, StatusUpdateAck, TaskState, TaskStatus, encode,
+    encode_batch)
 from dyad.resources import Resources
 from dyad.timers import TimerTable
 from dyad.transport import Dealer
@@ -66,23 +67,29 @@ WINDOW = 64  # reference round trips in flight
 
 
 class SimAgent:
-    """A stand-in agent: the real wire protocol and status-update manager, no processes."""
+    """A stand-in agent: the real wire protocol and status-update manager, no
+    processes. It takes `Batch` frames (it says so as it registers) and sends
+    what one frame makes it say as one frame (a batch when it is more than one)."""
 
-    def __init__(self, name: str, endpoint: str) -> None:
+    def __init__(self, name: str, endpoint: str, batches: bool = True) -> None:
         self.sock = Dealer()
         self.sock.connect(endpoint)
         self.info = AgentInfo(hostname=name, port=5051, ip="127.0.0.1",
                               resources=AGENT_RESOURCES)
+        self.capabilities = [BATCH_CAPABILITY] if batches else []
+        self.batches = batches
         self.agent_id: str | None = None
         self.updates = StatusUpdateManager(seed=name)
         self.timers = TimerTable(time.monotonic, self._retry_due)
         self.runs: Counter[str] = Counter()
         self.send_failures = 0
+        self._outbox: list[bytes] = []
 
     async def register(self) -> None:
         backoff = 1.0
         while self.agent_id is None:
-            await self._send(RegisterAgent(agent=self.info))
+            self._send(RegisterAgent(agent=self.info, capabilities=self.capabilities))
+            self._flush()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 30.0)
 
@@ -90,24 +97,29 @@ class SimAgent:
         while True:
             message = (await self.sock.recv()).message
             now = time.monotonic()
-            if isinstance(message, Ping):
-                await self._send(Pong(agent_id=message.agent_id))
-            elif isinstance(message, AgentRegistered) and self.agent_id is None:
-                self.agent_id = message.agent_id
-                await self._apply(self.updates.resume(now))
-            elif isinstance(message, RunTask):
-                await self._run(message, now)
-            elif isinstance(message, StatusUpdateAck):
-                await self._apply(self.updates.acknowledge(
-                    message.framework_id, message.task_id, message.uuid, now))
-                if not self.updates.has_stream(message.framework_id, message.task_id):
-                    # The terminal update is acknowledged: the executor is gone.
-                    assert self.agent_id is not None
-                    await self._send(ExecutorExited(
-                        agent_id=self.agent_id, framework_id=message.framework_id,
-                        executor_id=message.task_id, status=0))
+            for one in message.messages if isinstance(message, Batch) else [message]:
+                self._on(one, now)
+            self._flush()
 
-    async def _run(self, message: RunTask, now: float) -> None:
+    def _on(self, message: Any, now: float) -> None:
+        if isinstance(message, Ping):
+            self._send(Pong(agent_id=message.agent_id))
+        elif isinstance(message, AgentRegistered) and self.agent_id is None:
+            self.agent_id = message.agent_id
+            self._apply(self.updates.resume(now))
+        elif isinstance(message, RunTask):
+            self._run(message, now)
+        elif isinstance(message, StatusUpdateAck):
+            self._apply(self.updates.acknowledge(
+                message.framework_id, message.task_id, message.uuid, now))
+            if not self.updates.has_stream(message.framework_id, message.task_id):
+                # The terminal update is acknowledged: the executor is gone.
+                assert self.agent_id is not None
+                self._send(ExecutorExited(
+                    agent_id=self.agent_id, framework_id=message.framework_id,
+                    executor_id=message.task_id, status=0))
+
+    def _run(self, message: RunTask, now: float) -> None:
         task, framework_id = message.task, message.framework.id
         assert framework_id is not None and self.agent_id is not None
         self.runs[task.task_id] += 1
@@ -117,35 +129,44 @@ class SimAgent:
             status = TaskStatus(task_id=task.task_id, state=state, source=Source.EXECUTOR,
                                 agent_id=self.agent_id, executor_id=task.task_id,
                                 uuid=new_uuid(), timestamp=time.time())
-            await self._apply(self.updates.add(
+            self._apply(self.updates.add(
                 StatusUpdate(framework_id=framework_id, status=status), now))
 
-    async def _apply(self, effects: list[Any]) -> None:
+    def _apply(self, effects: list[Any]) -> None:
         for effect in effects:
             if isinstance(effect, SendMaster):
-                await self._send(effect.message)
+                self._send(effect.message)
             elif isinstance(effect, (ArmTimer, CancelTimer)):
                 self.timers.perform(effect)
 
     def _retry_due(self, key: Any) -> None:
-        effects = self.updates.timer_fired(key, time.monotonic())
-        asyncio.ensure_future(self._apply(effects))
+        self._apply(self.updates.timer_fired(key, time.monotonic()))
+        self._flush()
 
-    async def _send(self, message: Any) -> None:
-        if not await self.sock.send(message):
+    def _send(self, message: Any) -> None:
+        self._outbox.append(encode(message))
+        if not self.batches:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Send what waits: one frame, a batch when there is more than one."""
+        frames, self._outbox = self._outbox, []
+        if not frames:
+            return
+        if not self.sock.send_frame(frames[0] if len(frames) == 1 else encode_batch(frames)):
             self.send_failures += 1  # like a frame lost on the network: retries cover it
 
 
-def agent_worker(endpoint: str, names: list[str], conn: Connection) -> None:
+def agent_worker(endpoint: str, names: list[str], conn: Connection, batches: bool) -> None:
     """A process of simulated agents; says when all are registered, reports on "stop"."""
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    asyncio.run(_agents(endpoint, names, conn))
+    asyncio.run(_agents(endpoint, names, conn, batches))
 
 
-async def _agents(endpoint: str, names: list[str], conn: Connection) -> None:
+async def _agents(endpoint: str, names: list[str], conn: Connection, batches: bool) -> None:
     zmq.asyncio.Context.instance().set(zmq.MAX_SOCKETS, len(names) + 100)
-    agents = [SimAgent(name, endpoint) for name in names]
+    agents = [SimAgent(name, endpoint, batches) for name in names]
     loops = [asyncio.ensure_future(a.serve()) for a in agents]
     loops += [asyncio.ensure_future(a.register()) for a in agents]
     while any(a.agent_id is None for a in agents):
@@ -376,6 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pace", type=float, default=0.0, metavar="TASKS_PER_S",
                         help="launch at this rate in all (offers held and used as the "
                              "pace allows) instead of everything offered at once")
+    parser.add_argument("--single-frames", action="store_true",
+                        help="simulated agents neither take nor send Batch frames (as "
+                             "the real agent does today)")
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--master-arg", action="append", default=[], metavar="ARG",
                         help="passed to dyad-master (repeat: --master-arg=--usage-store "
@@ -422,7 +446,8 @@ def measure(args: argparse.Namespace, total: int, master_args: tuple[str, ...] =
             for w in range(args.workers):
                 parent, child = ctx.Pipe()
                 process = ctx.Process(target=agent_worker, daemon=True,
-                                      args=(endpoint, names[w::args.workers], child))
+                                      args=(endpoint, names[w::args.workers], child,
+                                            not args.single_frames))
                 process.start()
                 workers.append((process, parent))
             started = time.monotonic()
@@ -469,7 +494,8 @@ def report(args: argparse.Namespace, total: int, reference: float, launchers: li
     offers_frames = after.get("master/offers_frames", 0) - before.get("master/offers_frames", 0)
     print()
     print(f"agents={args.agents} frameworks={args.frameworks} tasks={total} "
-          f"workers={args.workers}")
+          f"workers={args.workers} agent frames={'single' if args.single_frames else 'batch'}"
+          f"{f' pace={args.pace:g}/s' if args.pace else ''}")
     print(f"tasks/s, first accept -> last TASK_FINISHED: {rate:,.0f} "
           f"({done} tasks in {span:.2f} s)")
     print(f"accept -> TASK_RUNNING: p50 {percentile(latencies, 0.5):.0f} ms, "

@@ -79,8 +79,17 @@ def dumps(value: Any) -> bytes:
 
 
 def from_json(cls: type, data: Any, path: str = "") -> Any:
-    """Build `cls` from JSON-able `data`, raising `CodecError` on any mismatch."""
-    return _structurer_for(cls)(data, path)
+    """Build `cls` from JSON-able `data`, raising `CodecError` on any mismatch.
+
+    Two builders per type: a compiled one (`_fast_for`) that tracks no path and
+    gives no reason, only success or any exception, and the one that says where
+    and why. Whatever the first refuses is built again by the second, so every
+    reason is the second's; the first is never less strict (issue 19: an accept
+    decoded in a third of the time)."""
+    try:
+        return _fast_for(cls)(data)
+    except Exception:  # the careful builder decides, and says why
+        return _structurer_for(cls)(data, path)
 
 
 def _join(path: str, key: str | int) -> str:
@@ -268,3 +277,130 @@ def _build_unstructurer(tp: Any) -> Unstructure:
         names = [f.name for f in attrs.fields(tp) if f.init]
         return lambda value: {n: to_json(getattr(value, n)) for n in names}
     raise TypeError(f"no wire form for {tp!r}")
+
+
+# ------------------------------------------------------- the compiled builders
+
+_MISSING = object()
+_RESOURCES_CACHE: dict[str, Resources] = {}
+_RESOURCES_CACHE_MOST = 4096
+"""Resource texts kept parsed (a `Resources` is immutable, so one value serves
+every frame that spells it so); texts longer than 512 characters are not kept."""
+_fast: dict[Any, Callable[[Any], Any]] = {}
+
+
+class _Refused(Exception):
+    """The compiled builder does not take this; the careful one will say why."""
+
+
+def _fast_for(tp: Any) -> Callable[[Any], Any]:
+    found = _fast.get(tp)
+    if found is None:
+        found = _fast[tp] = _build_fast(tp)
+    return found
+
+
+def _fast_resources(value: Any) -> Resources:
+    found = _RESOURCES_CACHE.get(value) if type(value) is str else None
+    if found is None:
+        found = _structure_resources(value, "")
+        if len(value) <= 512 and len(_RESOURCES_CACHE) < _RESOURCES_CACHE_MOST:
+            _RESOURCES_CACHE[value] = found
+    return found
+
+
+def _build_fast(tp: Any) -> Callable[[Any], Any]:
+    if tp in (str, int, float, bool) or tp is Any:
+        env: dict[str, Any] = {}
+        lines = ["def build(v):", *_check_primitive(tp, "v", "    ", env), "    return v"]
+        return _compiled(lines, env)
+    if tp is bytes:
+        return lambda value: _structure_bytes(value, "")
+    if tp is Resources:
+        return _fast_resources
+    inner = _optional_inner(tp)
+    if inner is not None:
+        inner_f = _fast_for(inner)
+        return lambda value: None if value is None else inner_f(value)
+    origin = typing.get_origin(tp)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        item_f = _fast_for(item_tp)
+
+        def build_list(value: Any) -> list[Any]:
+            if type(value) is not list:
+                raise _Refused
+            return [item_f(item) for item in value]
+
+        return build_list
+    if origin is dict:
+        val_f = _fast_for(typing.get_args(tp)[1])
+
+        def build_dict(value: Any) -> dict[str, Any]:
+            if type(value) is not dict:
+                raise _Refused
+            return {key: val_f(item) for key, item in value.items()}
+
+        return build_dict
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        members = tp.__members__
+
+        def build_enum(value: Any) -> Any:
+            if type(value) is not str:
+                raise _Refused
+            return members[value]
+
+        return build_enum
+    if attrs.has(tp):
+        return _build_fast_attrs(tp)
+    raise TypeError(f"no wire form for {tp!r}")
+
+
+def _check_primitive(tp: Any, name: str, indent: str, env: dict[str, Any]) -> list[str]:
+    """Lines that refuse `name` unless it is a `tp` (made a float from an int)."""
+    env.update(Refused=_Refused, isfinite=math.isfinite, INT_MIN=INT_MIN, INT_MAX=INT_MAX)
+    if tp is Any:
+        return []
+    if tp is float:
+        return [f"{indent}if type({name}) is float:",
+                f"{indent}    if not isfinite({name}): raise Refused",
+                f"{indent}elif type({name}) is int: {name} = float({name})",
+                f"{indent}else: raise Refused"]
+    check = f"type({name}) is not {tp.__name__}"
+    if tp is int:
+        check += f" or not INT_MIN <= {name} <= INT_MAX"
+    return [f"{indent}if {check}: raise Refused"]
+
+
+def _build_fast_attrs(cls: type) -> Callable[[Any], Any]:
+    """One function per class, written out field by field: plain type checks
+    inline, a call only for what nests."""
+    hints = typing.get_type_hints(cls)
+    fields = [(f.name, hints[f.name], f.default is attrs.NOTHING)
+              for f in attrs.fields(cls) if f.init]
+    env: dict[str, Any] = {"cls": cls, "known": frozenset(n for n, _, _ in fields),
+                           "MISSING": _MISSING, "Refused": _Refused}
+    lines = ["def build(value):",
+             "    if type(value) is not dict or not known.issuperset(value): raise Refused",
+             "    kw = {}"]
+    for i, (name, tp, required) in enumerate(fields):
+        lines.append(f"    v = value.get({name!r}, MISSING)")
+        if required:
+            lines.append("    if v is MISSING: raise Refused")
+            indent = "    "
+        else:
+            lines.append("    if v is not MISSING:")
+            indent = "        "
+        if tp in (str, int, float, bool) or tp is Any:
+            lines += _check_primitive(tp, "v", indent, env)
+            lines.append(f"{indent}kw[{name!r}] = v")
+        else:
+            env[f"f{i}"] = _fast_for(tp)
+            lines.append(f"{indent}kw[{name!r}] = f{i}(v)")
+    lines.append("    return cls(**kw)")
+    return _compiled(lines, env)
+
+
+def _compiled(lines: list[str], env: dict[str, Any]) -> Callable[[Any], Any]:
+    exec("\n".join(lines), env)  # our own text, from declared annotations only
+    return env["build"]  # type: ignore[no-any-return]

@@ -261,6 +261,7 @@ class RegisterAgent(Message):
     executors: list[ExecutorInfo] = attrs.field(factory=list)
     frameworks: list[FrameworkInfo] = attrs.field(factory=list)
     dynamic: DynamicResources | None = None  # its checkpointed reservations and volumes
+    capabilities: list[str] = attrs.field(factory=list)  # BATCH_FRAMES: it takes `Batch`
 
 
 @message("agent_registered")
@@ -447,7 +448,8 @@ def _from_envelope(envelope: Any) -> Message:
 
 BATCH_TYPE = "batch"
 BATCH_CAPABILITY = "BATCH_FRAMES"
-"""A framework with this capability may be sent `Batch` frames (docs/protocol.md)."""
+"""A framework (`FrameworkInfo.capabilities`) or an agent (`RegisterAgent.capabilities`)
+with this capability may be sent `Batch` frames (docs/protocol.md)."""
 MAX_BATCH_BYTES = 1024 * 1024
 """A sender closes a batch frame at about this size (well under `MAX_FRAME_BYTES`)."""
 _BATCH_OPEN = b'{"type":"%s","v":%d,"body":{"messages":[' % (BATCH_TYPE.encode(), WIRE_VERSION)

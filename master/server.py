@@ -47,7 +47,7 @@ from dyad.codec import to_json
 from dyad.effects import Send, TimerFired
 from dyad.ids import IdGenerator
 from dyad.timers import TimerTable
-from dyad.messages import BATCH_CAPABILITY, Address, Batch, MasterInfo, encode
+from dyad.messages import BATCH_CAPABILITY, Address, Batch, MasterInfo, RegisterAgent, encode
 from dyad.supervision import LogLimiter, Supervisor
 from dyad.transport import Router, Undecoded
 from dyad.zk import (
@@ -649,6 +649,9 @@ class MasterServer:
                                    error="the master failed to handle this call"))
 
     async def _step(self, event: Event) -> None:
+        if isinstance(event, Received) and isinstance(event.message, RegisterAgent):
+            # An agent says whether it takes batches each time it registers.
+            self._batching[event.peer] = BATCH_CAPABILITY in event.message.capabilities
         started = time.perf_counter()
         effects = self.state.handle(event, self._clock.now())
         if isinstance(event, TimerFired) and isinstance(event.key, Allocate):
@@ -697,8 +700,9 @@ class MasterServer:
             self._send_frame(peer, frame)
 
     def _batches_to(self, peer: str) -> bool:
-        """Does `peer` take `Batch` frames? Frameworks that say so (a capability)
-        do; agents and peers not known yet do not (the latter are not remembered)."""
+        """Does `peer` take `Batch` frames? Frameworks and agents that say so (a
+        capability; an agent's is learnt as it registers, in `_step`) do; other
+        agents and peers not known yet do not (the latter are not remembered)."""
         known = self._batching.get(peer)
         if known is not None:
             return known

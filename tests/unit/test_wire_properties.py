@@ -197,3 +197,29 @@ def test_every_type_is_reached_valid(name: str) -> None:
                  settings=settings(max_examples=2000, database=None,
                                    phases=[Phase.generate]))
     assert m.decode(frame).TYPE == name
+
+
+def _both_builders(frame: bytes) -> None:
+    """The compiled builder (`dyad.codec._fast_for`) never takes what the careful
+    one refuses, and builds the same value when both take it: `from_json` then
+    gives every reason from the careful one."""
+    from dyad import bounded_json, codec
+    try:
+        envelope = bounded_json.loads(frame, m.WIRE_LIMITS)
+    except bounded_json.JsonInputError:
+        return
+    if not isinstance(envelope, dict) or not isinstance(envelope.get("type"), str) \
+            or envelope["type"] not in m.MESSAGE_TYPES:
+        return
+    cls, body = m.MESSAGE_TYPES[envelope["type"]], envelope.get("body", {})
+    try:
+        fast = codec._fast_for(cls)(body)
+    except Exception:
+        return  # refused: the careful one decides (and says why)
+    assert codec._structurer_for(cls)(body, "") == fast
+
+
+@settings(max_examples=600, suppress_health_check=[HealthCheck.too_slow])
+@given(value_mutations() | envelopes.map(lambda e: json.dumps(e).encode()))
+def test_the_compiled_builder_is_never_less_strict(frame: bytes) -> None:
+    _both_builders(frame)
