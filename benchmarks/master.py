@@ -499,7 +499,17 @@ def report(args: argparse.Namespace, total: int, reference: float, launchers: li
     print(f"tasks/s, first accept -> last TASK_FINISHED: {rate:,.0f} "
           f"({done} tasks in {span:.2f} s)")
     print(f"accept -> TASK_RUNNING: p50 {percentile(latencies, 0.5):.0f} ms, "
-          f"p99 {percentile(latencies, 0.99):.0f} ms")
+          f"p90 {percentile(latencies, 0.9):.0f} ms, p99 {percentile(latencies, 0.99):.0f} ms,"
+          f" most {max(latencies, default=float('nan')):.0f} ms")
+    ordered = [lat for _, lat in sorted(
+        (l.accepted_at[t], (l.running_at[t] - l.accepted_at[t]) * 1000)
+        for l in launchers for t in l.running_at if t in l.accepted_at)]
+    tenths = [ordered[len(ordered) * i // 10:len(ordered) * (i + 1) // 10] for i in range(10)]
+    print("p99 by tenth of the launches, in accept order (ms): "
+          + " ".join(f"{percentile(part, 0.99):.0f}" for part in tenths))
+    print(f"admission: offers held {after.get('master/offers_held', 0):.0f}, tasks allowed in"
+          f" flight at the end {after.get('master/admission_allowed', 0):.0f}, cuts "
+          f"{after.get('master/admission_cuts', 0):.0f}")
     print(f"lost: {lost} (must be 0), of them ended otherwise: "
           f"{sum(len(l.failed) for l in launchers)}; duplicate launches: {duplicates} "
           f"(must be 0)")

@@ -17,14 +17,16 @@ accepted offer, or before its first accept the offer's whole cpus. Offers go out
 while in flight is under `allowed`, and once they wait, again only when it has
 fallen to three quarters of it: in batches, not one Offers frame per freed slot.
 
-How much is allowed is learnt, as TCP learns a window: each launch's time from
-`launched` to `started` is a sample. One longer than `target` cuts `allowed` by a
-quarter (once per round trip: launches made before a cut do not cut again); one
-in time, while offers wait for room, grows it -- by one per launch until the
-first cut, then by about four per `allowed` launches -- up to `limit`. So the
-master lets out what it carries within `target`, whatever its speed today (a
-shared machine's is not yesterday's), and the latency of a flood is about
-`target`, not the flood's length.
+How much is allowed is learnt, much as TCP learns its window: each launch's
+time from `launched` to `started` is a sample, judged a round at a time (a
+round: as many samples as are allowed). A round with more than 2% of its
+launches later than `target` cuts `allowed` by a quarter, and launches made
+before a cut are not samples (they cannot speak for the smaller window). A round
+in time, while offers wait for room, grows it -- doubling until the first cut,
+then by an eighth -- up to `limit`. So the master lets out what it carries
+within `target` at its speed today (a shared machine's is not yesterday's), the
+latency of a flood is about `target`, not the flood's length, and a single
+stall (the process descheduled for a moment) costs one cut, not one per launch.
 
 Nothing waits for ever on a peer that is slow or silent: a launch counts for at
 most `launch_seconds` (a container image being pulled is not a flood), an offer
@@ -57,6 +59,11 @@ that admission steers under: the framework's accept -> TASK_RUNNING adds the
 accept's own wait and the update's way back (a few ms each, frameworks' frames
 go first: master/inflow.py)."""
 CUT = 0.75
+GROW = 0.125
+LATE_SHARE = 0.02
+"""A round (`allowed` launches, at least `ROUND_LEAST`) with more than this
+share of late ones cuts `allowed`."""
+ROUND_LEAST = 16
 LAUNCH_SECONDS = 5.0
 OFFER_SECONDS = 1.0
 SMOOTHING = 0.2  # weight of the newest accept in the tasks-per-offer mean
@@ -119,8 +126,10 @@ class Admission:
         self._waiting: deque[Offer] = deque()
         self._waiting_ids: set[str] = set()
         self._per_offer: dict[str, float] = {}  # framework -> mean tasks per accepted offer
-        self._cut_at = -math.inf  # launches before the last cut cannot cut again
-        self._learning = True  # no cut yet: grow fast (doubling per round trip)
+        self._cut_at = -math.inf  # launches before the last cut are not samples
+        self._learning = True  # no cut yet: double each round
+        self._samples = 0  # in this round
+        self._late = 0  # of them, later than `target`
         self._bound = False  # offers waited for room since the last look
         self.held = 0
         """Offers that did not go out when made (a counter)."""
@@ -209,22 +218,23 @@ class Admission:
 
     def started(self, key: Hashable, now: float) -> None:
         """The task's agent spoke of it (any status), or it ended: how long that
-        took steers `allowed`. Too long: cut by a quarter, at most once per
-        round trip (launches made before a cut do not cut again). In time, while
-        offers wait for room: grow, by one per launch until the first cut, then
-        by about four per `allowed` launches."""
+        took is a sample that steers `allowed`, judged a round at a time."""
         at = self._launches.close(key)
-        if at is None:
+        if at is None or at < self._cut_at:
+            return  # launched before the last cut: it cannot speak for what follows
+        self._samples += 1
+        self._late += now - at > self.target
+        if self._samples < max(ROUND_LEAST, self.allowed):
             return
-        if now - at > self.target:
-            if at >= self._cut_at:
-                self.allowed = max(float(LEAST), self.allowed * CUT)
-                self._cut_at = now
-                self._learning = False
-                self.cuts += 1
+        if self._late > LATE_SHARE * self._samples:
+            self.allowed = max(float(LEAST), self.allowed * CUT)
+            self._cut_at = now
+            self._learning = False
+            self.cuts += 1
         elif self._bound:
-            grow = 1.0 if self._learning else 4.0 / self.allowed
-            self.allowed = min(float(self.limit), self.allowed + grow)
+            grow = self.allowed if self._learning else self.allowed * GROW
+            self.allowed = min(float(self.limit), self.allowed + max(1.0, grow))
+        self._samples = self._late = 0
 
     def forget_framework(self, framework_id: str) -> None:
         self._per_offer.pop(framework_id, None)

@@ -51,38 +51,44 @@ def test_room_comes_back_in_batches_as_launches_are_heard_of() -> None:
     assert admission.in_flight(0.0) == INITIAL
     admission.started((0, 0), 0.01)
     assert admission.release(0.01) == []  # one slot back is not a batch
-    for t in range(1, 4):
-        admission.started((0, t), 0.01)
-    for t in range(4):
-        admission.started((1, t), 0.01)
-    for t in range(4):
-        admission.started((2, t), 0.01)
-    again = admission.release(0.01)
+    for n in range(5):
+        for t in range(4):
+            admission.started((n, t), 0.01)
+    again = admission.release(0.01)  # a quarter back: a batch goes out
     assert again and admission.in_flight(0.01) <= admission.allowed
 
 
-def test_a_slow_launch_cuts_once_per_round_trip_and_fast_ones_grow() -> None:
+def _round(admission: Admission, at: float, took: float, late: int = 0) -> None:
+    """One round of launches heard of after `took` seconds, `late` of them after 1 s."""
+    count = max(16, int(admission.allowed))
+    for n in range(count):
+        admission.launched((at, n), at)
+    for n in range(count):
+        admission.started((at, n), at + (1.0 if n < late else took))
+
+
+def test_a_round_with_late_launches_cuts_and_rounds_in_time_grow() -> None:
     admission = Admission(limit=1000, target=0.1)
-    admission.admit([[offer(i, cpus=1) for i in range(1000)]], 0.0)
+    admission.admit([[offer(i, cpus=1) for i in range(1000)]], 0.0)  # offers wait
     start = admission.allowed
-    for n in range(3):
-        admission.launched(n, 0.0)
-    admission.started(0, 0.5)  # late: cut
-    assert admission.allowed == start * CUT and admission.cuts == 1
-    admission.started(1, 0.6)  # launched before the cut: no second cut
-    assert admission.cuts == 1
-    admission.launched(9, 0.7)
-    admission.started(9, 0.9)  # launched after it, and late: cut again
-    assert admission.allowed == start * CUT * CUT
-    for n in range(200):  # never below LEAST
-        admission.launched(("late", n), 1.0 + n)
-        admission.started(("late", n), 1.5 + n)
-    assert admission.allowed == LEAST
-    admission.release(300.0)  # offers wait for room: in-time launches grow it
+    _round(admission, 1.0, 0.01)
+    assert admission.allowed == 2 * start  # no cut yet: doubling
+    _round(admission, 2.0, 0.01, late=1)  # one in a hundred late: not a cut
+    assert admission.allowed == 4 * start
     before = admission.allowed
-    admission.launched("quick", 300.0)
-    admission.started("quick", 300.01)
-    assert admission.allowed > before
+    _round(admission, 3.0, 0.01, late=10)
+    assert admission.allowed == before * CUT and admission.cuts == 1
+    # launched before the cut, heard of after it: not samples
+    admission.launched("old", 3.5)
+    admission._cut_at = 3.6
+    admission.started("old", 5.0)
+    assert admission.cuts == 1
+    before = admission.allowed
+    _round(admission, 4.0, 0.01)
+    assert admission.allowed == before * 1.125  # after a cut: by an eighth
+    for n in range(40):  # never below LEAST
+        _round(admission, 10.0 + n, 0.5)
+    assert admission.allowed == LEAST
 
 
 def test_a_silent_framework_or_a_stuck_launch_holds_nothing_up_for_long() -> None:
