@@ -57,7 +57,7 @@ from dyad.auth import (
 from dyad.clock import Clock, SystemClock
 from dyad.detector import Detector, LeaderFollower, make_detector
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired
-from dyad.messages import MasterInfo, Reason, Rejected
+from dyad.messages import Batch, MasterInfo, Reason, Rejected
 from dyad.supervision import LogLimiter, Supervisor
 from dyad.timers import TimerTable
 from dyad.transport import Dealer, Inbound, Router
@@ -444,7 +444,10 @@ class AgentServer:
                         await sock.send(inbound.identity, Rejected(
                             reason=refusal, message_type=inbound.message.TYPE))
                         continue
-                if inbound.message is not None:
+                if source == "master" and isinstance(inbound.message, Batch):
+                    for message in inbound.message.messages:  # as if each came alone
+                        self._events.put_nowait(MasterMessage(message))
+                elif inbound.message is not None:
                     self._events.put_nowait(MasterMessage(inbound.message)
                                             if source == "master"
                                             else ExecutorMessage(peer, inbound.message))

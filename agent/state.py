@@ -56,7 +56,7 @@ from agent.status_updates import SendMaster, StatusUpdateManager, UpdateRetry
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired, UnknownTimer
 from dyad.ids import new_uuid
 from dyad.messages import (
-    AgentInfo, AgentRegistered, CheckpointResources, DrainAgent, ExecutorExited, ExecutorInfo, ExecutorToFramework,
+    BATCH_CAPABILITY, AgentInfo, AgentRegistered, CheckpointResources, DrainAgent, ExecutorExited, ExecutorInfo, ExecutorToFramework,
     FrameworkInfo, FrameworkToExecutor, KillTask, LaunchTask, MasterInfo, Message, Ping, Pong,
     Reason, RegisterAgent, RegisterExecutor, Rejected, ReregisterExecutor, RunTask,
     ShutdownFramework, Source, StatusUpdate, StatusUpdateAck, Task, TaskInfo, TaskState,
@@ -260,7 +260,7 @@ class AgentState(HostRuns):
                 tasks += [self._task_view(t) for t in executor.live_tasks()]
         return RegisterAgent(agent=self._agent_info(), version=self.config.version,
                              tasks=tasks, executors=executors, frameworks=frameworks,
-                             dynamic=self.dynamic)
+                             dynamic=self.dynamic, capabilities=[BATCH_CAPABILITY])
 
     def _agent_info(self) -> AgentInfo:
         c = self.config
