@@ -64,3 +64,33 @@ def test_depth_limit_is_exact(opener: bytes, closer: bytes) -> None:
         loads(opener * 6 + b"1" + closer * 6, limits)
     # Many shallow containers are not depth: a wide frame passes.
     assert len(loads(b"[" + b",".join([b'{"a":[1]}'] * 100) + b"]", limits)) == 100
+
+
+def _outcome(parse: object, data: bytes) -> object:
+    try:
+        return ("value", parse(data, JsonLimits(max_depth=6, max_number_chars=12)))
+    except JsonInputError as exc:
+        return ("refused", exc.reason)
+
+
+nasty_texts = st.sampled_from([
+    b"NaN", b"1e999", b"-1e400", b"1" * 13, b"1.0e-99999", b'"\\ud800"', b'"\\udfff\\ud800"',
+    b'"\\ud83d\\ude00"', b"[" * 7 + b"]" * 7, b"\xff", b"[1,]", b"01", b"-0", b'"\\u0000"'])
+
+
+@given(json_values, nasty_texts, st.integers(0, 40))
+def test_the_fast_parse_agrees_with_the_careful_one(value: object, nasty: bytes,
+                                                     at: int) -> None:
+    """msgspec parses bytes first; whatever it gives must be what the careful
+    parse gives, and whatever it refuses the careful one refuses with its reason."""
+    from dyad.bounded_json import _careful
+    for data in (json.dumps(value).encode(), json.dumps(value, ensure_ascii=False).encode()):
+        spliced = data[:at] + nasty + data[at:]
+        for frame in (data, spliced, nasty):
+            assert _outcome(loads, frame) == _outcome(_careful, frame)
+
+
+@given(st.binary(max_size=200))
+def test_the_fast_parse_agrees_on_arbitrary_bytes(data: bytes) -> None:
+    from dyad.bounded_json import _careful
+    assert _outcome(loads, data) == _outcome(_careful, data)
