@@ -42,7 +42,10 @@ _HARD_FRAME_LIMIT = 4 * MAX_FRAME_BYTES
 LISTEN_BACKLOG = 4096
 MAX_REMEMBERED_IDENTITIES = 100_000
 RECHECK = 0.25
-"""Seconds a waiter sleeps at most before it looks at the socket again (`_Ready`)."""
+"""Seconds a waiter sleeps at most before it looks at the socket again (`_Ready`),
+right after an event; a socket that stays quiet is looked at ever less often, at
+last every `RECHECK * 2 ** QUIET_MOST` seconds."""
+QUIET_MOST = 3
 log = logging.getLogger(__name__)
 
 
@@ -110,14 +113,16 @@ class _Ready:
     every waiter to check again, and `poke` (after a send of our own, which may
     have consumed a signal meant for a waiting receive) checks for them. Other
     calls on the socket (connect, options, a monitor) can consume one too, so a
-    sleeping waiter is also looked at every `RECHECK` seconds (`_Rechecks`): a
-    missed signal costs at most that, never a socket that stays deaf."""
+    sleeping waiter is also looked at every `RECHECK` seconds (`_Rechecks`), less
+    often while it stays quiet: a missed signal costs at most 2 s, never a
+    socket that stays deaf."""
 
     def __init__(self, sock: zmq.Socket) -> None:
         self._sock = sock
         self._fd: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting: dict[int, asyncio.Future[None]] = {}
+        self._quiet = 0  # rechecks since the last event that found nothing
 
     async def wait(self, flag: int) -> None:
         """Return once `EVENTS` has `flag` (zmq.POLLIN or zmq.POLLOUT)."""
@@ -136,15 +141,20 @@ class _Ready:
                     del self._waiting[flag]
                 if not self._waiting:
                     rechecks.discard(self)
+        self._quiet = 0
 
     def poke(self) -> None:
         """Wake a waiter whose event our own call may have consumed."""
         if self._waiting and self._sock.get(_EVENTS) & sum(self._waiting):
             self._wake()
 
-    def recheck(self) -> None:
-        """Wake a waiter whose event is here though no signal said so."""
-        if self._waiting and not self._sock.closed:
+    def recheck(self, tick: int) -> None:
+        """Wake a waiter whose event is here though no signal said so: at every
+        `tick` at first, then every 2nd, 4th, 8th while the socket stays quiet."""
+        if tick % (1 << min(self._quiet, QUIET_MOST)) or not self._waiting:
+            return
+        self._quiet += 1
+        if not self._sock.closed:
             self.poke()
 
     def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -174,16 +184,21 @@ _EVENTS = int(zmq.EVENTS)
 
 
 class _Rechecks:
-    """One timer per loop that looks at every sleeping waiter every `RECHECK`
+    """One timer per loop that looks at the sleeping waiters every `RECHECK`
     seconds. A timer and a wake-up per wait cost a process of 5,000 idle
     sockets (a worker of `benchmarks.master`'s simulated agents) a fifth of its
-    CPU; a look at `EVENTS` costs a microsecond, and wakes only a waiter whose
-    event is there."""
+    CPU. A look at `EVENTS` wakes only a waiter whose event is there, but it is
+    a system call (ZeroMQ reads the socket's command mailbox): looking at 5,000
+    quiet sockets four times a second still took two fifths of that worker's
+    CPU, so a quiet socket is looked at ever less often (`_Ready.recheck`). A
+    signal is lost only to a call on the socket, and our calls look themselves
+    (`poke`), so a quiet socket has none to lose but a stranger's."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._waiters: dict[_Ready, None] = {}
         self._timer: asyncio.TimerHandle | None = None
+        self._ticks = 0
 
     def add(self, ready: _Ready) -> None:
         self._waiters[ready] = None
@@ -195,8 +210,9 @@ class _Rechecks:
 
     def _tick(self) -> None:
         self._timer = None
+        self._ticks += 1
         for ready in list(self._waiters):
-            ready.recheck()
+            ready.recheck(self._ticks)
         if self._waiters:
             self._timer = self._loop.call_later(RECHECK, self._tick)
 
