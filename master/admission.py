@@ -240,7 +240,7 @@ class Admission:
         if self._samples < max(ROUND_LEAST, self.allowed):
             return
         if self._late > LATE_SHARE * self._samples:
-            self.allowed = max(float(LEAST), self.allowed * CUT)
+            self.allowed = max(float(min(LEAST, self.limit)), self.allowed * CUT)
             self._cut_at = now
             self._learning = False
             self.cuts += 1

@@ -4,12 +4,16 @@ how much may be is learnt from how long launches take. Pure: a fake clock."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import invariant
 
-from dyad.messages import Decline, Filters, Offer, Rescind, StatusUpdate, TaskState, Teardown
+from dyad.messages import (
+    Decline, Filters, Offer, Offers, Rescind, StatusUpdate, TaskState, Teardown)
 from dyad.resources import Resources
 from master.admission import CUT, INITIAL, LEAST, Admission
 from master.model import MasterConfig, OfferTimeout
-from tests.unit.test_master_state import Harness, launch, messages, status, task
+from tests.unit.test_master_state import (
+    Harness, MasterMachine, launch, messages, status, task)
 
 
 def offer(n: int, framework: str = "F1", cpus: int = 4) -> Offer:
@@ -176,3 +180,35 @@ def test_a_waiting_offer_rescinded_is_never_announced() -> None:
     sends = h.recv("f1", Teardown(framework_id=fid))
     assert {r.offer_id for r in messages(sends, Rescind)} == out
     assert h.metric("master/offers_waiting") == 0
+
+
+class AdmittingMachine(MasterMachine):
+    """The master's state machine with admission on and tight (4 tasks in
+    flight): the books stay valid, and a framework is never sent an offer that
+    still waits, nor told of one it never saw."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.h = Harness(MasterConfig(offer_timeout=7.0, agent_ping_timeout=3.0,
+                                      max_agent_ping_timeouts=2, heartbeat_interval=2.0,
+                                      admission_limit=4))
+        self.sent: set[str] = set()
+
+    def feed(self, sends: list) -> None:
+        for send in sends:
+            if isinstance(send.message, Offers):
+                self.sent.update(o.id for o in send.message.offers)
+            elif isinstance(send.message, Rescind):
+                assert send.message.offer_id in self.sent, "rescinded an offer never sent"
+        super().feed(sends)
+
+    @invariant()
+    def nothing_seen_still_waits(self) -> None:
+        for offers in self.held.values():
+            assert not any(self.h.state.admission.waiting(o) for o in offers)
+
+
+AdmittingMachine.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+test_admitting_master_state_machine = AdmittingMachine.TestCase
