@@ -8,12 +8,26 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import invariant
 
 from dyad.messages import (
-    Decline, Filters, Offer, Offers, Rescind, StatusUpdate, TaskState, Teardown)
+    Decline,
+    Filters,
+    Offer,
+    Offers,
+    Rescind,
+    StatusUpdate,
+    TaskState,
+    Teardown,
+)
 from dyad.resources import Resources
 from master.admission import CUT, INITIAL, LEAST, Admission
 from master.model import MasterConfig, OfferTimeout
 from tests.unit.test_master_state import (
-    Harness, MasterMachine, launch, messages, status, task)
+    Harness,
+    MasterMachine,
+    launch,
+    messages,
+    status,
+    task,
+)
 
 
 def offer(n: int, framework: str = "F1", cpus: int = 4) -> Offer:
@@ -134,7 +148,7 @@ def flood(limit: int = 64) -> tuple[Harness, str, list[str]]:
 
 
 def test_a_pass_offers_what_fits_and_the_rest_waits_unseen_and_untimed() -> None:
-    h, fid, agents = flood()
+    h, _, _ = flood()
     first = h.offers_to(h.allocate(), "f1")
     assert len(first) == INITIAL // 4  # 4 cpus each
     assert h.metric("master/offers_waiting") == 64 - len(first)
@@ -167,7 +181,7 @@ def test_waiting_offers_go_out_as_launches_start_and_none_is_lost() -> None:
 
 
 def test_a_waiting_offer_rescinded_is_never_announced() -> None:
-    h, fid, agents = flood()
+    h, fid, _ = flood()
     sent = {o.id for o in h.offers_to(h.allocate(), "f1")}
     # declining what it saw lets the waiting ones out, announcing nothing
     sends = h.recv("f1", Decline(framework_id=fid, offer_ids=sorted(sent),
