@@ -8,7 +8,7 @@ acknowledgements through its one queue -- and a task accepted last waits for all
 the others: measured, p99 accept -> TASK_RUNNING of 16-48 s, and tens of
 thousands of agents' resends that the wait provokes. Accepting is where the
 clock starts, so the bound belongs before it: offers a pass makes wait here,
-and go out only while what is *in flight* stays under `limit`.
+and go out only while what is *in flight* stays under what is `allowed`.
 
 In flight, in tasks: every task launched and not yet heard of from its agent
 (`launched` .. `started`), plus for every offer sent and not yet answered the
@@ -28,8 +28,8 @@ cut, then by an eighth -- between `LEAST` and `limit`. So the master lets out
 what it carries at its speed today (a shared machine's is not yesterday's), and
 the latency of a flood is about `target`, not the flood's length. The tail is
 not steered: on a shared machine it is processes descheduled for a moment,
-which no window cuts, and steering by it cut a loaded run to a third of its
-throughput (measured: 10 frameworks, 479 -> 223 tasks/s).
+which no window cuts, and steering by it cut a loaded run to half its
+throughput (measured: 10 frameworks, 223 tasks/s, main 479).
 
 Nothing waits for ever on a peer that is slow or silent: a launch counts for at
 most `launch_seconds` (a container image being pulled is not a flood), an offer
