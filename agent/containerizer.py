@@ -27,6 +27,7 @@ import asyncio
 import logging
 import os
 import signal
+import subprocess
 from typing import Callable
 
 import attrs
@@ -35,7 +36,7 @@ import psutil
 from dyad.processes import describe_exit as describe_process_exit
 from dyad.processes import signal_group
 
-from agent import shim, users
+from agent import shim, spawn, users
 from agent.isolation import Isolator, IsolationError, PosixIsolator, processes
 from agent.model import UNKNOWN_EXIT, LaunchExecutor, Limits, RunKey, RunSample
 
@@ -58,7 +59,7 @@ class LaunchError(Exception):
 class _Run:
     pid: int
     started: float
-    process: asyncio.subprocess.Process | None  # None when adopted
+    process: subprocess.Popen[bytes] | None  # None when adopted
     waiter: asyncio.Future[None] | None = None
     seen: list[psutil.Process] = attrs.field(factory=list)  # at the last sample
     status_file: str = ""  # a direct run's (agent.shim)
@@ -170,10 +171,8 @@ class Containerizer:
                     open(os.path.join(effect.sandbox_dir, "stderr"), "ab") as err:
                 if run_as is not None:  # the whole sandbox, logs and run keys too
                     await asyncio.to_thread(users.hand_over, run_as, effect.sandbox_dir)
-                process = await asyncio.create_subprocess_exec(
-                    *self.isolator.wrap(key, argv), cwd=effect.sandbox_dir, env=env,
-                    stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=err,
-                    start_new_session=True)
+                process = spawn.start(self.isolator.wrap(key, argv), effect.sandbox_dir, env,
+                                      out.fileno(), err.fileno())
         except (OSError, ValueError, IsolationError) as exc:
             await asyncio.to_thread(self.isolator.cleanup, key)
             raise LaunchError(f"{argv[0]}: {exc}") from exc
@@ -262,10 +261,10 @@ class Containerizer:
 
     async def _reap(self, key: RunKey, run: _Run, descriptor: int = -1) -> None:
         if run.process is not None:
-            status = await run.process.wait()
+            status = await spawn.wait(run.process)
         else:
             status = UNKNOWN_EXIT
-            await _readable(descriptor)
+            await spawn.readable(descriptor)
         final, written = await asyncio.to_thread(self._final, key, run.status_file)
         self._kill_everything(key, run, None)  # leftovers of a finished run
         await asyncio.to_thread(self.isolator.cleanup, key)
@@ -282,19 +281,3 @@ class Containerizer:
         return (self.isolator.sample(key, None),
                 read_status(status_file) if status_file else None)
 
-
-async def _readable(descriptor: int) -> None:
-    """Wait until a pidfd says its process ended, then close it."""
-    loop = asyncio.get_running_loop()
-    ended: asyncio.Future[None] = loop.create_future()
-
-    def readable() -> None:
-        if not ended.done():
-            ended.set_result(None)
-
-    loop.add_reader(descriptor, readable)
-    try:
-        await ended
-    finally:
-        loop.remove_reader(descriptor)
-        os.close(descriptor)
