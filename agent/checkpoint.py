@@ -28,7 +28,7 @@ import attrs
 from agent.model import (
     AgentConfig, AgentExecutor, AgentTask, ExecutorProcessExited, RunKey, TaskEnd,
 )
-from dyad.codec import CodecError, from_json, to_json
+from dyad.codec import CodecError, dumps, from_json, to_json
 from dyad.messages import (
     ExecutorExited, ExecutorInfo, FrameworkInfo, StatusUpdate, TaskInfo, TaskState,
 )
@@ -233,7 +233,7 @@ def _reuse(cached: tuple[_T, str] | None, value: _T) -> tuple[_T, str]:
     """`cached` if it holds an equal value, else `value` with its JSON text."""
     if cached is not None and (cached[0] is value or cached[0] == value):
         return cached
-    return value, _dumps(to_json(value))
+    return value, dumps(value).decode()
 
 
 def with_detected(saved: SavedAgent, config: AgentConfig,

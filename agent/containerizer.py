@@ -164,22 +164,9 @@ class Containerizer:
                 env.update(users.environment(run_as))
         except users.UserError as exc:
             raise LaunchError(str(exc)) from None
-        try:
-            os.makedirs(effect.sandbox_dir, exist_ok=True)
-            await asyncio.to_thread(self.isolator.prepare, key, self._starting[key])
-            with open(os.path.join(effect.sandbox_dir, "stdout"), "ab") as out, \
-                    open(os.path.join(effect.sandbox_dir, "stderr"), "ab") as err:
-                if run_as is not None:  # the whole sandbox, logs and run keys too
-                    await asyncio.to_thread(users.hand_over, run_as, effect.sandbox_dir)
-                process = spawn.start(self.isolator.wrap(key, argv), effect.sandbox_dir, env,
-                                      out.fileno(), err.fileno())
-        except (OSError, ValueError, IsolationError) as exc:
-            await asyncio.to_thread(self.isolator.cleanup, key)
-            raise LaunchError(f"{argv[0]}: {exc}") from exc
-        try:
-            started = psutil.Process(process.pid).create_time()
-        except psutil.Error:
-            started = 0.0  # already gone; the reaper reports how it ended
+        # One trip to a worker thread for all of the start: the cgroup, the logs and
+        # the vfork, which holds its thread (not the loop) until the child has exec'ed.
+        process, started = await asyncio.to_thread(self._start, key, effect, argv, env, run_as)
         run = self._runs[key] = _Run(process.pid, started, process,
                                      status_file=effect.status_file)
         run.waiter = asyncio.ensure_future(self._reap(key, run))
@@ -188,6 +175,26 @@ class Containerizer:
         if key in self._doomed:
             self.kill(key, "KILL")
         return process.pid, started
+
+    def _start(self, key: RunKey, effect: LaunchExecutor, argv: list[str], env: dict[str, str],
+               run_as: users.RunAs | None) -> tuple[subprocess.Popen[bytes], float]:
+        """Start the run's process (blocking: off the loop); its start time."""
+        try:
+            os.makedirs(effect.sandbox_dir, exist_ok=True)
+            self.isolator.prepare(key, self._starting[key])
+            with open(os.path.join(effect.sandbox_dir, "stdout"), "ab") as out, \
+                    open(os.path.join(effect.sandbox_dir, "stderr"), "ab") as err:
+                if run_as is not None:  # the whole sandbox, logs and run keys too
+                    users.hand_over(run_as, effect.sandbox_dir)
+                process = spawn.start(self.isolator.wrap(key, argv), effect.sandbox_dir, env,
+                                      out.fileno(), err.fileno())
+        except (OSError, ValueError, IsolationError) as exc:
+            self.isolator.cleanup(key)
+            raise LaunchError(f"{argv[0]}: {exc}") from exc
+        try:
+            return process, psutil.Process(process.pid).create_time()
+        except psutil.Error:
+            return process, 0.0  # already gone; the reaper reports how it ended
 
     def adopt(self, key: RunKey, pid: int, started: float, status_file: str = "") -> bool:
         """Watch a run left by an earlier agent; False if that process is gone."""
@@ -265,9 +272,7 @@ class Containerizer:
         else:
             status = UNKNOWN_EXIT
             await spawn.readable(descriptor)
-        final, written = await asyncio.to_thread(self._final, key, run.status_file)
-        self._kill_everything(key, run, None)  # leftovers of a finished run
-        await asyncio.to_thread(self.isolator.cleanup, key)
+        final, written = await asyncio.to_thread(self._final, key, run)
         del self._runs[key]
         if run.status_file:
             status = status if written is None else written
@@ -277,7 +282,12 @@ class Containerizer:
         log.info("executor %s (pid %d) ended with status %d", key[1], run.pid, status)
         self._on_exit(key, status, final, description)
 
-    def _final(self, key: RunKey, status_file: str) -> tuple[RunSample | None, int | None]:
-        return (self.isolator.sample(key, None),
-                read_status(status_file) if status_file else None)
+    def _final(self, key: RunKey, run: _Run) -> tuple[RunSample | None, int | None]:
+        """The run's last sample and the status its shim wrote; then what is left of
+        it is killed and its cgroup goes (blocking: off the loop)."""
+        final = self.isolator.sample(key, None)
+        written = read_status(run.status_file) if run.status_file else None
+        self._kill_everything(key, run, None)  # leftovers of a finished run
+        self.isolator.cleanup(key)
+        return final, written
 
