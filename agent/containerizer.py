@@ -186,8 +186,8 @@ class Containerizer:
                     open(os.path.join(effect.sandbox_dir, "stderr"), "ab") as err:
                 if run_as is not None:  # the whole sandbox, logs and run keys too
                     users.hand_over(run_as, effect.sandbox_dir)
-                process = spawn.start(self.isolator.wrap(key, argv), effect.sandbox_dir, env,
-                                      out.fileno(), err.fileno())
+                process = spawn.start(self._isolated(key, argv, effect, run_as),
+                                      effect.sandbox_dir, env, out.fileno(), err.fileno())
         except (OSError, ValueError, IsolationError) as exc:
             self.isolator.cleanup(key)
             raise LaunchError(f"{argv[0]}: {exc}") from exc
@@ -195,6 +195,13 @@ class Containerizer:
             return process, psutil.Process(process.pid).create_time()
         except psutil.Error:
             return process, 0.0  # already gone; the reaper reports how it ended
+
+    def _isolated(self, key: RunKey, argv: list[str], effect: LaunchExecutor,
+                  run_as: users.RunAs | None) -> list[str]:
+        """`argv` as the isolator starts it: a direct run's shim joins the cgroups
+        itself, unless it runs as another user (the join needs the agent's rights)."""
+        files = self.isolator.join_files(key) if effect.status_file and run_as is None else None
+        return shim.join(argv, files) if files is not None else self.isolator.wrap(key, argv)
 
     def adopt(self, key: RunKey, pid: int, started: float, status_file: str = "") -> bool:
         """Watch a run left by an earlier agent; False if that process is gone."""
