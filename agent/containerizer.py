@@ -279,7 +279,7 @@ class Containerizer:
         else:
             status = UNKNOWN_EXIT
             await spawn.readable(descriptor)
-        final, written = await asyncio.to_thread(self._final, key, run)
+        final, written = await asyncio.to_thread(self._final, key, run, status)
         del self._runs[key]
         if run.status_file:
             status = status if written is None else written
@@ -289,11 +289,16 @@ class Containerizer:
         log.info("executor %s (pid %d) ended with status %d", key[1], run.pid, status)
         self._on_exit(key, status, final, description)
 
-    def _final(self, key: RunKey, run: _Run) -> tuple[RunSample | None, int | None]:
+    def _final(self, key: RunKey, run: _Run,
+               status: int) -> tuple[RunSample | None, int | None]:
         """The run's last sample and the status its shim wrote; then what is left of
-        it is killed and its cgroup goes (blocking: off the loop)."""
-        final = self.isolator.sample(key, None)
-        written = read_status(run.status_file) if run.status_file else None
+        it is killed and its cgroup goes (blocking: off the loop). A run that exited
+        with 0 was not killed for memory (cgroups v2 kills the whole group; under v1
+        and posix the agent does the killing), so it needs no last sample; and the
+        shim exits with its command's status, so only an adopted run's file is read."""
+        final = None if status == 0 else self.isolator.sample(key, None)
+        written = read_status(run.status_file) if run.status_file and run.process is None \
+            else None
         self._kill_everything(key, run, None)  # leftovers of a finished run
         self.isolator.cleanup(key)
         return final, written
