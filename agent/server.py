@@ -535,7 +535,10 @@ class AgentServer:
     async def _launch(self, effect: LaunchExecutor) -> None:
         key = (effect.framework_id, effect.executor_id, effect.run_id)
         try:
-            await self.fetcher.fetch(effect.uris, effect.sandbox_dir)
+            # A direct run with nothing to fetch skips a trip to a thread: the
+            # containerizer makes its sandbox as it starts it.
+            if effect.uris or not effect.status_file:
+                await self.fetcher.fetch(effect.uris, effect.sandbox_dir)
         except FetchError as exc:
             log.warning("executor %s: %s", effect.executor_id, exc)
             self._events.put_nowait(ExecutorLaunchFailed(*key, str(exc), Reason.FETCH_FAILED))
