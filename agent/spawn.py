@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 _devnull = -1  # one /dev/null for every run's stdin, opened on first use
 
