@@ -17,8 +17,10 @@ status) or *adopted* after an agent restart (`adopt`: watched through a pidfd; i
 is no longer our child, so its exit status is unknown). Adoption checks the
 process start time, so a pid reused by something else is never taken for an
 executor. A direct run (a command task the agent runs itself, `agent.host_runs`)
-runs under the shim (`agent.shim`), whose status file says how the command
-ended, adopted or not.
+runs under the shim (`agent.shim`), which exits with its command's status and
+writes it to a file: a run we reaped tells us itself, an adopted one by the file.
+Starts go through `agent.spawn` (vfork on a worker thread, the end watched by a
+pidfd on the loop), not asyncio's subprocess machinery.
 """
 
 from __future__ import annotations
