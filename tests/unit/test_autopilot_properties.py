@@ -18,7 +18,9 @@ CONFIG = Config(
     cpu_variants=(CpuVariant("cpu-p95", half_life=600, percentile=95, margin=0.1),
                   CpuVariant("cpu-p80", half_life=120, percentile=80, margin=0.2)),
     memory_variants=(MemoryVariant("mem-1h", window=3600, margin=0.1),
-                     MemoryVariant("mem-spike", window=3600, margin=0.05, spike=2.5)),
+                     MemoryVariant("mem-spike", window=3600, margin=0.05, spike=2.5),
+                     MemoryVariant("mem-learned", window=3600, margin=0.05, spike=2.0,
+                                   learned=True)),
     step=60, min_samples=5, warmup=120, min_interval=300, oom_hold=1800)
 
 # (seconds since the last sample, cores, MiB): a task's usage, however it moves.
@@ -106,13 +108,14 @@ def test_cpu_recommendation_is_monotone_in_percentile_and_margin(samples, p, q, 
 
 @settings(max_examples=150, deadline=None)
 @given(usage, st.floats(0, 1), st.floats(0, 1), st.floats(0, 3), st.floats(0, 3),
-       st.floats(0, 0.5))
+       st.floats(0, 0.5), st.booleans())
 def test_memory_recommendation_is_monotone_in_margin_and_spike(samples, m, n, s, t,
-                                                               jitter) -> None:
+                                                               jitter, learned) -> None:
     (m, n), (s, t) = sorted((m, n)), sorted((s, t))
-    low = _fed(MemoryVariant("low", window=3600, margin=m, spike=s, jitter=jitter), samples, 1)
-    high = _fed(MemoryVariant("high", window=3600, margin=n, spike=t, jitter=jitter),
-                samples, 1)
+    low = _fed(MemoryVariant("low", window=3600, margin=m, spike=s, jitter=jitter,
+                             learned=learned), samples, 1)
+    high = _fed(MemoryVariant("high", window=3600, margin=n, spike=t, jitter=jitter,
+                              learned=learned), samples, 1)
     assert low is not None and high is not None and low <= high * (1 + 1e-12)
     # And never below the window's peak plus margin.
     assert low >= _fed(MemoryVariant("peak", window=3600, margin=m), samples, 1) * (1 - 1e-12)

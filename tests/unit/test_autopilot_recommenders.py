@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from frameworks.autopilot import (
     MIB, AutopilotSpec, Bounds, Costs, CpuVariant, DecayingHistogram, MemoryVariant,
     MetaRecommender, Scale, SlidingPeak, SpecInvalid, parse_spec, unparse_spec)
+from frameworks.autopilot.jumps import LEVEL_SETTLE, JumpLog
 
 SCALE = Scale(low=0.001, high=1000.0, ratio=1.05)
 values = st.floats(min_value=0.001, max_value=1000.0, allow_nan=False)
@@ -255,3 +256,56 @@ def test_a_spike_variant_adds_room_after_a_jump_and_none_for_slow_moves() -> Non
     # Once the jump leaves the window (the second day's samples are still in it), so
     # does its room.
     assert spiky.value(8 * day) == pytest.approx(120 * 1.05 * MIB, rel=1e-3)
+
+def test_a_learned_spike_room_shrinks_as_the_app_shows_more_jumps() -> None:
+    """Room beyond the largest jump is 1/n of it for n jumps in the window: one jump
+    of 20% buys 20% x (1 + 2) over the calm top; four alike buy 20% x (1 + 2/4)."""
+    variant = MemoryVariant("learned", window=4 * 86400, margin=0.0, spike=2.0,
+                            jitter=0.05, learned=True)
+    once, often = variant.build(), variant.build()
+    for i in range(130 * 12):  # 130 hours, a sample every 5 minutes
+        t = i * 300.0
+        hour, minute = divmod(t / 60, 60)
+        up = 1.2 if minute < 10 else 1.0  # a 10-minute jump of 20% at some hours
+        once.add(t, 100 * MIB * (up if hour == 20 else 1))
+        often.add(t, 100 * MIB * (up if hour in (20, 40, 60, 80) else 1))
+        if t == 81 * 3600:
+            assert once.value(t) == pytest.approx(100 * MIB * (1 + 0.2 * 3), rel=1e-3)
+            assert often.value(t) == pytest.approx(100 * MIB * (1 + 0.2 * 1.5), rel=1e-3)
+            assert "largest of 4 jumps" in often.explain(t)
+    now = 130 * 3600.0 - 300
+    # The first jump left the window: no room for the app that jumped once; for the
+    # other, three jumps are left.
+    assert once.value(now) == pytest.approx(100 * MIB, rel=1e-3)
+    assert often.value(now) == pytest.approx(100 * MIB * (1 + 0.2 * (1 + 2 / 3)), rel=1e-3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 600), st.floats(0.5, 3.0)), min_size=1, max_size=80),
+       st.floats(60, 3000))
+def test_the_jump_log_keeps_the_two_largest_events_of_its_window(steps, window) -> None:
+    """Against a brute force over every event: pruning never loses one of the two
+    largest, and events are counted by when they began."""
+    log, now, level_at = JumpLog(window, jitter=0.05), 0.0, 0.0
+    log.add(0.0, 1.0)
+    log.add(LEVEL_SETTLE, 1.0)  # settled: jumps count from here
+    now = level_at = LEVEL_SETTLE
+    events: list[list[float]] = []  # [start, latest, size]
+    prev_jump = False
+    for gap, value in steps:
+        now += gap
+        level = log._level
+        assert level is not None
+        rise = value / level - 1
+        log.add(now, value)
+        if rise > 0.05:
+            if prev_jump:
+                events[-1][1], events[-1][2] = now, max(events[-1][2], rise)
+            else:
+                events.append([now, now, rise])
+        prev_jump = rise > 0.05
+        live = sorted((e[2] for e in events if e[1] >= now - window), reverse=True)
+        top, second = log.largest(now)
+        assert top == pytest.approx((live + [0.0, 0.0])[0])
+        assert second == pytest.approx((live + [0.0, 0.0])[1])
+        assert log.count(now) == sum(e[0] >= now - window for e in events)

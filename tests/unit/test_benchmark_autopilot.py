@@ -4,6 +4,7 @@ the scores mean what they say (a tiny fleet over a short week)."""
 from __future__ import annotations
 
 import attrs
+import pytest
 
 from benchmarks import autopilot as bench
 from frameworks.autopilot import MIB, Limits
@@ -40,3 +41,25 @@ def test_a_run_compares_every_approach_and_the_autopilot_cuts_slack() -> None:
     assert scores == bench.run(6, 1, seed=2)  # deterministic
     assert scores["meta"].mem_slack < scores["user"].mem_slack
     assert all(s.apps == 6 for s in scores.values())
+    # Split over processes, the same figures (sums in another order).
+    parallel = bench.run(6, 1, seed=2, chosen=bench.select("meta"), jobs=2)
+    assert list(parallel) == ["user", "meta"]
+    for name, score in parallel.items():
+        alone = scores[name]
+        assert (score.apps, score.oom_apps, score.ooms, score.changes) == \
+            (alone.apps, alone.oom_apps, alone.ooms, alone.changes)
+        assert score.mem_slack == pytest.approx(alone.mem_slack)
+        assert score.cpu_slack == pytest.approx(alone.cpu_slack)
+        assert score.kind_slack("spiky") == pytest.approx(alone.kind_slack("spiky"))
+    with pytest.raises(SystemExit, match="unknown approach"):
+        bench.select("meta,nope")
+
+
+def test_foresight_is_each_apps_own_peak_demand_held_all_week() -> None:
+    app = attrs.evolve(bench.fleet(1, 1, seed=1)[0], kind="spiky", mem_base=100 * MIB,
+                       mem_amp=0.0, growth=0.0, leak=0.0, noise=0.0,
+                       spikes=(bench.Spike(bench.DAY + 3600, 600, 1.0, 1.5),))
+    limit, idle = bench.foresight([app], 1, seed=1)
+    samples = bench.DAY / bench.STEP
+    assert limit == pytest.approx(150 * MIB * samples)
+    assert idle == pytest.approx(50 * MIB * (samples - 2))  # a 2-sample spike at the peak
