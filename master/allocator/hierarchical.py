@@ -347,14 +347,14 @@ class HierarchicalAllocator(QuotaRooms):
         hundreds), with the same outcome; the sorters hear once per role, not once
         per offer, because nothing reads them in between."""
         self._framework(framework_id)
-        pending: dict[str, Counter[str]] = {}
+        pending: dict[str, dict[str, int]] = {}
         try:
             for agent_id, resources in returned:
                 agent = self._agent(agent_id)
                 agent.offered_to.discard(framework_id)
                 if not resources.is_empty():
                     held = agent.allocated.get(framework_id, EMPTY)
-                    if not resources <= held:
+                    if held is not resources and not resources <= held:
                         raise AllocatorError(
                             f"framework {framework_id} does not hold {resources} on agent "
                             f"{agent_id}: it holds {held or 'nothing'}")
@@ -529,7 +529,7 @@ class HierarchicalAllocator(QuotaRooms):
         self._allocation_changed(role)
 
     def _release(self, agent_id: str, agent: _Agent, framework_id: str,
-                 resources: Resources, pending: dict[str, Counter[str]] | None = None) -> None:
+                 resources: Resources, pending: dict[str, dict[str, int]] | None = None) -> None:
         """With `pending`, what the sorters must hear is added up there per role
         (`close_offers`) instead of told at once."""
         held = agent.allocated[framework_id]
@@ -544,7 +544,12 @@ class HierarchicalAllocator(QuotaRooms):
             self._role_sorter.unallocated(role, scalars)
             self._roles[role].sorter.unallocated(framework_id, scalars)
         else:
-            pending.setdefault(role, Counter()).update(scalars)
+            adding = pending.get(role)
+            if adding is None:
+                pending[role] = dict(scalars)
+            else:
+                for kind, milli in scalars.items():
+                    adding[kind] = adding.get(kind, 0) + milli
         if left.is_empty():
             del agent.allocated[framework_id]
             del agent.role_of[framework_id]
@@ -562,7 +567,7 @@ class HierarchicalAllocator(QuotaRooms):
         self._dirty[agent_id] = None
         self._allocation_changed(role)
 
-    def _unallocate(self, framework_id: str, pending: dict[str, Counter[str]]) -> None:
+    def _unallocate(self, framework_id: str, pending: dict[str, dict[str, int]]) -> None:
         for role, scalars in pending.items():
             self._role_sorter.unallocated(role, scalars)
             self._roles[role].sorter.unallocated(framework_id, scalars)

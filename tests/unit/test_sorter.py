@@ -211,19 +211,12 @@ def test_random_sorter_is_reproducible_and_respects_weights() -> None:
 @given(st.lists(st.tuples(st.sampled_from(["a", "b", "c", "a/x", "a/y", "b/z"]),
                           st.integers(0, 3000), st.booleans()), max_size=30))
 def test_incremental_order_equals_a_fresh_sort(steps: list[tuple[str, int, bool]]) -> None:
-    """The DRF sorter keeps siblings sorted as allocations move; the result must
-    equal sorting from scratch by (share, allocations, path) at every level."""
+    """The DRF sorter keeps siblings sorted as allocations move, and the order it
+    read last until it changes; the result must equal sorting from scratch by
+    (share, allocations, path) at every level, after every step."""
     sorter = make("drf", "a", "b", "c", "a/x", "a/y", "b/z")
     held = {c: 0 for c in ("a", "b", "c", "a/x", "a/y", "b/z")}
     counts = dict.fromkeys(held, 0)
-    for client, milli, give in steps:
-        if give:
-            sorter.allocated(client, {"cpus": milli})
-            held[client] += milli
-            counts[client] += 1
-        elif held[client] >= milli:
-            sorter.unallocated(client, {"cpus": milli})
-            held[client] -= milli
 
     def subtree(path: str) -> tuple[int, int]:
         members = [c for c in held if c == path or c.startswith(path + "/")]
@@ -247,4 +240,13 @@ def test_incremental_order_equals_a_fresh_sort(steps: list[tuple[str, int, bool]
             out.extend([path] if leaf else expected(path))
         return out
 
+    for client, milli, give in steps:
+        if give:
+            sorter.allocated(client, {"cpus": milli})
+            held[client] += milli
+            counts[client] += 1
+        elif held[client] >= milli:
+            sorter.unallocated(client, {"cpus": milli})
+            held[client] -= milli
+        assert list(sorter.iter_sorted()) == expected("")
     assert sorter.sort() == expected("")
