@@ -241,9 +241,9 @@ class MasterBooks:
         self.allocator.close_offers(framework_id, [
             (offer.agent_id, offer.resources) for offer in offers if offer.resources])
         if refuse_seconds > 0:
-            until = self._now + refuse_seconds
+            self.allocator.add_filters(framework_id, [offer.agent_id for offer in offers],
+                                       self._now + refuse_seconds)
             for offer in offers:
-                self.allocator.add_filter(framework_id, offer.agent_id, until)
                 if offer.revocable:
                     self._filter_revocable(framework_id, offer.agent_id, refuse_seconds)
         self._request_allocation()

@@ -375,14 +375,7 @@ class DRFSorter(_Tree):
         if self._stale:
             return
         old = node.key
-        share = 0.0  # `_share`, inline: this runs twice per offer made or returned
-        alloc = node.alloc
-        if alloc:
-            for kind, total in self._denominators:
-                value = alloc.get(kind, 0) / total
-                if value > share:
-                    share = value
-        new = (share / node.weight, node.count, node.path)
+        new = (self._share(node), node.count, node.path)  # `_key`, one call less
         if new == old:
             return
         node.key = new
