@@ -64,6 +64,11 @@ class MasterBooks:
         self._removals = RemovalLimiter(config.agent_removal_rate)
         self._persist_pending = False  # a PersistRegistry is in this step's effects
         self.offers: dict[str, Offer] = {}
+        # Outstanding offers by the pass that made them (keyed by its first offer,
+        # in the order they were made) and the reverse: one `OfferTimeout` each.
+        self.offer_passes: dict[str, dict[str, None]] = {}
+        self._pass_of: dict[str, str] = {}
+        self._pass_first: str | None = None  # of the pass running now
         # From agents' reports: the URIs each one's fetcher cache holds (put in its
         # offers), and the agents that are draining (offered nothing more).
         self.cached_uris: dict[str, list[str]] = {}
@@ -218,7 +223,12 @@ class MasterBooks:
                          else agent.offered - offer.resources)
         if offer.revocable:
             agent.revocable_offered = agent.revocable_offered - offer.revocable
-        self._cancel(OfferTimeout(offer.id))
+        first = self._pass_of.pop(offer.id)
+        made = self.offer_passes[first]
+        del made[offer.id]
+        if not made:
+            del self.offer_passes[first]
+            self._cancel(OfferTimeout(first))
 
     def _return_offer(self, offer: Offer, refuse_seconds: float) -> None:
         """The offer's resources go back whole; filter them for the framework."""

@@ -93,6 +93,10 @@ class Allocate(TimerKey):
 
 @attrs.frozen
 class OfferTimeout(TimerKey):
+    """The offers one allocation pass made (all at once, so all due at once) have
+    been outstanding for the offer timeout; `offer_id` is the pass's first. One
+    timer per pass, not per offer: a pass offering a thousand agents arms one."""
+
     offer_id: str
 
 

@@ -32,7 +32,8 @@ allocator keeps its own view (allocated = offered + used per framework) and
 
 Timers are typed keys (`dyad.effects.TimerKey`, in master/model.py), matched
 exhaustively:
-`Allocate` the next allocation pass; `OfferTimeout(offer_id)`; `PingDue(agent_id)`
+`Allocate` the next allocation pass; `OfferTimeout(offer_id)` the offer timeout of
+the pass whose first offer that is (one per pass); `PingDue(agent_id)`
 agent liveness; `HeartbeatDue(framework_id)` heartbeats both ways;
 `FailoverTimeout(framework_id)` teardown of a framework that stayed away;
 `ReregisterTimeout` the end of the re-registration window after a failover;
@@ -336,6 +337,7 @@ class MasterState(PreemptionHandlers, AgentHandlers):
         self._arm_allocation(self._now + self.config.allocation_interval)
         self.counters.inc("allocator/allocation_runs")
         batches: dict[str, list[Offer]] = {}
+        self._pass_first = None  # this pass's first offer, once it makes one
         allocations = []
         for framework_id, agent_id, resources in self.allocator.allocate(self._now):
             if agent_id in self.drained:
@@ -379,7 +381,13 @@ class MasterState(PreemptionHandlers, AgentHandlers):
         if lent:
             agent.revocable_offered = agent.revocable_offered + lent
             self.counters.inc("master/revocable_offers_sent")
-        self._arm(OfferTimeout(offer.id), self._now + self.config.offer_timeout)
+        first = self._pass_first
+        if first is None:  # one timer for the whole pass: its offers are due together
+            first = self._pass_first = offer.id
+            self.offer_passes[first] = {}
+            self._arm(OfferTimeout(first), self._now + self.config.offer_timeout)
+        self.offer_passes[first][offer.id] = None
+        self._pass_of[offer.id] = first
         batches.setdefault(framework_id, []).append(offer)
 
     def _revocable_plan(self) -> dict[str, tuple[str, Resources]]:
@@ -436,10 +444,12 @@ class MasterState(PreemptionHandlers, AgentHandlers):
             self.counters.inc("master/offers_refused")
             self._rescind(self.offers[offer_id], notify=True)
 
-    def _offer_expired(self, offer_id: str) -> None:
-        offer = self.offers.get(offer_id)
-        if offer is not None:
-            self._rescind(offer, notify=True, refuse_seconds=self.config.default_refuse_seconds)
+    def _offers_expired(self, first: str) -> None:
+        """The pass that made `first` is an offer timeout old: rescind its offers
+        still outstanding, in the order it made them."""
+        for offer_id in list(self.offer_passes.get(first, ())):
+            self._rescind(self.offers[offer_id], notify=True,
+                          refuse_seconds=self.config.default_refuse_seconds)
 
     def _on_decline(self, peer: str, message: Decline) -> None:
         framework = self._owned_framework(peer, message)
@@ -639,8 +649,8 @@ class MasterState(PreemptionHandlers, AgentHandlers):
                 # Never second-guess the shell's timing: skipping an early-fired run
                 # would also skip re-arming, and allocation would stop for good.
                 self._allocate()
-            case OfferTimeout(offer_id=offer_id):
-                self._offer_expired(offer_id)
+            case OfferTimeout(offer_id=first):
+                self._offers_expired(first)
             case PingDue(agent_id=agent_id):
                 self._ping_due(agent_id)
             case HeartbeatDue(framework_id=framework_id):

@@ -89,7 +89,7 @@ class AllocatorError(ValueError):
 
 
 class _Agent:
-    __slots__ = ("total", "free", "allocated", "role_of", "offered_to", "reserved")
+    __slots__ = ("total", "free", "allocated", "role_of", "offered_to", "reserved", "filtered")
 
     def __init__(self, total: Resources) -> None:
         self.total = total
@@ -97,6 +97,10 @@ class _Agent:
         self.allocated: dict[str, Resources] = {}  # framework -> used + offered
         self.role_of: dict[str, str] = {}  # framework -> role its allocation is charged to
         self.offered_to: set[str] = set()  # frameworks with an outstanding offer here
+        # framework -> refused until: `_Framework.filters` by agent, for `_pick`,
+        # which asks it of each framework in DRF order (late in a busy day, of
+        # dozens that declined the agent a moment ago).
+        self.filtered: dict[str, float] = {}
         self.reserved = total.roles() - {UNRESERVED} != set()
 
 
@@ -179,7 +183,7 @@ class HierarchicalAllocator(QuotaRooms):
         for framework_id in list(agent.allocated):
             self._release(agent_id, agent, framework_id, agent.allocated[framework_id])
         for framework in self._frameworks.values():
-            framework.filters.pop(agent_id, None)
+            framework.filters.pop(agent_id, None)  # the agent's `filtered` goes with it
         scalars = agent.total.scalar_items()
         self._total.subtract(scalars)
         self._role_sorter.remove_total(scalars)
@@ -245,6 +249,7 @@ class HierarchicalAllocator(QuotaRooms):
     def remove_framework(self, framework_id: str) -> None:
         """Forget the framework; everything allocated to it is free again."""
         framework = self._framework(framework_id)
+        self._unfilter(framework_id, framework)
         for agent_id in sorted(framework.agents):
             agent = self._agents[agent_id]
             self._release(agent_id, agent, framework_id, agent.allocated[framework_id])
@@ -276,7 +281,7 @@ class HierarchicalAllocator(QuotaRooms):
             self._sync(framework_id)
             self._all_dirty = True
         self._dirty.update(dict.fromkeys(framework.filters))
-        framework.filters.clear()
+        self._unfilter(framework_id, framework)
 
     def add_filter(self, framework_id: str, agent_id: str, until: float) -> None:
         """Offer nothing from `agent_id` to `framework_id` before `until`."""
@@ -287,10 +292,16 @@ class HierarchicalAllocator(QuotaRooms):
         framework = self._framework(framework_id)
         filters = framework.filters
         for agent_id in agent_ids:
-            self._agent(agent_id)
+            agent = self._agent(agent_id)
             at = max(until, filters.get(agent_id, until))
-            filters[agent_id] = at
+            filters[agent_id] = agent.filtered[framework_id] = at
             heapq.heappush(self._filter_expiry, (at, framework_id, agent_id))
+
+    def _unfilter(self, framework_id: str, framework: _Framework) -> None:
+        agents = self._agents
+        for agent_id in framework.filters:
+            del agents[agent_id].filtered[framework_id]
+        framework.filters.clear()
 
     # ------------------------------------------------------------------ policy
 
@@ -428,8 +439,8 @@ class HierarchicalAllocator(QuotaRooms):
             framework = self._frameworks.get(framework_id)
             if framework is not None and framework.filters.get(agent_id) == until:
                 del framework.filters[agent_id]
-                if agent_id in self._agents:
-                    self._dirty[agent_id] = None
+                del self._agents[agent_id].filtered[framework_id]  # known: it is filtered
+                self._dirty[agent_id] = None
 
     def _fill(self, agent_id: str, now: float, result: list[Allocation], guarantees: bool) -> None:
         """Offer the agent's free resources until nobody (eligible) can take more."""
@@ -447,7 +458,7 @@ class HierarchicalAllocator(QuotaRooms):
               guarantees: bool) -> tuple[str, str, Resources] | None:
         """The first (framework, role) in sort order that may take something here,
         and what it is offered."""
-        frameworks = self._frameworks
+        filtered, offered_to, role_of = agent.filtered, agent.offered_to, agent.role_of
         for role in self._role_sorter.iter_sorted():
             offerable = agent.free.allocatable_for(role) if agent.reserved else agent.free
             if self._quota:
@@ -461,12 +472,12 @@ class HierarchicalAllocator(QuotaRooms):
             if offerable is not agent.free and not self._worth(offerable):
                 continue
             for framework_id in self._roles[role].sorter.iter_sorted():
-                if framework_id in agent.offered_to:
+                if framework_id in offered_to:
                     continue
-                until = frameworks[framework_id].filters.get(agent_id)
+                until = filtered.get(framework_id)
                 if until is not None and until > now:
                     continue
-                charged = agent.role_of.get(framework_id)
+                charged = role_of.get(framework_id)
                 if charged is not None and charged != role:
                     continue
                 return framework_id, role, offerable
