@@ -56,6 +56,7 @@ class ExecutorStreams:
         self._queues: dict[str, asyncio.Queue[dict[str, Any] | object]] = {}
         self.refused = refused  # why the API is off (empty: it is on)
         self.overflows = 0
+        self.unread = 0  # bodies refused before the core saw them (the shell's count)
 
     def deliver(self, peer: str, message: Message) -> bool:
         """Take `message` for `peer` if `peer` is a v1 executor (False: send it over
@@ -66,7 +67,9 @@ class ExecutorStreams:
         return True
 
     def metrics(self) -> dict[str, float]:
-        return {**{f"agent/v1/{key}": value for key, value in self.core.counts.items()},
+        counts = {**self.core.counts,
+                  "calls_invalid": self.core.counts["calls_invalid"] + self.unread}
+        return {**{f"agent/v1/{key}": value for key, value in counts.items()},
                 "agent/v1/streams": self.core.streams, "agent/v1/overflows": self.overflows}
 
     def end_all(self) -> None:
@@ -153,7 +156,7 @@ async def _executor(request: web.Request) -> web.StreamResponse:
             raise Refused(403, streams.refused)
         body = await read_json(request, "agent")
     except Refused as refused:
-        streams.core.counts["calls_invalid"] += 1
+        streams.unread += 1
         return web.Response(status=refused.status, text=refused.reason)
     if isinstance(body, dict) and body.get("type") == "SUBSCRIBE":
         return await _subscribe(request, streams, body)

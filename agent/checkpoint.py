@@ -25,8 +25,10 @@ from typing import Any, Iterable, TypeVar
 
 import attrs
 
-from agent.model import AgentConfig, AgentExecutor, AgentTask, ExecutorProcessExited, TaskEnd
-from dyad.codec import CodecError, from_json, to_json
+from agent.model import (
+    AgentConfig, AgentExecutor, AgentTask, ExecutorProcessExited, RunKey, TaskEnd,
+)
+from dyad.codec import CodecError, dumps, from_json, to_json
 from dyad.messages import (
     ExecutorExited, ExecutorInfo, FrameworkInfo, StatusUpdate, TaskInfo, TaskState,
 )
@@ -99,6 +101,42 @@ def save_executor(executor: AgentExecutor) -> SavedExecutor:
         pid=executor.pid, started=executor.started, tasks=tasks,
         pending_kills=dict(executor.pending_kills), container_id=executor.container_id,
         log_since_nanos=executor.log_since_nanos, host_direct=executor.host_direct)
+
+
+class SavedRuns:
+    """The saved form of every live run, rebuilt at a checkpoint only for the runs
+    marked changed since the last one: with 500 runs live, an event that touched
+    one pays for one (the `Encoder` then reuses the JSON of every other)."""
+
+    def __init__(self) -> None:
+        self._saved: dict[RunKey, SavedExecutor] = {}
+        self._stale: set[RunKey] = set()
+        self._all_stale = True
+
+    def changed(self, executors: Iterable[AgentExecutor] | None = None) -> None:
+        """`executors` changed (None: any run may have)."""
+        if executors is None:
+            self._all_stale = True
+        else:
+            self._stale.update(e.key for e in executors)
+
+    def save(self, executors: Iterable[AgentExecutor]) -> list[SavedExecutor]:
+        saved: dict[RunKey, SavedExecutor] = {}
+        for executor in executors:
+            key = executor.key
+            kept = None if self._all_stale or key in self._stale else self._saved.get(key)
+            saved[key] = kept if kept is not None else save_executor(executor)
+        self._saved, self._stale, self._all_stale = saved, set(), False
+        return list(saved.values())
+
+    def validate(self, executors: Iterable[AgentExecutor]) -> None:
+        """What is kept for a run not marked changed is what it would save now."""
+        if self._all_stale:
+            return
+        for executor in executors:
+            kept = self._saved.get(executor.key)
+            if kept is not None and executor.key not in self._stale:
+                assert kept == save_executor(executor), f"run {executor.key} changed unmarked"
 
 
 def load_executor(saved: SavedExecutor, phase: str) -> AgentExecutor:
@@ -193,9 +231,9 @@ def _dumps(value: Any) -> str:
 
 def _reuse(cached: tuple[_T, str] | None, value: _T) -> tuple[_T, str]:
     """`cached` if it holds an equal value, else `value` with its JSON text."""
-    if cached is not None and cached[0] == value:
+    if cached is not None and (cached[0] is value or cached[0] == value):
         return cached
-    return value, _dumps(to_json(value))
+    return value, dumps(value).decode()
 
 
 def with_detected(saved: SavedAgent, config: AgentConfig,

@@ -17,8 +17,10 @@ status) or *adopted* after an agent restart (`adopt`: watched through a pidfd; i
 is no longer our child, so its exit status is unknown). Adoption checks the
 process start time, so a pid reused by something else is never taken for an
 executor. A direct run (a command task the agent runs itself, `agent.host_runs`)
-runs under the shim (`agent.shim`), whose status file says how the command
-ended, adopted or not.
+runs under the shim (`agent.shim`), which exits with its command's status and
+writes it to a file: a run we reaped tells us itself, an adopted one by the file.
+Starts go through `agent.spawn` (vfork on a worker thread, the end watched by a
+pidfd on the loop), not asyncio's subprocess machinery.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import asyncio
 import logging
 import os
 import signal
+import subprocess
 from typing import Callable
 
 import attrs
@@ -35,7 +38,7 @@ import psutil
 from dyad.processes import describe_exit as describe_process_exit
 from dyad.processes import signal_group
 
-from agent import shim, users
+from agent import shim, spawn, users
 from agent.isolation import Isolator, IsolationError, PosixIsolator, processes
 from agent.model import UNKNOWN_EXIT, LaunchExecutor, Limits, RunKey, RunSample
 
@@ -58,7 +61,7 @@ class LaunchError(Exception):
 class _Run:
     pid: int
     started: float
-    process: asyncio.subprocess.Process | None  # None when adopted
+    process: subprocess.Popen[bytes] | None  # None when adopted
     waiter: asyncio.Future[None] | None = None
     seen: list[psutil.Process] = attrs.field(factory=list)  # at the last sample
     status_file: str = ""  # a direct run's (agent.shim)
@@ -163,24 +166,9 @@ class Containerizer:
                 env.update(users.environment(run_as))
         except users.UserError as exc:
             raise LaunchError(str(exc)) from None
-        try:
-            os.makedirs(effect.sandbox_dir, exist_ok=True)
-            await asyncio.to_thread(self.isolator.prepare, key, self._starting[key])
-            with open(os.path.join(effect.sandbox_dir, "stdout"), "ab") as out, \
-                    open(os.path.join(effect.sandbox_dir, "stderr"), "ab") as err:
-                if run_as is not None:  # the whole sandbox, logs and run keys too
-                    await asyncio.to_thread(users.hand_over, run_as, effect.sandbox_dir)
-                process = await asyncio.create_subprocess_exec(
-                    *self.isolator.wrap(key, argv), cwd=effect.sandbox_dir, env=env,
-                    stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=err,
-                    start_new_session=True)
-        except (OSError, ValueError, IsolationError) as exc:
-            await asyncio.to_thread(self.isolator.cleanup, key)
-            raise LaunchError(f"{argv[0]}: {exc}") from exc
-        try:
-            started = psutil.Process(process.pid).create_time()
-        except psutil.Error:
-            started = 0.0  # already gone; the reaper reports how it ended
+        # One trip to a worker thread for all of the start: the cgroup, the logs and
+        # the vfork, which holds its thread (not the loop) until the child has exec'ed.
+        process, started = await asyncio.to_thread(self._start, key, effect, argv, env, run_as)
         run = self._runs[key] = _Run(process.pid, started, process,
                                      status_file=effect.status_file)
         run.waiter = asyncio.ensure_future(self._reap(key, run))
@@ -189,6 +177,33 @@ class Containerizer:
         if key in self._doomed:
             self.kill(key, "KILL")
         return process.pid, started
+
+    def _start(self, key: RunKey, effect: LaunchExecutor, argv: list[str], env: dict[str, str],
+               run_as: users.RunAs | None) -> tuple[subprocess.Popen[bytes], float]:
+        """Start the run's process (blocking: off the loop); its start time."""
+        try:
+            os.makedirs(effect.sandbox_dir, exist_ok=True)
+            self.isolator.prepare(key, self._starting[key])
+            with open(os.path.join(effect.sandbox_dir, "stdout"), "ab") as out, \
+                    open(os.path.join(effect.sandbox_dir, "stderr"), "ab") as err:
+                if run_as is not None:  # the whole sandbox, logs and run keys too
+                    users.hand_over(run_as, effect.sandbox_dir)
+                process = spawn.start(self._isolated(key, argv, effect, run_as),
+                                      effect.sandbox_dir, env, out.fileno(), err.fileno())
+        except (OSError, ValueError, IsolationError) as exc:
+            self.isolator.cleanup(key)
+            raise LaunchError(f"{argv[0]}: {exc}") from exc
+        try:
+            return process, psutil.Process(process.pid).create_time()
+        except psutil.Error:
+            return process, 0.0  # already gone; the reaper reports how it ended
+
+    def _isolated(self, key: RunKey, argv: list[str], effect: LaunchExecutor,
+                  run_as: users.RunAs | None) -> list[str]:
+        """`argv` as the isolator starts it: a direct run's shim joins the cgroups
+        itself, unless it runs as another user (the join needs the agent's rights)."""
+        files = self.isolator.join_files(key) if effect.status_file and run_as is None else None
+        return shim.join(argv, files) if files is not None else self.isolator.wrap(key, argv)
 
     def adopt(self, key: RunKey, pid: int, started: float, status_file: str = "") -> bool:
         """Watch a run left by an earlier agent; False if that process is gone."""
@@ -262,13 +277,11 @@ class Containerizer:
 
     async def _reap(self, key: RunKey, run: _Run, descriptor: int = -1) -> None:
         if run.process is not None:
-            status = await run.process.wait()
+            status = await spawn.wait(run.process)
         else:
             status = UNKNOWN_EXIT
-            await _readable(descriptor)
-        final, written = await asyncio.to_thread(self._final, key, run.status_file)
-        self._kill_everything(key, run, None)  # leftovers of a finished run
-        await asyncio.to_thread(self.isolator.cleanup, key)
+            await spawn.readable(descriptor)
+        final, written = await asyncio.to_thread(self._final, key, run, status)
         del self._runs[key]
         if run.status_file:
             status = status if written is None else written
@@ -278,23 +291,17 @@ class Containerizer:
         log.info("executor %s (pid %d) ended with status %d", key[1], run.pid, status)
         self._on_exit(key, status, final, description)
 
-    def _final(self, key: RunKey, status_file: str) -> tuple[RunSample | None, int | None]:
-        return (self.isolator.sample(key, None),
-                read_status(status_file) if status_file else None)
+    def _final(self, key: RunKey, run: _Run,
+               status: int) -> tuple[RunSample | None, int | None]:
+        """The run's last sample and the status its shim wrote; then what is left of
+        it is killed and its cgroup goes (blocking: off the loop). A run that exited
+        with 0 was not killed for memory (cgroups v2 kills the whole group; under v1
+        and posix the agent does the killing), so it needs no last sample; and the
+        shim exits with its command's status, so only an adopted run's file is read."""
+        final = None if status == 0 else self.isolator.sample(key, None)
+        written = read_status(run.status_file) if run.status_file and run.process is None \
+            else None
+        self._kill_everything(key, run, None)  # leftovers of a finished run
+        self.isolator.cleanup(key)
+        return final, written
 
-
-async def _readable(descriptor: int) -> None:
-    """Wait until a pidfd says its process ended, then close it."""
-    loop = asyncio.get_running_loop()
-    ended: asyncio.Future[None] = loop.create_future()
-
-    def readable() -> None:
-        if not ended.done():
-            ended.set_result(None)
-
-    loop.add_reader(descriptor, readable)
-    try:
-        await ended
-    finally:
-        loop.remove_reader(descriptor)
-        os.close(descriptor)

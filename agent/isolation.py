@@ -68,6 +68,11 @@ class Isolator(Protocol):
 
     def wrap(self, key: RunKey, argv: list[str]) -> list[str]: ...
 
+    def join_files(self, key: RunKey) -> list[str] | None:
+        """Where a run's first process writes its pid to join the run's cgroups
+        (`agent.shim.join`); None: there is nothing to join, `wrap` it instead."""
+        ...
+
     def update(self, key: RunKey, limits: Limits) -> None: ...
 
     def pids(self, key: RunKey, root: int | None) -> list[int]: ...
@@ -140,6 +145,9 @@ class PosixIsolator:
     def wrap(self, key: RunKey, argv: list[str]) -> list[str]:
         nice = self._nice.pop(key, 0)
         return ["nice", "-n", str(nice), *argv] if nice else argv
+
+    def join_files(self, key: RunKey) -> list[str] | None:
+        return None
 
     def update(self, key: RunKey, limits: Limits) -> None:
         pass
@@ -232,8 +240,10 @@ class _Cgroups:
             raise IsolationError(f"cannot set up cgroup for run {key[2]}: {exc}") from exc
 
     def wrap(self, key: RunKey, argv: list[str]) -> list[str]:
-        procs = [os.path.join(d, "cgroup.procs") for d in self._dirs(key)]
-        return ["/bin/sh", "-c", JOIN_SCRIPT, "dyad-join", *procs, "--", *argv]
+        return ["/bin/sh", "-c", JOIN_SCRIPT, "dyad-join", *self.join_files(key), "--", *argv]
+
+    def join_files(self, key: RunKey) -> list[str]:
+        return [os.path.join(d, "cgroup.procs") for d in self._dirs(key)]
 
     def update(self, key: RunKey, limits: Limits) -> None:
         try:

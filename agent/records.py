@@ -26,6 +26,9 @@ class Records:
         self.frameworks: dict[str, AgentFramework] = {}
         self.completed_frameworks: deque[AgentFramework] = deque(maxlen=completed_limit)
         self.peers: dict[str, tuple[str, str]] = {}  # executor peer -> (framework, executor)
+        # (framework, task) -> the executor that holds the live or unacknowledged task:
+        # a lookup is one step, not a walk over thousands of runs.
+        self._homes: dict[tuple[str, str], str] = {}
 
     # ----------------------------------------------------------------- lookups
 
@@ -41,19 +44,10 @@ class Records:
         return self.executor(*ids) if ids else None
 
     def find(self, framework_id: str, task_id: str) -> tuple[AgentExecutor, AgentTask] | None:
-        framework = self.frameworks.get(framework_id)
-        if framework is None:
-            return None
-        # A command task's run bears its id: found at once among thousands of runs.
-        own = framework.executors.get(task_id)
-        task = own.find(task_id) if own is not None else None
-        if own is not None and task is not None:
-            return own, task
-        for executor in framework.executors.values():
-            task = executor.find(task_id)
-            if task is not None:
-                return executor, task
-        return None
+        executor_id = self._homes.get((framework_id, task_id))
+        executor = self.executor(framework_id, executor_id) if executor_id is not None else None
+        task = executor.find(task_id) if executor is not None else None
+        return (executor, task) if executor is not None and task is not None else None
 
     def find_task(self, framework_id: str, task_id: str) -> AgentTask | None:
         found = self.find(framework_id, task_id)
@@ -83,9 +77,14 @@ class Records:
         executor.peer = peer
         self.peers[peer] = (executor.framework_id, executor.executor_id)
 
+    def place(self, task: AgentTask) -> None:
+        """`task` is new on its executor (queued, launched or, recovered, any)."""
+        self._homes[(task.framework_id, task.task_id)] = task.executor_id
+
     def complete_task(self, executor: AgentExecutor, task: AgentTask) -> None:
         """`task`'s terminal update was acknowledged: keep it among the completed."""
         del executor.terminated[task.task_id]
+        self._homes.pop((task.framework_id, task.task_id), None)
         self._keep(executor.completed, task)
 
     def retire(self, executor: AgentExecutor) -> None:
@@ -96,6 +95,8 @@ class Records:
             self.peers.pop(executor.peer, None)
         for task in executor.terminated.values():
             self._keep(executor.completed, task)
+        for task in (*executor.live_tasks(), *executor.terminated.values()):
+            self._homes.pop((task.framework_id, task.task_id), None)
         executor.terminated.clear()
         del framework.executors[executor.executor_id]
         self._keep(framework.completed_executors, executor)
@@ -117,6 +118,8 @@ class Records:
             executor = checkpoint.load_executor(save, RECOVERING)
             executor.limits = limits.limits(executor)
             framework.executors[save.info.executor_id] = executor
+            for task in (*executor.live_tasks(), *executor.terminated.values()):
+                self.place(task)
 
     def _keep(self, into: deque[Any], item: Any) -> None:
         into.append(item)
@@ -124,6 +127,7 @@ class Records:
             into.popleft()
 
     def validate(self) -> None:
+        task_homes: dict[tuple[str, str], str] = {}
         for framework_id, framework in self.frameworks.items():
             assert framework.id == framework_id
             assert framework.executors, f"framework {framework_id} without executors"
@@ -152,7 +156,9 @@ class Records:
                         assert (task.framework_id, task.executor_id) == (framework_id, executor_id)
                         assert task_id not in task_ids, f"task {task_id} twice"
                         task_ids.add(task_id)
+                        task_homes[(framework_id, task_id)] = executor_id
                         assert task.state.is_terminal == (group is executor.terminated), task
+        assert task_homes == self._homes, (task_homes, self._homes)
         for peer, (framework_id, executor_id) in self.peers.items():
             owner = self.executor(framework_id, executor_id)
             assert owner is not None and owner.peer == peer

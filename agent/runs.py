@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import Counter
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from agent import launch, limits
 from agent.health import HealthChecker
@@ -63,7 +63,7 @@ class ExecutorRuns:
     if TYPE_CHECKING:  # provided by AgentState
         @property
         def phase(self) -> str: ...
-        def _changed(self) -> None: ...
+        def _changed(self, only: Iterable[AgentExecutor] | None = None) -> None: ...
         def _agent_info(self) -> AgentInfo: ...
         def _exit(self) -> list[Effect]: ...
         def _reject_executor(self, peer: str, reason: str, type_name: str) -> list[Effect]: ...
@@ -121,7 +121,7 @@ class ExecutorRuns:
             return []
         executor.pid = event.pid
         executor.started = event.started
-        self._changed()
+        self._changed((executor,))
         if executor.host_direct and executor.phase == LAUNCHING:
             return self._direct_running(executor, f"command started as pid {event.pid}", now)
         return []  # an executor: it registers; a direct run being killed: its exit follows
@@ -185,7 +185,7 @@ class ExecutorRuns:
                          if t.info.kill_grace_period is not None),
                         default=self.config.executor_kill_delay)
         executor.phase = TERMINATING
-        self._changed()
+        self._changed((executor,))
         what = "container" if executor.info.container is not None else "command"
         effects: list[Effect] = []
         for task in list(executor.launched.values()):
@@ -370,7 +370,7 @@ class ExecutorRuns:
         executor = self.records.executor(framework_id, executor_id)
         if executor is None or executor.run_id != run_id:
             return []
-        self._changed()
+        self._changed((executor,))  # it leaves the records; the agent's own change too
         effects = self._cancel(executor.timer)
         executor.timer = None
         if reason is None:

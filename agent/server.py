@@ -142,7 +142,7 @@ class AgentServer:
             "agent/sandboxes_removed": 0, "agent/logs_rotated": 0,
             "agent/checkpoints_written": 0, "agent/receive_errors": 0,
             "agent/loop_errors": 0, "agent/loop_crashes": 0, "agent/http_errors": 0,
-            "agent/volume_errors": 0})
+            "agent/volume_errors": 0, "agent/handler_errors": 0, "agent/effect_errors": 0})
         self._failed = asyncio.Event()
         self._loops = Supervisor(self._give_up, lambda: self.count("agent/loop_crashes"),
                                  logger=log, restart_delay=LOOP_RESTART_DELAY)
@@ -413,7 +413,7 @@ class AgentServer:
                 try:
                     effects += self.state.handle(event, self._clock.now())
                 except Exception:  # a core bug must not take the agent down; it is counted
-                    self.state.counters["handler_errors"] += 1
+                    self.shell_counters["agent/handler_errors"] += 1
                     self._errors.exception(("core", type(event)), "agent core failed on %r",
                                            event)
             if any(isinstance(effect, Checkpoint) for effect in effects):
@@ -422,7 +422,7 @@ class AgentServer:
                 try:
                     await self._perform(effect)
                 except Exception:
-                    self.state.counters["effect_errors"] += 1
+                    self.shell_counters["agent/effect_errors"] += 1
                     self._errors.exception(("effect", type(effect)), "performing %r failed",
                                            effect)
 
@@ -433,6 +433,10 @@ class AgentServer:
         consumed by the failed receive, so it cannot come round again."""
         while True:
             try:
+                # Awaiting a socket that is ready does not suspend: without this a
+                # burst of frames is read whole into the event queue before the
+                # core handles one (a fuzz batch grew the agent by 20 MiB that way).
+                await asyncio.sleep(0)
                 inbound: Inbound = await sock.recv()
                 peer = inbound.identity.hex()
                 if inbound.message is not None and source == "executor" \
@@ -535,7 +539,10 @@ class AgentServer:
     async def _launch(self, effect: LaunchExecutor) -> None:
         key = (effect.framework_id, effect.executor_id, effect.run_id)
         try:
-            await self.fetcher.fetch(effect.uris, effect.sandbox_dir)
+            # A direct run with nothing to fetch skips a trip to a thread: the
+            # containerizer makes its sandbox as it starts it.
+            if effect.uris or not effect.status_file:
+                await self.fetcher.fetch(effect.uris, effect.sandbox_dir)
         except FetchError as exc:
             log.warning("executor %s: %s", effect.executor_id, exc)
             self._events.put_nowait(ExecutorLaunchFailed(*key, str(exc), Reason.FETCH_FAILED))

@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import Counter, deque
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import attrs
 
@@ -107,6 +107,7 @@ class AgentState(HostRuns):
         self._shutdown_timer: ShutdownDeadline | None = None
         self._next_report = 0.0
         self._dirty = False
+        self._saved_runs = checkpoint.SavedRuns()
 
     # ----------------------------------------------------------------- dispatch
 
@@ -153,9 +154,11 @@ class AgentState(HostRuns):
             return self._on_shutdown(now)
         raise TypeError(f"not an agent event: {event!r}")
 
-    def _changed(self) -> None:
-        """Something a restarted agent needs changed: checkpoint before acting."""
+    def _changed(self, only: Iterable[AgentExecutor] | None = None) -> None:
+        """Something a restarted agent needs changed: checkpoint before acting. `only`:
+        no run changed but these (the agent's own records may have); None: any."""
         self._dirty = True
+        self._saved_runs.changed(only)
 
     def _on_master_message(self, msg: Message, now: float) -> list[Effect]:
         if isinstance(msg, AgentRegistered):
@@ -381,7 +384,6 @@ class AgentState(HostRuns):
                 f"task needs {task.resources} but the agent has only "
                 f"{self._free()} free", now)
 
-        self._changed()
         effects: list[Effect] = []
         if framework is None:
             framework = self.frameworks[framework_id] = AgentFramework(msg.framework)
@@ -389,10 +391,13 @@ class AgentState(HostRuns):
             framework.info = msg.framework
         self.used = self.used + needed
         record = AgentTask(task, framework_id, info.executor_id)
+        self.records.place(record)
         if executor is None:
             executor = self._new_executor(framework, info, task.command is not None)
+            self._changed((executor,))
             executor.queued[task.task_id] = record
             return [*self._mounts(executor, needed), *self._launch_executor(executor, task, now)]
+        self._changed((executor,))
         effects += self._mounts(executor, needed)
         if executor.phase == RUNNING:
             assert executor.peer is not None
@@ -507,11 +512,12 @@ class AgentState(HostRuns):
         effects: list[Effect] = [*self.updates.acknowledge(msg.framework_id, msg.task_id,
                                                             msg.uuid, now)]
         if self.updates.acked != acked:
-            self._changed()
+            self._changed(())
         if not self.updates.has_stream(msg.framework_id, msg.task_id):
             found = self.records.find(msg.framework_id, msg.task_id)
             if found is not None and found[1].task_id in found[0].terminated:
                 self.records.complete_task(*found)
+                self._changed(found[:1])
         return effects
 
     def _on_executor_update(self, peer: str, executor: AgentExecutor, msg: StatusUpdate,
@@ -546,7 +552,7 @@ class AgentState(HostRuns):
     def _transition(self, executor: AgentExecutor, task: AgentTask, update: StatusUpdate,
                     now: float) -> list[Effect]:
         """Record `update` as `task`'s latest state and hand it to its stream."""
-        self._changed()
+        self._changed((executor,))
         state = update.status.state
         task.state = state
         task.status_uuid = update.status.uuid
@@ -569,7 +575,7 @@ class AgentState(HostRuns):
                       state: TaskState, reason: str, message: str,
                       now: float) -> list[Effect]:
         """A terminal update for a task the agent never ran (no record to keep)."""
-        self._changed()
+        self._changed(())
         self.counters[_state_metric(state)] += 1
         update = self._status_update(framework_id, task_id, executor_id, state, reason,
                                      message, now)
@@ -660,7 +666,7 @@ class AgentState(HostRuns):
     def saved(self) -> SavedAgent:
         """What a restarted agent needs (see `agent.checkpoint`)."""
         c = self.config
-        executors = [checkpoint.save_executor(e) for e in self.records.executors()]
+        executors = self._saved_runs.save(self.records.executors())
         return SavedAgent(
             agent_id=self.agent_id, hostname=c.hostname, resources=c.resources,
             attributes=dict(c.attributes), port=c.port, executor_port=c.executor_port,
@@ -778,6 +784,7 @@ class AgentState(HostRuns):
     def validate(self) -> None:
         """Check the invariants; tests call this after every step."""
         self.records.validate()
+        self._saved_runs.validate(self.records.executors())
         assert self.records.charged() == self.used, (self.records.charged(), self.used)
         assert self.used <= self.total, (self.used, self.total)
         assert (self.phase == REGISTERED) == (not self.updates.paused)

@@ -22,6 +22,10 @@ command tasks (`/bin/true`) as fast as offers allow -- by default all at once
   reference of bare executor-like process starts;
 - the median and p90 accept -> TASK_RUNNING latency, and the master's peak RSS.
 
+The agents' work dirs (sandboxes: three directories and four files a direct
+task; checkpoints) are made under $TMPDIR: ``TMPDIR=/dev/shm`` measures the same
+without the disk's inode allocation, which the fork/exec reference never pays.
+
 With ``--containerizer docker`` the tasks run from an image on a private Docker
 Engine instead, against bare engine create+start of the same image
 (`benchmarks.launch_docker`).
@@ -163,10 +167,12 @@ def shim_cost(runs: int = 20) -> tuple[float, float]:
     return max(0.0, shim_cpu - bare_cpu), int(text.split()[1]) / 1024
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int, thread: int | None = None) -> float:
     """User + system CPU seconds `pid` itself used so far: not its reaped children's
-    (the runs it reaped: their tasks and holders, counted apart)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    (the runs it reaped: their tasks and holders, counted apart). With `thread`,
+    that thread's only (the main thread's is `pid`)."""
+    where = f"/proc/{pid}" if thread is None else f"/proc/{pid}/task/{thread}"
+    fields = Path(f"{where}/stat").read_text().rsplit(")", 1)[1].split()
     return sum(int(f) for f in fields[11:13]) / os.sysconf("SC_CLK_TCK")
 
 
@@ -232,11 +238,13 @@ def main(argv: list[str] | None = None) -> int:
             assert cluster.master is not None
             pids = [cluster.master.process.pid] + [a.process.pid for a in cluster.agent_children]
             cpu_before = [cpu_seconds(pid) for pid in pids]
+            agent_loops_before = sum(cpu_seconds(pid, pid) for pid in pids[1:])
             rss_before = [rss_mib(pid) for pid in pids]
             framework_before = time.process_time()
             flood = asyncio.run(run_dyad(cluster, args.tasks))
             framework_cpu = (time.process_time() - framework_before) / args.tasks
             cpu_spent = [cpu_seconds(pid) - b for pid, b in zip(pids, cpu_before)]
+            agent_loops = sum(cpu_seconds(pid, pid) for pid in pids[1:]) - agent_loops_before
             rss_grown = [rss_mib(pid) - b for pid, b in zip(pids, rss_before)]
             master_rss = peak_rss_mib(cluster.master.process.pid)
     if flood.failed:
@@ -270,8 +278,10 @@ def main(argv: list[str] | None = None) -> int:
         holder_cpu, holder_rss = shim_cost()
         print(f"holder per task: the shim: {holder_cpu * 1000:.2f} ms CPU beyond bare "
               f"{' '.join(COMMAND)}, {holder_rss:.1f} MiB peak RSS of its own")
-    print(f"agent per task: {agents_cpu * 1000:.1f} ms CPU, {agents_rss * 1024:.0f} KiB RSS "
-          f"grown; master per task: {cpu_spent[0] / args.tasks * 1000:.1f} ms CPU; "
+    loops_cpu = agent_loops / args.tasks
+    print(f"agent per task: {agents_cpu * 1000:.1f} ms CPU (event loop {loops_cpu * 1000:.1f}, "
+          f"its worker threads {(agents_cpu - loops_cpu) * 1000:.1f}), {agents_rss * 1024:.0f} "
+          f"KiB RSS grown; master per task: {cpu_spent[0] / args.tasks * 1000:.1f} ms CPU; "
           f"framework (driver) per task: {framework_cpu * 1000:.1f} ms CPU")
     print(f"overhead per task beyond its own process (holder + agent): "
           f"{(holder_cpu + agents_cpu) * 1000:.1f} ms CPU, "

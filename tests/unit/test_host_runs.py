@@ -78,7 +78,7 @@ def test_a_command_task_runs_under_the_shim_with_no_executor_and_no_timer() -> N
     (launch,) = of_type(effects, LaunchExecutor)
     path = f"{run_dir(agent)}/{shim.STATUS_FILE}"
     assert launch.status_file == path
-    assert launch.command.argv == [shim.SHELL, "-c", shim.SCRIPT, path, "/bin/sh", "-c", "./serve"]
+    assert launch.command.argv == [shim.SHELL, "-c", shim.SCRIPT, path, "--", "/bin/sh", "-c", "./serve"]
     assert launch.env["COLOR"] == "blue" and launch.env["MESOS_TASK_ID"] == "t1"
     assert launch.limits.mem_bytes == 64 * MIB and launch.limits.cpus == 0.5  # no executor's
     (executor,) = agent.state.records.executors()
@@ -259,6 +259,33 @@ def test_the_shim_writes_the_commands_status(tmp_path: Path, argv: list[str],
     assert process.stdout is not None
     process.stdout.close()
     assert ended(str(tmp_path / shim.STATUS_FILE)) == (status, describe_command_exit(status))
+
+
+def test_the_shim_joins_what_it_is_given_before_it_forks_the_command(tmp_path: Path) -> None:
+    """Under cgroups the shim writes its own pid to each run's `cgroup.procs`
+    (files here), so its command is born in them: no joining shell first."""
+    procs = [str(tmp_path / "memory.procs"), str(tmp_path / "cpu.procs")]
+    command = shim.wrap(CommandInfo(shell="echo $PPID"), str(tmp_path / shim.STATUS_FILE))
+    assert command.argv is not None
+    argv = shim.join(command.argv, procs)
+    process = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=10,
+                             check=False)
+    assert process.returncode == 0
+    # `sh -c "echo $PPID"` runs under the shim: its parent is the shim.
+    shim_pid = process.stdout.strip()
+    assert [Path(p).read_text().strip() for p in procs] == [shim_pid, shim_pid]
+    assert (tmp_path / shim.PID_FILE).read_text().strip() == shim_pid
+    assert ended(str(tmp_path / shim.STATUS_FILE)) == (0, describe_command_exit(0))
+
+
+def test_a_shim_that_cannot_join_exits_126_before_the_command_runs(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    command = shim.wrap(CommandInfo(shell=f"touch {marker}"), str(tmp_path / shim.STATUS_FILE))
+    assert command.argv is not None
+    argv = shim.join(command.argv, [str(tmp_path / "no-such-dir" / "cgroup.procs")])
+    process = subprocess.run(argv, cwd=tmp_path, capture_output=True, timeout=10, check=False)
+    assert process.returncode == 126
+    assert not marker.exists() and not (tmp_path / shim.STATUS_FILE).exists()
 
 
 def test_sigterm_to_the_group_reaches_the_command_and_the_status_is_still_written(
