@@ -120,6 +120,7 @@ class _Tree:
         self._weights: dict[str, float] = {}
         self._total: dict[str, int] = {}
         self._denominators: list[tuple[str, int]] = []  # DRF kinds with a total
+        self._nested = 0  # clients with a "/" in their path
 
     # ------------------------------------------------------------- membership
 
@@ -141,6 +142,7 @@ class _Tree:
             parent = node
         leaf = _Node(client, parent, leaf=True, weight=self._weights.get(client, 1.0))
         self._leaves[client] = leaf
+        self._nested += "/" in client
         self._link(parent, leaf)
 
     def remove(self, client: str) -> None:
@@ -151,6 +153,7 @@ class _Tree:
         if leaf.alloc or leaf.count:
             self._change(leaf, dict(leaf.alloc), -leaf.count, -1)
         del self._leaves[client]
+        self._nested -= "/" in client
         node = leaf
         while node.parent is not None:
             parent = node.parent
@@ -344,7 +347,11 @@ class DRFSorter(_Tree):
     def iter_sorted(self) -> Iterator[str]:
         order = self._order
         if order is None:
-            order = self._order = list(super().iter_sorted())
+            if self._nested:
+                order = list(super().iter_sorted())
+            else:  # each top node holds one client, its leaf, of the same path
+                order = [node.path for node in self._ordered(self._root) if node.active]
+            self._order = order
         return iter(order)
 
     def _order_changed(self) -> None:
