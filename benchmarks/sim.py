@@ -3,6 +3,11 @@
     python -m benchmarks.sim [--quick] [--agents 1000,10000] [--tasks 100000] [--hours 24]
                              [--liveness production,relaxed]
 
+The default is the goal's configuration: 100,000 tasks over a simulated day, at
+1,000 and 10,000 agents. `--quick` is 1,000 agents for the day's first hour at
+the day's task rate (4,200 tasks), a few seconds: for development, not for the
+goal (a day's later hours cost more than its first).
+
 A synthetic cell of ``cpus:8;mem:32768;disk:200000;ports:[31000-32000]`` agents
 over 4 racks (roles ``prod`` with weight 2 and a guarantee of 10% of the cell,
 ``batch`` limited to 90%) and a synthetic day: a service framework with apps
@@ -25,10 +30,10 @@ processed per wall second, the CPU time a simulated day takes (measured when
 `--hours 24`, else the span's speed carried over a day, which flatters a span
 shorter than the jobs' lifetimes: the cost per simulated second grows as jobs
 pile up over the first hours, and a job's reduces are offered every agent
-again when its maps end), and the jobs' outcome (a sanity check that the day was really simulated). `--quick` runs
-1,000 agents only; the default runs 1,000 and 10,000. Goals (issue 15): at
-least 1,000x at 1,000 agents; a simulated day of 10,000 agents in under 10 min;
-the last lines say whether this run met them.
+again when its maps end), and the jobs' outcome (a sanity check that the day was really simulated). Goals
+(issue 15): at least 1,000x at 1,000 agents; a simulated day of 10,000 agents in
+under 10 min; the last lines say whether this run met them and what fraction of
+each goal it reached (1.00 = just met).
 """
 
 from __future__ import annotations
@@ -134,21 +139,27 @@ def _goals(results: list[dict[str, Any]], hours: float) -> list[str]:
     lines = []
     for r in results:
         if r["agents"] == 1_000:
-            lines.append(f"goal 1,000x at 1,000 agents ({r['liveness']}): {r['cpu_speed']:.0f}x "
-                         f"-> {'met' if r['cpu_speed'] >= 1_000 else 'not met'}")
+            speed = r["cpu_speed"]
+            lines.append(f"goal 1,000x at 1,000 agents ({r['liveness']}, {hours:g} h): {speed:.0f}x "
+                         f"= {speed / 1_000:.2f} of the goal -> "
+                         f"{'met' if speed >= 1_000 else 'not met'}")
         if r["agents"] == 10_000:
             minutes = DAY / r["cpu_speed"] / 60
             lines.append(f"goal a 10,000-agent day under 10 min ({r['liveness']}): "
-                         f"{minutes:.1f} min ({how}) -> {'met' if minutes < 10 else 'not met'}")
+                         f"{minutes:.1f} min ({how}) = {10 / minutes:.2f} of the goal -> "
+                         f"{'met' if minutes < 10 else 'not met'}")
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1,000 agents only")
+    parser.add_argument("--quick", action="store_true",
+                        help="1,000 agents, the first hour at the day's rate")
     parser.add_argument("--agents", default="", help="comma-separated cell sizes")
-    parser.add_argument("--tasks", type=int, default=100_000, help="tasks in the day")
-    parser.add_argument("--hours", type=float, default=24.0, help="simulated span")
+    parser.add_argument("--tasks", type=int, default=None,
+                        help="tasks in the span (default 100,000; --quick: 4,200)")
+    parser.add_argument("--hours", type=float, default=None,
+                        help="simulated span (default 24; --quick: 1)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--liveness", default="production,relaxed",
                         help="comma-separated: production (15 s pings), relaxed (300 s)")
@@ -159,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown liveness {', '.join(sorted(unknown))}")
     sizes = ([int(s) for s in args.agents.split(",")] if args.agents
              else [1_000] if args.quick else [1_000, 10_000])
+    if args.hours is None:
+        args.hours = 1.0 if args.quick else 24.0
+    if args.tasks is None:
+        args.tasks = 4_200 if args.quick else 100_000
     span = args.hours * 3600
     print(f"simulator speed: {args.tasks} tasks over {args.hours:g} simulated hours "
           "(reference: real time = 1x)")

@@ -66,6 +66,11 @@ class MasterBooks:
         self._persist_pending = False  # a PersistRegistry is in this step's effects
         self.offers: dict[str, Offer] = {}
         self.admission = Admission(config.admission_limit)  # offers not yet out
+        # Outstanding offers by the group sent together (keyed by its first offer,
+        # in the order they went out) and the reverse: one `OfferTimeout` each.
+        self.offer_passes: dict[str, dict[str, None]] = {}
+        self._pass_of: dict[str, str] = {}
+        self._pass_first: str | None = None  # of the group going out now
         # From agents' reports: the URIs each one's fetcher cache holds (put in its
         # offers), and the agents that are draining (offered nothing more).
         self.cached_uris: dict[str, list[str]] = {}
@@ -222,7 +227,14 @@ class MasterBooks:
                          else agent.offered - offer.resources)
         if offer.revocable:
             agent.revocable_offered = agent.revocable_offered - offer.revocable
-        self._cancel(OfferTimeout(offer.id))
+        first = self._pass_of.pop(offer.id, None)
+        if first is None:  # never sent (held back by admission, or too large): no timer
+            return
+        made = self.offer_passes[first]
+        del made[offer.id]
+        if not made:
+            del self.offer_passes[first]
+            self._cancel(OfferTimeout(first))
 
     def _return_offer(self, offer: Offer, refuse_seconds: float) -> None:
         """The offer's resources go back whole; filter them for the framework."""
@@ -245,9 +257,9 @@ class MasterBooks:
         self.allocator.close_offers(framework_id, [
             (offer.agent_id, offer.resources) for offer in offers if offer.resources])
         if refuse_seconds > 0:
-            until = self._now + refuse_seconds
+            self.allocator.add_filters(framework_id, [offer.agent_id for offer in offers],
+                                       self._now + refuse_seconds)
             for offer in offers:
-                self.allocator.add_filter(framework_id, offer.agent_id, until)
                 if offer.revocable:
                     self._filter_revocable(framework_id, offer.agent_id, refuse_seconds)
         self._request_allocation()

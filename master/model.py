@@ -97,6 +97,11 @@ class Allocate(TimerKey):
 
 @attrs.frozen
 class OfferTimeout(TimerKey):
+    """The offers sent together (an allocation pass's, or those admission let go
+    at once; so all due at once) have been outstanding for the offer timeout;
+    `offer_id` is the group's first. One timer per group, not per offer: a pass
+    offering a thousand agents arms one."""
+
     offer_id: str
 
 

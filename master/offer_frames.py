@@ -51,14 +51,32 @@ def _strings(values: list[str]) -> int:
     return sum(_text(v) for v in values) + 3 * len(values) - 1  # quotes, commas
 
 
+# Resources value -> `_text` of its text. Offers repeat a few values (an agent's
+# whole free part, the same minus a task's shape), and writing a value's text
+# costs several times hashing it; bounded by clearing when full.
+_RESOURCES_BYTES: dict[Resources, int] = {}
+_RESOURCES_BYTES_MAX = 8192
+
+
+def _resources_bytes(resources: Resources) -> int:
+    if not resources:
+        return 0
+    size = _RESOURCES_BYTES.get(resources)
+    if size is None:
+        if len(_RESOURCES_BYTES) >= _RESOURCES_BYTES_MAX:
+            _RESOURCES_BYTES.clear()
+        size = _RESOURCES_BYTES[resources] = _text(str(resources))
+    return size
+
+
 def offer_bytes(offer: Offer) -> int:
     """The size of `offer`'s JSON inside an `Offers` frame."""
     attributes = offer.attributes
     size = (_BLANK_BYTES + _text(offer.id) + _text(offer.framework_id)
             + _text(offer.agent_id) + _text(offer.hostname)
-            + _text(str(offer.resources)) + _text(offer.url)
+            + _resources_bytes(offer.resources) + _text(offer.url)
             + _strings(offer.executor_ids) + _strings(offer.cached_uris)
-            + _text(str(offer.revocable)))
+            + _resources_bytes(offer.revocable))
     if attributes:
         size += (sum(_text(k) + _text(v) for k, v in attributes.items())
                  + 6 * len(attributes) - 1)  # "k":"v" and commas

@@ -32,7 +32,8 @@ allocator keeps its own view (allocated = offered + used per framework) and
 
 Timers are typed keys (`dyad.effects.TimerKey`, in master/model.py), matched
 exhaustively:
-`Allocate` the next allocation pass; `OfferTimeout(offer_id)`; `PingDue(agent_id)`
+`Allocate` the next allocation pass; `OfferTimeout(offer_id)` the offer timeout of
+the offers sent together with that one (one per group); `PingDue(agent_id)`
 agent liveness; `HeartbeatDue(framework_id)` heartbeats both ways;
 `FailoverTimeout(framework_id)` teardown of a framework that stayed away;
 `ReregisterTimeout` the end of the re-registration window after a failover;
@@ -406,6 +407,7 @@ class MasterState(PreemptionHandlers, AgentHandlers):
         batches: dict[str, list[Offer]] = {}
         for offer in offers:
             batches.setdefault(offer.framework_id, []).append(offer)
+        self._pass_first = None  # the offers going out now share one timeout
         for framework_id, batch in batches.items():
             self._send_offers(self.frameworks[framework_id], batch)
 
@@ -421,10 +423,21 @@ class MasterState(PreemptionHandlers, AgentHandlers):
             self._return_offer(offer, self.config.default_refuse_seconds)
         for frame in packed.frames:
             for offer in frame:  # an offer's time starts when it goes out
-                self._arm(OfferTimeout(offer.id), self._now + self.config.offer_timeout)
+                self._time_offer(offer.id)
             self.counters.inc("master/offers_sent", len(frame))
             self.counters.inc("master/offers_frames")
             self._to_framework(framework, Offers(offers=frame))
+
+    def _time_offer(self, offer_id: str) -> None:
+        """Put an offer going out in the group sent with it: one `OfferTimeout`
+        for the group (its offers are due together), not one per offer."""
+        first = self._pass_first
+        if first is None:
+            first = self._pass_first = offer_id
+            self.offer_passes[first] = {}
+            self._arm(OfferTimeout(first), self._now + self.config.offer_timeout)
+        self.offer_passes[first][offer_id] = None
+        self._pass_of[offer_id] = first
 
     def _on_rejected(self, peer: str, message: Rejected) -> None:
         """A peer could not take one of our frames. Never answered: two peers would
@@ -446,10 +459,12 @@ class MasterState(PreemptionHandlers, AgentHandlers):
             self.counters.inc("master/offers_refused")
             self._rescind(self.offers[offer_id], notify=True)
 
-    def _offer_expired(self, offer_id: str) -> None:
-        offer = self.offers.get(offer_id)
-        if offer is not None:
-            self._rescind(offer, notify=True, refuse_seconds=self.config.default_refuse_seconds)
+    def _offers_expired(self, first: str) -> None:
+        """The offers sent with `first` are an offer timeout old: rescind those
+        still outstanding, in the order they went out."""
+        for offer_id in list(self.offer_passes.get(first, ())):
+            self._rescind(self.offers[offer_id], notify=True,
+                          refuse_seconds=self.config.default_refuse_seconds)
 
     def _on_decline(self, peer: str, message: Decline) -> None:
         framework = self._owned_framework(peer, message)
@@ -651,8 +666,8 @@ class MasterState(PreemptionHandlers, AgentHandlers):
                 # Never second-guess the shell's timing: skipping an early-fired run
                 # would also skip re-arming, and allocation would stop for good.
                 self._allocate()
-            case OfferTimeout(offer_id=offer_id):
-                self._offer_expired(offer_id)
+            case OfferTimeout(offer_id=first):
+                self._offers_expired(first)
             case PingDue(agent_id=agent_id):
                 self._ping_due(agent_id)
             case HeartbeatDue(framework_id=framework_id):

@@ -28,6 +28,15 @@ changes is the Pong's place among other events due at the very same instant
 (it comes before messages sent at the instant the ping arrived), and a Pong
 touches nothing but its agent's liveness. An echo that has no answer (an agent
 not registered yet) sends the ping the ordinary way.
+
+Far timers wait in buckets, not on the heap. Most timers a master arms are
+cancelled or re-armed long before they are due (an offer's 30 s timeout ends
+when the offer is declined a millisecond later), so a timer due more than
+`BUCKET` seconds ahead goes into the bucket of its `BUCKET`-wide slice of time
+and onto the heap only when the clock reaches that slice, if it is still armed
+by then. Its sequence number is taken when it is armed, so the order of
+everything is the same as with one heap; what is saved is a push and a pop
+per timer that dies early.
 """
 
 from __future__ import annotations
@@ -43,6 +52,9 @@ from dyad.messages import Message, Ping, decode, encode
 _MESSAGE = 0
 _TIMER = 1
 _CALL = 2
+
+BUCKET = 4.0
+"""Seconds of simulated time per bucket of far timers (module docstring)."""
 
 
 class Node(Protocol):
@@ -69,6 +81,9 @@ class Engine:
         self._seq = 0
         self._nodes: dict[str, Node] = {}
         self._armed: dict[tuple[str, Hashable], int] = {}
+        # Far timers: bucket number -> entries, and a heap of the bucket numbers.
+        self._buckets: dict[int, list[tuple[float, int, int, str, object]]] = {}
+        self._bucket_order: list[int] = []
         self._echoes: dict[str, Callable[[Message], Message | None]] = {}
         self._stopped = False
 
@@ -109,7 +124,18 @@ class Engine:
     # ----------------------------------------------------------------- timers
 
     def arm(self, owner: str, key: Hashable, at: float) -> None:
-        seq = self._push(max(at, self.now), _TIMER, owner, key)
+        at = max(at, self.now)
+        if at - self.now < BUCKET or at == math.inf:
+            seq = self._push(at, _TIMER, owner, key)
+        else:  # its bucket starts after now: see `run`
+            bucket = int(at // BUCKET)
+            self._seq += 1
+            seq = self._seq
+            entries = self._buckets.get(bucket)
+            if entries is None:
+                entries = self._buckets[bucket] = []
+                heapq.heappush(self._bucket_order, bucket)
+            entries.append((at, seq, _TIMER, owner, key))
         self._armed[(owner, key)] = seq
 
     def cancel(self, owner: str, key: Hashable) -> None:
@@ -137,10 +163,23 @@ class Engine:
         heap = self._heap
         armed = self._armed
         nodes = self._nodes
+        order = self._bucket_order
         steps = 0
         self._stopped = False
-        while heap and not self._stopped:
-            at, seq, kind, target, payload = heap[0]
+        # Everything due before `next_bucket` (the start of the first bucket not
+        # yet moved to the heap) is on the heap.
+        next_bucket = order[0] * BUCKET if order else math.inf
+        while not self._stopped:
+            if heap:
+                at, seq, kind, target, payload = heap[0]
+                if at >= next_bucket:
+                    next_bucket = self._unbucket()
+                    continue
+            elif next_bucket != math.inf:
+                next_bucket = self._unbucket()
+                continue
+            else:
+                break
             if at > until:
                 break
             heapq.heappop(heap)
@@ -160,6 +199,8 @@ class Engine:
                 node.deliver(sender, message, at)
             else:
                 payload(at)  # type: ignore[operator]
+            if order and order[0] * BUCKET < next_bucket:
+                next_bucket = order[0] * BUCKET  # a step armed a timer in an earlier bucket
             steps += 1
             if on_step is not None and steps % step_every == 0:
                 on_step(at)
@@ -168,8 +209,18 @@ class Engine:
             self.now = max(self.now, until)  # nothing left to do before `until`
         return self.now
 
+    def _unbucket(self) -> float:
+        """Move the first bucket's timers that are still armed to the heap; return
+        the start of the next bucket."""
+        order, armed, heap = self._bucket_order, self._armed, self._heap
+        entries = self._buckets.pop(heapq.heappop(order))
+        for entry in entries:
+            if armed.get((entry[3], entry[4])) == entry[1]:
+                heapq.heappush(heap, entry)
+        return order[0] * BUCKET if order else math.inf
+
     def idle(self) -> bool:
-        return not self._heap
+        return not self._heap and not self._bucket_order
 
     def _push(self, at: float, kind: int, target: str, payload: object) -> int:
         self._seq += 1

@@ -260,25 +260,29 @@ class BatchCore:
     def _answer_offers(self, offers: Sequence[Offer], now: float) -> list[Effect]:
         """Deal tasks to the offers one at a time in turn, so a batch of offers
         spreads the work (and the risk of losing an agent) over the agents."""
+        agents, lost = self._placement.agents, self._placement.lost_hosts
+        revocable = self.config.revocable
+        executor_id = self.config.executor.executor_id
         fills = []
         for offer in offers:
-            self._placement.agents[offer.agent_id] = offer.hostname
-            self._placement.lost_hosts.discard(offer.hostname)
-            lent = offer.revocable if self.config.revocable else _NONE
-            fills.append(_Fill(offer, offer.resources, lent,
-                               self.config.executor.executor_id in offer.executor_ids))
-        dealing = list(fills)
+            agents[offer.agent_id] = offer.hostname
+            if lost:
+                lost.discard(offer.hostname)
+            fills.append(_Fill(offer, offer.resources, offer.revocable if revocable else _NONE,
+                               executor_id in offer.executor_ids))
+        dealing = fills
         while dealing:
             dealing = [fill for fill in dealing if self._deal_one(fill, now)]
         effects: list[Effect] = []
         declined: list[str] = []  # a run of offers declined with the same filter
+        last = len(fills) - 1
         for at, fill in enumerate(fills):
             if fill.tasks:
                 effects.append(LaunchTasks(fill.offer.id, tuple(fill.tasks), fill.refuse))
                 continue
             declined.append(fill.offer.id)
-            following = fills[at + 1] if at + 1 < len(fills) else None
-            if following is None or following.tasks or following.refuse != fill.refuse:
+            if at == last or (following := fills[at + 1]).tasks \
+                    or following.refuse != fill.refuse:
                 effects.append(DeclineOffers(tuple(declined), fill.refuse))
                 declined = []
         return effects + self._interest(freed=False)
@@ -286,7 +290,8 @@ class BatchCore:
     def _deal_one(self, fill: _Fill, now: float) -> bool:
         """Give the offer one more task if one is eligible and fits. When not, note
         how long the offer should be refused and return False."""
-        if not self._copies and not self._pending[REDUCE if self._all_maps_done() else MAP]:
+        if not self._copies and not self._pending[REDUCE if self._maps_done == len(self._maps)
+                                                  else MAP]:
             fill.refuse = self.config.refuse_seconds  # what `pick` would say: nothing
             return False
         pick = self._placement.pick(fill.offer, now, self._all_maps_done())

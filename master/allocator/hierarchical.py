@@ -50,7 +50,11 @@ guarantees leave -- depends only on quota, role allocations and the free
 unreserved amounts, so it is computed once and kept until one of those changes
 (any offer made or resource freed empties it); which roles hold guarantees
 below which is kept until quota changes (`master.allocator.quota_rooms` holds
-those caches). `tests/unit/test_allocator_equivalence.py` drives this allocator
+those caches). The DRF sorters keep the order they read last until it changes
+(most allocations change a client's share without moving it), and each agent
+knows which frameworks filter it, so the walk down the order past frameworks
+that declined the agent costs one dict lookup per framework.
+`tests/unit/test_allocator_equivalence.py` drives this allocator
 and one without these shortcuts through generated event sequences and checks
 that they make the very same offers.
 
@@ -89,7 +93,7 @@ class AllocatorError(ValueError):
 
 
 class _Agent:
-    __slots__ = ("total", "free", "allocated", "role_of", "offered_to", "reserved")
+    __slots__ = ("total", "free", "allocated", "role_of", "offered_to", "reserved", "filtered")
 
     def __init__(self, total: Resources) -> None:
         self.total = total
@@ -97,6 +101,10 @@ class _Agent:
         self.allocated: dict[str, Resources] = {}  # framework -> used + offered
         self.role_of: dict[str, str] = {}  # framework -> role its allocation is charged to
         self.offered_to: set[str] = set()  # frameworks with an outstanding offer here
+        # framework -> refused until: `_Framework.filters` by agent, for `_pick`,
+        # which asks it of each framework in DRF order (late in a busy day, of
+        # dozens that declined the agent a moment ago).
+        self.filtered: dict[str, float] = {}
         self.reserved = total.roles() - {UNRESERVED} != set()
 
 
@@ -179,7 +187,7 @@ class HierarchicalAllocator(QuotaRooms):
         for framework_id in list(agent.allocated):
             self._release(agent_id, agent, framework_id, agent.allocated[framework_id])
         for framework in self._frameworks.values():
-            framework.filters.pop(agent_id, None)
+            framework.filters.pop(agent_id, None)  # the agent's `filtered` goes with it
         scalars = agent.total.scalar_items()
         self._total.subtract(scalars)
         self._role_sorter.remove_total(scalars)
@@ -245,6 +253,7 @@ class HierarchicalAllocator(QuotaRooms):
     def remove_framework(self, framework_id: str) -> None:
         """Forget the framework; everything allocated to it is free again."""
         framework = self._framework(framework_id)
+        self._unfilter(framework_id, framework)
         for agent_id in sorted(framework.agents):
             agent = self._agents[agent_id]
             self._release(agent_id, agent, framework_id, agent.allocated[framework_id])
@@ -276,15 +285,27 @@ class HierarchicalAllocator(QuotaRooms):
             self._sync(framework_id)
             self._all_dirty = True
         self._dirty.update(dict.fromkeys(framework.filters))
-        framework.filters.clear()
+        self._unfilter(framework_id, framework)
 
     def add_filter(self, framework_id: str, agent_id: str, until: float) -> None:
         """Offer nothing from `agent_id` to `framework_id` before `until`."""
+        self.add_filters(framework_id, (agent_id,), until)
+
+    def add_filters(self, framework_id: str, agent_ids: Iterable[str], until: float) -> None:
+        """`add_filter` for several agents (a Decline of hundreds of offers)."""
         framework = self._framework(framework_id)
-        self._agent(agent_id)
-        until = max(until, framework.filters.get(agent_id, until))
-        framework.filters[agent_id] = until
-        heapq.heappush(self._filter_expiry, (until, framework_id, agent_id))
+        filters = framework.filters
+        for agent_id in agent_ids:
+            agent = self._agent(agent_id)
+            at = max(until, filters.get(agent_id, until))
+            filters[agent_id] = agent.filtered[framework_id] = at
+            heapq.heappush(self._filter_expiry, (at, framework_id, agent_id))
+
+    def _unfilter(self, framework_id: str, framework: _Framework) -> None:
+        agents = self._agents
+        for agent_id in framework.filters:
+            del agents[agent_id].filtered[framework_id]
+        framework.filters.clear()
 
     # ------------------------------------------------------------------ policy
 
@@ -347,14 +368,14 @@ class HierarchicalAllocator(QuotaRooms):
         hundreds), with the same outcome; the sorters hear once per role, not once
         per offer, because nothing reads them in between."""
         self._framework(framework_id)
-        pending: dict[str, Counter[str]] = {}
+        pending: dict[str, dict[str, int]] = {}
         try:
             for agent_id, resources in returned:
                 agent = self._agent(agent_id)
                 agent.offered_to.discard(framework_id)
                 if not resources.is_empty():
                     held = agent.allocated.get(framework_id, EMPTY)
-                    if not resources <= held:
+                    if held is not resources and not resources <= held:
                         raise AllocatorError(
                             f"framework {framework_id} does not hold {resources} on agent "
                             f"{agent_id}: it holds {held or 'nothing'}")
@@ -422,8 +443,8 @@ class HierarchicalAllocator(QuotaRooms):
             framework = self._frameworks.get(framework_id)
             if framework is not None and framework.filters.get(agent_id) == until:
                 del framework.filters[agent_id]
-                if agent_id in self._agents:
-                    self._dirty[agent_id] = None
+                del self._agents[agent_id].filtered[framework_id]  # known: it is filtered
+                self._dirty[agent_id] = None
 
     def _fill(self, agent_id: str, now: float, result: list[Allocation], guarantees: bool) -> None:
         """Offer the agent's free resources until nobody (eligible) can take more."""
@@ -441,7 +462,7 @@ class HierarchicalAllocator(QuotaRooms):
               guarantees: bool) -> tuple[str, str, Resources] | None:
         """The first (framework, role) in sort order that may take something here,
         and what it is offered."""
-        frameworks = self._frameworks
+        filtered, offered_to, role_of = agent.filtered, agent.offered_to, agent.role_of
         for role in self._role_sorter.iter_sorted():
             offerable = agent.free.allocatable_for(role) if agent.reserved else agent.free
             if self._quota:
@@ -455,12 +476,12 @@ class HierarchicalAllocator(QuotaRooms):
             if offerable is not agent.free and not self._worth(offerable):
                 continue
             for framework_id in self._roles[role].sorter.iter_sorted():
-                if framework_id in agent.offered_to:
+                if framework_id in offered_to:
                     continue
-                until = frameworks[framework_id].filters.get(agent_id)
+                until = filtered.get(framework_id)
                 if until is not None and until > now:
                     continue
-                charged = agent.role_of.get(framework_id)
+                charged = role_of.get(framework_id)
                 if charged is not None and charged != role:
                     continue
                 return framework_id, role, offerable
@@ -529,9 +550,10 @@ class HierarchicalAllocator(QuotaRooms):
         self._allocation_changed(role)
 
     def _release(self, agent_id: str, agent: _Agent, framework_id: str,
-                 resources: Resources, pending: dict[str, Counter[str]] | None = None) -> None:
+                 resources: Resources, pending: dict[str, dict[str, int]] | None = None) -> None:
         """With `pending`, what the sorters must hear is added up there per role
-        (`close_offers`) instead of told at once."""
+        (`close_offers`) instead of told at once, and the caches hear of the role
+        once: nothing reads them in between, so telling them again changes nothing."""
         held = agent.allocated[framework_id]
         role = agent.role_of[framework_id]
         left = EMPTY if held is resources else held - resources  # a whole offer back
@@ -540,11 +562,18 @@ class HierarchicalAllocator(QuotaRooms):
         free = self._free_unreserved
         for kind, milli in _unreserved_scalars(agent, resources, scalars).items():
             free[kind] += milli
+        told = False
         if pending is None:
             self._role_sorter.unallocated(role, scalars)
             self._roles[role].sorter.unallocated(framework_id, scalars)
         else:
-            pending.setdefault(role, Counter()).update(scalars)
+            adding = pending.get(role)
+            if adding is None:
+                pending[role] = dict(scalars)
+            else:
+                told = True
+                for kind, milli in scalars.items():
+                    adding[kind] = adding.get(kind, 0) + milli
         if left.is_empty():
             del agent.allocated[framework_id]
             del agent.role_of[framework_id]
@@ -560,9 +589,10 @@ class HierarchicalAllocator(QuotaRooms):
         else:
             agent.allocated[framework_id] = left
         self._dirty[agent_id] = None
-        self._allocation_changed(role)
+        if not told:
+            self._allocation_changed(role)
 
-    def _unallocate(self, framework_id: str, pending: dict[str, Counter[str]]) -> None:
+    def _unallocate(self, framework_id: str, pending: dict[str, dict[str, int]]) -> None:
         for role, scalars in pending.items():
             self._role_sorter.unallocated(role, scalars)
             self._roles[role].sorter.unallocated(framework_id, scalars)

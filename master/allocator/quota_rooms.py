@@ -180,9 +180,12 @@ class QuotaRooms:
             if self._needs:
                 self._guarantee_changed()
         elif self._rooms and self._required is not None and not self._required:
-            for key in [key for key in self._rooms
-                        if any(limited in chain for limited, _ in self._chain(key[0])[1])]:
-                del self._rooms[key]
+            rooms = self._rooms
+            for key in list(rooms):
+                for limited, _ in self._chain(key[0])[1]:
+                    if limited in chain:
+                        del rooms[key]
+                        break
             self._dirty_quota_blocked()
             return
         self._consumption_changed()

@@ -120,6 +120,7 @@ class _Tree:
         self._weights: dict[str, float] = {}
         self._total: dict[str, int] = {}
         self._denominators: list[tuple[str, int]] = []  # DRF kinds with a total
+        self._nested = 0  # clients with a "/" in their path
 
     # ------------------------------------------------------------- membership
 
@@ -141,6 +142,7 @@ class _Tree:
             parent = node
         leaf = _Node(client, parent, leaf=True, weight=self._weights.get(client, 1.0))
         self._leaves[client] = leaf
+        self._nested += "/" in client
         self._link(parent, leaf)
 
     def remove(self, client: str) -> None:
@@ -149,8 +151,9 @@ class _Tree:
         if leaf.active:
             self.deactivate(client)
         if leaf.alloc or leaf.count:
-            self._change(leaf, {k: -v for k, v in leaf.alloc.items()}, -leaf.count)
+            self._change(leaf, dict(leaf.alloc), -leaf.count, -1)
         del self._leaves[client]
+        self._nested -= "/" in client
         node = leaf
         while node.parent is not None:
             parent = node.parent
@@ -180,6 +183,7 @@ class _Tree:
         return self._root.active > 0
 
     def _bump_active(self, node: _Node | None, delta: int) -> None:
+        self._order_changed()
         while node is not None:
             node.active += delta
             node = node.parent
@@ -193,18 +197,22 @@ class _Tree:
     def unallocated(self, client: str, scalars: Scalars) -> None:
         """`scalars` allocated to `client` are free again."""
         leaf = self._leaf(client)
+        alloc = leaf.alloc
         for kind, milli in scalars.items():
-            if leaf.alloc.get(kind, 0) < milli:
-                raise SorterError(f"client {client} has {leaf.alloc.get(kind, 0)} milli "
+            if alloc.get(kind, 0) < milli:
+                raise SorterError(f"client {client} has {alloc.get(kind, 0)} milli "
                                   f"{kind} allocated, cannot release {milli}")
-        self._change(leaf, {k: -v for k, v in scalars.items()}, 0)
+        self._change(leaf, scalars, 0, -1)
 
-    def _change(self, leaf: _Node, scalars: Scalars, count: int) -> None:
+    def _change(self, leaf: _Node, scalars: Scalars, count: int, sign: int = 1) -> None:
+        """Add `sign` x `scalars` and `count` to the leaf and its ancestors."""
+        root = self._root
         node: _Node | None = leaf
-        while node is not None and node is not self._root:
+        items = list(scalars.items())
+        while node is not None and node is not root:
             alloc = node.alloc
-            for kind, milli in scalars.items():
-                left = alloc.get(kind, 0) + milli
+            for kind, milli in items:
+                left = alloc.get(kind, 0) + sign * milli
                 if left:
                     alloc[kind] = left
                 else:
@@ -300,6 +308,9 @@ class _Tree:
 
     # ---------------------------------------------------------- subclass hooks
 
+    def _order_changed(self) -> None:
+        """Which clients `iter_sorted` yields, or their order, may have changed."""
+
     def _link(self, parent: _Node, node: _Node) -> None:
         parent.children.append(node)
 
@@ -329,11 +340,28 @@ class DRFSorter(_Tree):
     def __init__(self) -> None:
         super().__init__()
         self._stale = False  # every key must be recomputed before the next read
+        # `sort()`, kept until the order changes: most allocations change a
+        # client's key without moving it, and a pass reads the order per agent.
+        self._order: list[str] | None = None
+
+    def iter_sorted(self) -> Iterator[str]:
+        order = self._order
+        if order is None:
+            if self._nested:
+                order = list(super().iter_sorted())
+            else:  # each top node holds one client, its leaf, of the same path
+                order = [node.path for node in self._ordered(self._root) if node.active]
+            self._order = order
+        return iter(order)
+
+    def _order_changed(self) -> None:
+        self._order = None
 
     def _key(self, node: _Node) -> Key:
         return (self._share(node), node.count, node.path)
 
     def _link(self, parent: _Node, node: _Node) -> None:
+        self._order = None
         node.key = self._key(node)
         if self._stale:
             parent.children.append(node)
@@ -344,6 +372,7 @@ class DRFSorter(_Tree):
         parent.children.insert(at, node)
 
     def _unlink(self, parent: _Node, node: _Node) -> None:
+        self._order = None
         at = parent.children.index(node) if self._stale else \
             bisect.bisect_left(parent.keys, node.key)
         del parent.keys[at]
@@ -353,7 +382,7 @@ class DRFSorter(_Tree):
         if self._stale:
             return
         old = node.key
-        new = self._key(node)
+        new = (self._share(node), node.count, node.path)  # `_key`, one call less
         if new == old:
             return
         node.key = new
@@ -370,6 +399,8 @@ class DRFSorter(_Tree):
             keys[at] = new
             return
         del keys[at]
+        if node.active:
+            self._order = None
         children = parent.children
         moved = children.pop(at)
         to = bisect.bisect_left(keys, new)
@@ -378,6 +409,7 @@ class DRFSorter(_Tree):
 
     def _reshare(self) -> None:
         self._stale = True
+        self._order = None
 
     def _ordered(self, node: _Node) -> list[_Node]:
         if self._stale:

@@ -14,7 +14,8 @@ guarantee misses anything. The reference recomputes both on every question,
 asks `get_milli` per name and `_cut_entries` for every cut, and runs the
 guarantee stage whenever a role has a guarantee. Several offers declined together
 (`close_offers`, which tells the sorters once per role) are closed one by one on
-the reference.
+the reference. The DRF sorter keeps its order until it changes; the
+reference's sorters walk their trees on every read.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from dyad.resources import Resources
 from master.allocator import HierarchicalAllocator, PolicyError, Quota, check_quotas
 from master.allocator import hierarchical
+from master.allocator.sorter import DRFSorter, _Tree
 
 AGENTS = ("a1", "a2", "a3", "a4", "a5")
 FRAMEWORKS = ("f1", "f2", "f3", "f4")
@@ -36,8 +38,18 @@ ROLES = ("*", "prod", "batch", "prod/web", "dev")
 MIN = {"cpus": 0.5, "mem": 256.0}
 
 
+class WalkingSorter(DRFSorter):
+    """The DRF sorter without its kept order."""
+
+    def iter_sorted(self):  # type: ignore[no-untyped-def]
+        return _Tree.iter_sorted(self)
+
+
 class Reference(HierarchicalAllocator):
     """The allocator without its shortcuts."""
+
+    def __init__(self, min_allocatable: Mapping[str, float]) -> None:
+        super().__init__(min_allocatable, sorter=WalkingSorter)
 
     def _capped(self, role: str, offerable: Resources, guarantees: bool) -> Resources | None:
         self._below.clear()

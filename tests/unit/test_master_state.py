@@ -412,6 +412,33 @@ def test_offer_timeout_rescinds_then_launch_is_dropped(cluster) -> None:
     assert h.metric("master/tasks_dropped") == 1
 
 
+def test_a_pass_arms_one_offer_timeout_and_it_rescinds_what_is_left_in_order(h: Harness) -> None:
+    fid = h.subscribe("f1")
+    for n in range(3):
+        h.register(f"a{n}", hostname=f"h{n}")
+    offers = h.offers_to(h.allocate(), "f1")
+    assert len(offers) == 3
+    armed = [key for key in h.timers if isinstance(key, OfferTimeout)]
+    assert armed == [OfferTimeout(offers[0].id)]  # one for the pass, named by its first offer
+    h.recv("f1", Decline(framework_id=fid, offer_ids=[offers[1].id]))
+    sends = h.advance(30.0)
+    assert [r.offer_id for r in messages(sends, Rescind, to="f1")] == [offers[0].id, offers[2].id]
+    assert offers[0].id not in h.state.offer_passes
+
+
+def test_the_pass_timer_is_cancelled_when_its_last_offer_is_gone(h: Harness) -> None:
+    fid = h.subscribe("f1")
+    for n in range(2):
+        h.register(f"a{n}", hostname=f"h{n}")
+    offers = h.offers_to(h.allocate(), "f1")
+    h.recv("f1", Decline(framework_id=fid, offer_ids=[offers[0].id]))
+    assert OfferTimeout(offers[0].id) in h.timers  # the pass still has an offer out
+    h.recv("f1", Decline(framework_id=fid, offer_ids=[offers[1].id],
+                         filters=Filters(refuse_seconds=100.0)))
+    assert not any(isinstance(key, OfferTimeout) for key in h.timers)
+    assert h.state.offer_passes == {}
+
+
 def test_offers_from_two_agents_are_invalid_and_valid_ones_returned(h: Harness) -> None:
     fid = h.subscribe("f1")
     h.register("a1")

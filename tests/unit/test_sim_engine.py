@@ -92,3 +92,34 @@ def test_node_names_are_unique() -> None:
     Log(engine, "a", [])
     with pytest.raises(SimulationError):
         Log(engine, "a", [])
+
+
+def test_far_timers_keep_the_order_of_one_heap() -> None:
+    """Timers armed far ahead wait in buckets; they still fire in (time, arming
+    order) among messages and near timers, re-armed and cancelled ones never."""
+    from sim.engine import BUCKET
+    engine = Engine(latency=0.25)
+    seen: list[tuple[float, str, object]] = []
+    Log(engine, "a", seen)
+    Log(engine, "b", seen)
+    engine.arm("a", "far", 3 * BUCKET)
+    engine.arm("a", "tie-near", 3 * BUCKET)  # armed later: fires after "far"
+    engine.arm("a", "gone", 5 * BUCKET)
+    engine.cancel("a", "gone")
+    engine.arm("a", "moved", 9 * BUCKET)
+    engine.arm("a", "moved", 2.5 * BUCKET)  # re-armed earlier, into another bucket
+    engine.arm("a", "never", 100 * BUCKET)
+
+    def later(now: float) -> None:
+        engine.arm("b", "from-a-step", 3 * BUCKET)  # the same instant, armed last
+        engine.send("a", "b", Ping(agent_id="S1"))
+
+    engine.call_at(2.5 * BUCKET - 0.25, later)
+    assert engine.run(50 * BUCKET) == 50 * BUCKET
+    assert [(t, what) for t, _, what in seen] == [
+        (2.5 * BUCKET, "moved"), (2.5 * BUCKET, Ping(agent_id="S1")),
+        (3 * BUCKET, "far"), (3 * BUCKET, "tie-near"), (3 * BUCKET, "from-a-step")]
+    assert engine.armed("a", "never") and not engine.idle()
+    engine.cancel("a", "never")
+    engine.run(200 * BUCKET)
+    assert engine.idle()

@@ -207,23 +207,24 @@ def test_random_sorter_is_reproducible_and_respects_weights() -> None:
     assert 320 < heavy < 400  # expected 360 (9 in 10)
 
 
+NESTED = {"a": "a", "b": "b", "c": "c", "a/x": "a/x", "a/y": "a/y", "b/z": "b/z"}
+FLAT = {"a": "a", "b": "b", "c": "c", "a/x": "d", "a/y": "e", "b/z": "f"}  # no subtrees
+
+
+@pytest.mark.parametrize("names", [NESTED, FLAT], ids=["nested", "flat"])
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(st.lists(st.tuples(st.sampled_from(["a", "b", "c", "a/x", "a/y", "b/z"]),
                           st.integers(0, 3000), st.booleans()), max_size=30))
-def test_incremental_order_equals_a_fresh_sort(steps: list[tuple[str, int, bool]]) -> None:
-    """The DRF sorter keeps siblings sorted as allocations move; the result must
-    equal sorting from scratch by (share, allocations, path) at every level."""
-    sorter = make("drf", "a", "b", "c", "a/x", "a/y", "b/z")
-    held = {c: 0 for c in ("a", "b", "c", "a/x", "a/y", "b/z")}
+def test_incremental_order_equals_a_fresh_sort(names: dict[str, str],
+                                               steps: list[tuple[str, int, bool]]) -> None:
+    """The DRF sorter keeps siblings sorted as allocations move, and the order it
+    read last until it changes; the result must equal sorting from scratch by
+    (share, allocations, path) at every level, after every step (with subtrees,
+    and without, where the order is read off the top level)."""
+    sorter = make("drf", *names.values())
+    held = {c: 0 for c in names.values()}
+    steps = [(names[client], milli, give) for client, milli, give in steps]
     counts = dict.fromkeys(held, 0)
-    for client, milli, give in steps:
-        if give:
-            sorter.allocated(client, {"cpus": milli})
-            held[client] += milli
-            counts[client] += 1
-        elif held[client] >= milli:
-            sorter.unallocated(client, {"cpus": milli})
-            held[client] -= milli
 
     def subtree(path: str) -> tuple[int, int]:
         members = [c for c in held if c == path or c.startswith(path + "/")]
@@ -247,4 +248,13 @@ def test_incremental_order_equals_a_fresh_sort(steps: list[tuple[str, int, bool]
             out.extend([path] if leaf else expected(path))
         return out
 
+    for client, milli, give in steps:
+        if give:
+            sorter.allocated(client, {"cpus": milli})
+            held[client] += milli
+            counts[client] += 1
+        elif held[client] >= milli:
+            sorter.unallocated(client, {"cpus": milli})
+            held[client] -= milli
+        assert list(sorter.iter_sorted()) == expected("")
     assert sorter.sort() == expected("")
