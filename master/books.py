@@ -69,7 +69,7 @@ class MasterBooks:
         # Outstanding offers by the group sent together (keyed by its first offer,
         # in the order they went out) and the reverse: one `OfferTimeout` each.
         self.offer_passes: dict[str, dict[str, None]] = {}
-        self._pass_of: dict[str, str] = {}
+        self.pass_of: dict[str, str] = {}
         self._pass_first: str | None = None  # of the group going out now
         # From agents' reports: the URIs each one's fetcher cache holds (put in its
         # offers), and the agents that are draining (offered nothing more).
@@ -227,7 +227,7 @@ class MasterBooks:
                          else agent.offered - offer.resources)
         if offer.revocable:
             agent.revocable_offered = agent.revocable_offered - offer.revocable
-        first = self._pass_of.pop(offer.id, None)
+        first = self.pass_of.pop(offer.id, None)
         if first is None:  # never sent (held back by admission, or too large): no timer
             return
         made = self.offer_passes[first]

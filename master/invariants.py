@@ -51,8 +51,29 @@ def check(state: MasterState) -> None:
             errors.append(f"peer {peer} maps to agent {agent_id}, which is not on it")
     for agent in state.agents.values():
         errors.extend(_agent_problems(state, agent))
+    errors.extend(_timing_problems(state))
     if errors:
         raise InvariantError("\n".join(errors))
+
+
+def _timing_problems(state: MasterState) -> list[str]:
+    """Every outstanding offer is either held back by admission (no clock yet) or
+    in exactly one group sent together, whose one `OfferTimeout` covers it."""
+    errors: list[str] = []
+    for offer_id in state.offers:
+        sent, waiting = offer_id in state.pass_of, state.admission.waiting(offer_id)
+        if sent and waiting:
+            errors.append(f"offer {offer_id} is timed and also waiting for admission")
+        elif not sent and not waiting:
+            errors.append(f"offer {offer_id} is neither timed nor waiting for admission")
+    for first, members in state.offer_passes.items():
+        if not members:
+            errors.append(f"offer group {first} is empty but kept")
+        for offer_id in members:
+            if offer_id not in state.offers or state.pass_of.get(offer_id) != first:
+                errors.append(f"offer group {first} lists {offer_id}, not outstanding in it")
+    return errors
+
 
 def _agent_problems(state: MasterState, agent: MasterAgent) -> list[str]:
     errors: list[str] = []

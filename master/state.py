@@ -437,7 +437,7 @@ class MasterState(PreemptionHandlers, AgentHandlers):
             self.offer_passes[first] = {}
             self._arm(OfferTimeout(first), self._now + self.config.offer_timeout)
         self.offer_passes[first][offer_id] = None
-        self._pass_of[offer_id] = first
+        self.pass_of[offer_id] = first
 
     def _on_rejected(self, peer: str, message: Rejected) -> None:
         """A peer could not take one of our frames. Never answered: two peers would
