@@ -68,9 +68,9 @@ class MasterBooks:
         self.admission = Admission(config.admission_limit)  # offers not yet out
         # Outstanding offers by the group sent together (keyed by its first offer,
         # in the order they went out) and the reverse: one `OfferTimeout` each.
-        self.offer_passes: dict[str, dict[str, None]] = {}
-        self.pass_of: dict[str, str] = {}
-        self._pass_first: str | None = None  # of the group going out now
+        self.offer_groups: dict[str, dict[str, None]] = {}
+        self.group_of: dict[str, str] = {}
+        self._group_first: str | None = None  # of the group going out now
         # From agents' reports: the URIs each one's fetcher cache holds (put in its
         # offers), and the agents that are draining (offered nothing more).
         self.cached_uris: dict[str, list[str]] = {}
@@ -227,13 +227,13 @@ class MasterBooks:
                          else agent.offered - offer.resources)
         if offer.revocable:
             agent.revocable_offered = agent.revocable_offered - offer.revocable
-        first = self.pass_of.pop(offer.id, None)
+        first = self.group_of.pop(offer.id, None)
         if first is None:  # never sent (held back by admission, or too large): no timer
             return
-        made = self.offer_passes[first]
+        made = self.offer_groups[first]
         del made[offer.id]
         if not made:
-            del self.offer_passes[first]
+            del self.offer_groups[first]
             self._cancel(OfferTimeout(first))
 
     def _return_offer(self, offer: Offer, refuse_seconds: float) -> None:

@@ -61,16 +61,16 @@ def _timing_problems(state: MasterState) -> list[str]:
     in exactly one group sent together, whose one `OfferTimeout` covers it."""
     errors: list[str] = []
     for offer_id in state.offers:
-        sent, waiting = offer_id in state.pass_of, state.admission.waiting(offer_id)
+        sent, waiting = offer_id in state.group_of, state.admission.waiting(offer_id)
         if sent and waiting:
             errors.append(f"offer {offer_id} is timed and also waiting for admission")
         elif not sent and not waiting:
             errors.append(f"offer {offer_id} is neither timed nor waiting for admission")
-    for first, members in state.offer_passes.items():
+    for first, members in state.offer_groups.items():
         if not members:
             errors.append(f"offer group {first} is empty but kept")
         for offer_id in members:
-            if offer_id not in state.offers or state.pass_of.get(offer_id) != first:
+            if offer_id not in state.offers or state.group_of.get(offer_id) != first:
                 errors.append(f"offer group {first} lists {offer_id}, not outstanding in it")
     return errors
 

@@ -407,7 +407,7 @@ class MasterState(PreemptionHandlers, AgentHandlers):
         batches: dict[str, list[Offer]] = {}
         for offer in offers:
             batches.setdefault(offer.framework_id, []).append(offer)
-        self._pass_first = None  # the offers going out now share one timeout
+        self._group_first = None  # the offers going out now share one timeout
         for framework_id, batch in batches.items():
             self._send_offers(self.frameworks[framework_id], batch)
 
@@ -431,13 +431,13 @@ class MasterState(PreemptionHandlers, AgentHandlers):
     def _time_offer(self, offer_id: str) -> None:
         """Put an offer going out in the group sent with it: one `OfferTimeout`
         for the group (its offers are due together), not one per offer."""
-        first = self._pass_first
+        first = self._group_first
         if first is None:
-            first = self._pass_first = offer_id
-            self.offer_passes[first] = {}
+            first = self._group_first = offer_id
+            self.offer_groups[first] = {}
             self._arm(OfferTimeout(first), self._now + self.config.offer_timeout)
-        self.offer_passes[first][offer_id] = None
-        self.pass_of[offer_id] = first
+        self.offer_groups[first][offer_id] = None
+        self.group_of[offer_id] = first
 
     def _on_rejected(self, peer: str, message: Rejected) -> None:
         """A peer could not take one of our frames. Never answered: two peers would
@@ -462,7 +462,7 @@ class MasterState(PreemptionHandlers, AgentHandlers):
     def _offers_expired(self, first: str) -> None:
         """The offers sent with `first` are an offer timeout old: rescind those
         still outstanding, in the order they went out."""
-        for offer_id in list(self.offer_passes.get(first, ())):
+        for offer_id in list(self.offer_groups.get(first, ())):
             self._rescind(self.offers[offer_id], notify=True,
                           refuse_seconds=self.config.default_refuse_seconds)
 

@@ -155,7 +155,7 @@ def test_a_pass_offers_what_fits_and_the_rest_waits_unseen_and_untimed() -> None
     assert h.metric("master/outstanding_offers") == 64
     groups = [key.offer_id for key in h.timers if isinstance(key, OfferTimeout)]
     assert len(groups) == 1  # the offers that went out together share one timeout
-    timed = set(h.state.offer_passes[groups[0]])
+    timed = set(h.state.offer_groups[groups[0]])
     assert timed == {o.id for o in first}  # a waiting offer's clock has not started
 
 

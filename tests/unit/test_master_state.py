@@ -423,7 +423,7 @@ def test_a_pass_arms_one_offer_timeout_and_it_rescinds_what_is_left_in_order(h: 
     h.recv("f1", Decline(framework_id=fid, offer_ids=[offers[1].id]))
     sends = h.advance(30.0)
     assert [r.offer_id for r in messages(sends, Rescind, to="f1")] == [offers[0].id, offers[2].id]
-    assert offers[0].id not in h.state.offer_passes
+    assert offers[0].id not in h.state.offer_groups
 
 
 def test_the_pass_timer_is_cancelled_when_its_last_offer_is_gone(h: Harness) -> None:
@@ -436,7 +436,7 @@ def test_the_pass_timer_is_cancelled_when_its_last_offer_is_gone(h: Harness) -> 
     h.recv("f1", Decline(framework_id=fid, offer_ids=[offers[1].id],
                          filters=Filters(refuse_seconds=100.0)))
     assert not any(isinstance(key, OfferTimeout) for key in h.timers)
-    assert h.state.offer_passes == {}
+    assert h.state.offer_groups == {}
 
 
 def test_offers_from_two_agents_are_invalid_and_valid_ones_returned(h: Harness) -> None:
