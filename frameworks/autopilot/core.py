@@ -163,16 +163,31 @@ class _App:
         # the evidence already gathered.
         self.cpu = MetaRecommender([v.build() for v in config.cpu_variants], config.costs,
                                    config.min_change, fatal_overrun=False,
-                                   bound=lambda v: pilot._bound_cpus(self.spec, v))
+                                   bound=self._bound_cpus)
         self.mem = MetaRecommender([v.build() for v in config.memory_variants], config.costs,
                                    config.min_change, fatal_overrun=True,
                                    bound=lambda v: pilot._bound_mem(self.spec, v))
+        self._pilot = pilot
+        # CPU proposals repeat (percentiles are bucket bounds): their bounded values
+        # are kept for the spec they were bounded by.
+        self._cpu_bounds: dict[float, float] = {}
+        self._cpu_bounds_spec = spec
         self.first_sample: float | None = None
         self.last_applied: float | None = None
         self.ooms = 0
         self.last_oom = ""  # what the latest OOM kill did, for every reason list after it
         self.last_oom_at: float | None = None
         self.published: Recommendation | None = None
+
+
+    def _bound_cpus(self, value: float) -> float:
+        if self.spec is not self._cpu_bounds_spec:
+            self._cpu_bounds.clear()
+            self._cpu_bounds_spec = self.spec
+        bounded = self._cpu_bounds.get(value)
+        if bounded is None:
+            bounded = self._cpu_bounds[value] = self._pilot._bound_cpus(self.spec, value)
+        return bounded
 
 
 class Autopilot:
@@ -234,8 +249,11 @@ class Autopilot:
         if app is None:
             self.ignored += 1
             return
-        values = (event.at, event.cpus, event.mem_bytes, event.mem_allowance_bytes)
-        if not all(math.isfinite(v) for v in values) or min(values[1:]) < 0:
+        at, cpus, mem, allowance = (event.at, event.cpus, event.mem_bytes,
+                                    event.mem_allowance_bytes)
+        isfinite = math.isfinite
+        if not (isfinite(at) and isfinite(cpus) and isfinite(mem) and isfinite(allowance)
+                and cpus >= 0 and mem >= 0 and allowance >= 0):
             self.rejected += 1
             return
         app.cpu.observe(event.at, event.cpus)

@@ -31,6 +31,13 @@ class Scale:
     low: float = attrs.field(validator=attrs.validators.gt(0.0))
     high: float = attrs.field()
     ratio: float = attrs.field(default=1.05, validator=attrs.validators.gt(1.0))
+    # Derived once, not per sample: index() runs for every sample of every variant.
+    _log_ratio: float = attrs.field(init=False, eq=False, repr=False)
+    _last: int = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "_log_ratio", math.log(self.ratio))
+        object.__setattr__(self, "_last", self.buckets - 1)
 
     @high.validator
     def _above_low(self, _attribute: attrs.Attribute, value: float) -> None:
@@ -44,11 +51,11 @@ class Scale:
     def index(self, value: float) -> int:
         if value <= self.low:
             return 0
-        i = math.ceil(math.log(value / self.low) / math.log(self.ratio))
+        i = math.ceil(math.log(value / self.low) / self._log_ratio)
         # Float rounding can put a value just past its bucket's bound: nudge it up.
         while self.bound(i) < value:
             i += 1
-        return min(i, self.buckets - 1)
+        return min(i, self._last)
 
     def bound(self, index: int) -> float:
         """Upper bound of bucket `index` (the last bucket is unbounded)."""
@@ -64,6 +71,7 @@ class DecayingHistogram:
         self.scale = scale
         self.half_life = half_life
         self._weights = [0.0] * scale.buckets
+        self._last = len(self._weights) - 1  # the unbounded bucket
         self._reference: float | None = None
         self._maximum = 0.0  # what the unbounded last bucket answers
         self._lowest = scale.buckets  # no weight below this bucket: scans start here
@@ -84,7 +92,7 @@ class DecayingHistogram:
         self._weights[index] += weight * 2.0 ** exponent
         self._lowest = min(self._lowest, index)
         self._answers.clear()
-        if index == len(self._weights) - 1:
+        if index == self._last:
             self._maximum = max(self._maximum, value)
         self.samples += 1
 
@@ -105,27 +113,28 @@ class DecayingHistogram:
     def percentile(self, p: float) -> float | None:
         """The smallest bucket bound at or below which lies `p` percent of the weight
         (None while empty). `p` is in (0, 100]."""
+        if p in self._answers:  # a policy asks the same one several times per step
+            return self._answers[p]
         if not 0 < p <= 100:
             raise ValueError(f"percentile must be in (0, 100], not {p}")
-        if p not in self._answers:  # a policy asks the same one several times per step
-            self._answers[p] = self._percentile(p)
-        return self._answers[p]
+        answer = self._answers[p] = self._percentile(p)
+        return answer
 
     def _percentile(self, p: float) -> float | None:
         total = sum(self._weights)
         if total <= 0:
             return None
-        target = total * p / 100.0
+        # A relative tolerance, so float sums never skip the bucket that holds it.
+        threshold = total * p / 100.0 * (1 - 1e-12)
         running = 0.0
-        last = len(self._weights) - 1
+        weights, last = self._weights, self._last
         # Buckets below the lowest ever used hold 0: skipping them changes no sum.
         for index in range(self._lowest, last + 1):
-            w = self._weights[index]
+            w = weights[index]
             running += w
-            # A relative tolerance, so float sums never skip the bucket that holds it.
-            if w > 0 and running >= target * (1 - 1e-12):
+            if running >= threshold and w > 0:
                 return self._maximum if index == last else self.scale.bound(index)
-        return self._maximum if self._weights[last] > 0 else self._top_bound()
+        return self._maximum if weights[last] > 0 else self._top_bound()
 
     def _top_bound(self) -> float:
         top = max(i for i, w in enumerate(self._weights) if w > 0)

@@ -92,5 +92,8 @@ class JumpLog:
         horizon = now - self.window
         while self._events and self._events[0][0] < horizon:
             self._events.pop(0)
-        sizes = heapq.nlargest(2, (event[1] for event in self._events))
-        return (sizes + [0.0, 0.0])[0], (sizes + [0.0, 0.0])[1]
+        top = second = 0.0  # sizes are rises beyond the jitter: all above 0
+        for _, size in self._events:
+            if size > second:
+                top, second = (size, top) if size > top else (top, size)
+        return top, second

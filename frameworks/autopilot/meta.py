@@ -160,17 +160,17 @@ class MetaRecommender:
     def choose(self, now: float) -> Choice | None:
         """The cheapest variant that has a proposal (None if none has one yet)."""
         costs = self.cost_now(now)
-        best: tuple[float, int, _Candidate, float] | None = None
-        for order, candidate in enumerate(self._candidates):
+        best: tuple[float, _Candidate, float] | None = None
+        for candidate in self._candidates:
             proposed = candidate.recommender.value(now)
             if proposed is None:
                 continue
-            key = (costs[candidate.recommender.name], order, candidate, proposed)
-            if best is None or key[:2] < best[:2]:
-                best = key
+            cost = costs[candidate.recommender.name]
+            if best is None or cost < best[0]:  # strictly: a tie keeps the earlier
+                best = (cost, candidate, proposed)
         if best is None:
             return None
-        cost, _, candidate, proposed = best
+        cost, candidate, proposed = best
         table = tuple(sorted(costs.items(), key=lambda item: (item[1], item[0])))
         others = ", ".join(f"{name} {value:.3g}" for name, value in table
                            if name != candidate.recommender.name)

@@ -106,6 +106,9 @@ class MemoryRecommender:
         self._peak = SlidingPeak(variant.window)
         self._jumps = (JumpLog(variant.window, variant.jitter) if variant.spike > 0
                        else None)
+        # The last answer and what it was for (the time asked, the samples added):
+        # a step asks the same several times.
+        self._answer: tuple[float, int, float | None] | None = None
 
     def add(self, at: float, value: float) -> None:
         self._peak.add(at, value)
@@ -130,12 +133,18 @@ class MemoryRecommender:
         return rise, self._jumps.calm(now)
 
     def value(self, now: float) -> float | None:
+        samples = self._peak.samples
+        if self._answer is not None and self._answer[:2] == (now, samples):
+            return self._answer[2]
         peak = self._peak.peak(now)
         if peak is None:
-            return None
-        rise, calm = self._room(now)
-        # A jump multiplies the usual level: room for a bigger one on the usual top.
-        return max(peak, calm * (1 + rise)) * (1 + self.variant.margin)
+            answer = None
+        else:
+            rise, calm = self._room(now)
+            # A jump multiplies the usual level: room for a bigger one on the usual top.
+            answer = max(peak, calm * (1 + rise)) * (1 + self.variant.margin)
+        self._answer = (now, samples, answer)
+        return answer
 
     def explain(self, now: float) -> str:
         v = self.variant
