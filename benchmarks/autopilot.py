@@ -229,70 +229,96 @@ class Score:
 Approach = Callable[[], Config | None]  # None: the user's limits, never changed
 
 
+class _Task:
+    """One app's task living through the replay with one approach: its limits, its
+    start (a leak starts over), its kills, its memory figures."""
+
+    def __init__(self, app: AppModel, seed: int) -> None:
+        self.app = app
+        self.rng = random.Random(f"{seed}:{app.name}")  # every approach, the same week
+        self.limits, self.started = app.user, 0.0
+        self.ooms = self.warm_in_ooms = 0
+        self.mem_limit = self.mem_idle = 0.0
+        self.due = math.inf  # the autopilot's next evaluation of the app
+
+
 def replay(app: AppModel, days: float, config: Config | None, score: Score,
            seed: int) -> None:
-    """Live through the warm-in day and the week with one approach; add the app's
-    figures over the week to `score`. The demand's noise is seeded per app, so every
-    approach sees the same week."""
-    rng = random.Random(f"{seed}:{app.name}")
-    limits, started, ooms, warm_in_ooms = app.user, 0.0, 0, 0
-    mem_limit = mem_idle = 0.0
+    """`replay_fleet` for one app."""
+    replay_fleet([app], days, config, score, seed)
+
+
+def replay_fleet(apps: Sequence[AppModel], days: float, config: Config | None,
+                 score: Score, seed: int) -> None:
+    """Live through the warm-in day and the week with one approach, every app in
+    step under one autopilot (as a service framework follows all its apps); add the
+    apps' figures over the week to `score`. The demand's noise is seeded per app,
+    so every approach sees the same week."""
+    tasks = {app.name: _Task(app, seed) for app in apps}
     pilot = None if config is None else Autopilot(config)
     spec = AutopilotSpec(AUTO)
-    due = math.inf
 
     def perform(effects: list[Any], t: float) -> None:
-        nonlocal limits, started, due
         for effect in effects:
             if isinstance(effect, ArmTimer):
-                due = effect.at
+                tasks[effect.key.app_id].due = effect.at
             elif isinstance(effect, ApplyLimits):
                 # A rolling upgrade: the task restarts with the new limits, and the
                 # service framework tells the autopilot the app's new definition.
-                limits, started = effect.limits, t
+                task = tasks[effect.app_id]
+                task.limits, task.started = effect.limits, t
                 score.changes += t > WARM_IN
                 assert pilot is not None
-                perform(pilot.handle(AppConfigured(app.name, spec, limits), t), t)
+                perform(pilot.handle(AppConfigured(effect.app_id, spec, task.limits), t), t)
 
     if pilot is not None:
-        perform(pilot.handle(AppConfigured(app.name, spec, limits), 0.0), 0.0)
+        for task in tasks.values():
+            perform(pilot.handle(AppConfigured(task.app.name, spec, task.limits), 0.0), 0.0)
     for i in range(1, int((WARM_IN + days * DAY) / STEP) + 1):
         t = i * STEP
         scored = t > WARM_IN
-        cpu, mem = demand(app, t, started, rng)
-        got_cpu = min(cpu, limits.cpus)
-        if scored:
-            score.cpu_limit += limits.cpus
-            score.cpu_idle += limits.cpus - got_cpu
-            score.cpu_demand += cpu
-            score.cpu_throttled += cpu - got_cpu
-            mem_limit += limits.mem_bytes
-        if mem > limits.mem_bytes:
-            # Died at its limit: no idle memory in this sample.
-            ooms, warm_in_ooms = ooms + scored, warm_in_ooms + (not scored)
-            died_at, started = limits.mem_bytes, t
-            if pilot is not None:
-                perform(pilot.handle(TaskOomKilled(app.name, f"{app.name}.{ooms}", t,
-                                                   died_at), t), t)
-        else:
-            mem_idle += (limits.mem_bytes - mem) * scored
-            if pilot is not None:
-                pilot.handle(UsageSampled(app.name, t, got_cpu, mem), t)
-        if pilot is not None and t >= due:
-            due = math.inf
-            perform(pilot.handle(TimerFired(Evaluate(app.name)), t), t)
-    score.apps += 1
-    score.mem_limit += mem_limit
-    score.mem_idle += mem_idle
-    kind = score.mem_kinds.get(app.kind, (0.0, 0.0))
-    score.mem_kinds[app.kind] = (kind[0] + mem_limit, kind[1] + mem_idle)
-    score.ooms += ooms
-    score.oom_apps += ooms > 0
-    if ooms:
-        score.oom_kinds[app.kind] = score.oom_kinds.get(app.kind, 0) + 1
-    score.warm_in_oom_apps += warm_in_ooms > 0
+        for task in tasks.values():
+            app, limits = task.app, task.limits
+            cpu, mem = demand(app, t, task.started, task.rng)
+            got_cpu = min(cpu, limits.cpus)
+            if scored:
+                score.cpu_limit += limits.cpus
+                score.cpu_idle += limits.cpus - got_cpu
+                score.cpu_demand += cpu
+                score.cpu_throttled += cpu - got_cpu
+                task.mem_limit += limits.mem_bytes
+            if mem > limits.mem_bytes:
+                # Died at its limit: no idle memory in this sample.
+                task.ooms += scored
+                task.warm_in_ooms += not scored
+                task.started = t
+                if pilot is not None:
+                    perform(pilot.handle(TaskOomKilled(app.name, f"{app.name}.{task.ooms}",
+                                                       t, limits.mem_bytes), t), t)
+            else:
+                task.mem_idle += (limits.mem_bytes - mem) * scored
+                if pilot is not None:
+                    pilot.handle(UsageSampled(app.name, t, got_cpu, mem), t)
+            if pilot is not None and t >= task.due:
+                task.due = math.inf
+                perform(pilot.handle(TimerFired(Evaluate(app.name)), t), t)
+    for task in tasks.values():
+        score.apps += 1
+        score.mem_limit += task.mem_limit
+        score.mem_idle += task.mem_idle
+        kind = score.mem_kinds.get(task.app.kind, (0.0, 0.0))
+        score.mem_kinds[task.app.kind] = (kind[0] + task.mem_limit, kind[1] + task.mem_idle)
+        score.ooms += task.ooms
+        score.oom_apps += task.ooms > 0
+        if task.ooms:
+            score.oom_kinds[task.app.kind] = score.oom_kinds.get(task.app.kind, 0) + 1
+        score.warm_in_oom_apps += task.warm_in_ooms > 0
 
 
+SPIKE = MemoryVariant("mem-spike-7d", window=7 * 86400.0, margin=0.05, spike=2.5,
+                      jitter=0.05)
+"""Not a default (the default before the fleet prior): room for 2.5 x the largest jump
+beyond the jitter, one factor for every app, shown alone for comparison."""
 PEAK_ONLY = MemoryVariant("mem-peak-24h", window=24 * 3600.0, margin=0.1)
 """Not a default: the memory rule without room for spikes, shown alone for comparison."""
 LEARNED = MemoryVariant("mem-learned-7d", window=7 * 86400.0, margin=0.05, spike=2.0,
@@ -307,7 +333,7 @@ def approaches() -> dict[str, Config | None]:
     the defaults."""
     out: dict[str, Config | None] = {"user": None}
     base = Config(step=STEP)
-    memory = (*DEFAULT_MEMORY_VARIANTS, LEARNED, PEAK_ONLY)
+    memory = (*DEFAULT_MEMORY_VARIANTS, SPIKE, LEARNED, PEAK_ONLY)
     for k, cpu in enumerate(DEFAULT_CPU_VARIANTS):
         mem = memory[k % len(memory)]
         out[f"{cpu.name}+{mem.name}"] = attrs.evolve(base, cpu_variants=(cpu,),
@@ -318,17 +344,22 @@ def approaches() -> dict[str, Config | None]:
 
 def run(apps: int, days: float, seed: int,
         chosen: dict[str, Config | None] | None = None, jobs: int = 1) -> dict[str, Score]:
-    """Every approach over the same fleet. `jobs` > 1 replays in that many processes
-    (apps are independent and seeded by name, so the figures are the same)."""
+    """Every approach over the same fleet. `jobs` > 1 replays in that many processes:
+    the approaches side by side, and each approach whose apps are independent (no
+    memory variant learns from the fleet, `MemoryVariant.prior`) split by app, which
+    gives the same figures (every app's noise is seeded by its name)."""
     models = fleet(apps, days, seed)
     approaches_ = chosen or approaches()
     if jobs <= 1:
         return {name: _replay_all(models, days, config, seed)
                 for name, config in approaches_.items()}
-    shares = [models[k::jobs] for k in range(jobs)]
     with ProcessPoolExecutor(jobs) as pool:
-        futures = {name: [pool.submit(_replay_all, share, days, config, seed)
-                          for share in shares] for name, config in approaches_.items()}
+        futures = {}
+        for name, config in approaches_.items():
+            shares = [models] if learns_from_fleet(config) else [
+                models[k::jobs] for k in range(jobs)]
+            futures[name] = [pool.submit(_replay_all, share, days, config, seed)
+                             for share in shares]
         scores = {}
         for name, parts in futures.items():
             scores[name] = Score()
@@ -337,11 +368,15 @@ def run(apps: int, days: float, seed: int,
     return scores
 
 
+def learns_from_fleet(config: Config | None) -> bool:
+    """Whether an app's limits depend on the other apps' (a memory prior)."""
+    return config is not None and any(v.prior > 0 for v in config.memory_variants)
+
+
 def _replay_all(models: list[AppModel], days: float, config: Config | None,
                 seed: int) -> Score:
     score = Score()
-    for model in models:
-        replay(model, days, config, score, seed)
+    replay_fleet(models, days, config, score, seed)
     return score
 
 

@@ -30,6 +30,7 @@ import math
 import attrs
 
 from dyad.effects import ArmTimer, CancelTimer, TimerFired, TimerKey, UnknownTimer
+from frameworks.autopilot.fleet import FleetJumps
 from frameworks.autopilot.meta import Costs, MetaRecommender, moved
 from frameworks.autopilot.recommenders import (
     DEFAULT_CPU_VARIANTS, DEFAULT_MEMORY_VARIANTS, CpuVariant, MemoryVariant)
@@ -164,7 +165,9 @@ class _App:
         self.cpu = MetaRecommender([v.build() for v in config.cpu_variants], config.costs,
                                    config.min_change, fatal_overrun=False,
                                    bound=self._bound_cpus)
-        self.mem = MetaRecommender([v.build() for v in config.memory_variants], config.costs,
+        self.mem_recommenders = [v.build(pilot._fleets.get(v.name), app_id)
+                                 for v in config.memory_variants]
+        self.mem = MetaRecommender(self.mem_recommenders, config.costs,
                                    config.min_change, fatal_overrun=True,
                                    bound=lambda v: pilot._bound_mem(self.spec, v))
         self._pilot = pilot
@@ -194,6 +197,8 @@ class Autopilot:
     def __init__(self, config: Config = Config()) -> None:
         self.config = config
         self._apps: dict[str, _App] = {}
+        # Per memory variant with a prior: the jumps of every app followed.
+        self._fleets = {v.name: FleetJumps() for v in config.memory_variants if v.prior > 0}
         self.rejected = 0  # samples that were not numbers we could use
         self.ignored = 0  # events for apps the autopilot does not follow
 
@@ -204,8 +209,9 @@ class Autopilot:
             case AppConfigured():
                 return self._configured(event, now)
             case AppRemoved(app_id):
-                if self._apps.pop(app_id, None) is None:
+                if app_id not in self._apps:
                     return []
+                self._forget(app_id)
                 return [CancelTimer(Evaluate(app_id))]
             case UsageSampled():
                 self._sampled(event)
@@ -229,12 +235,16 @@ class Autopilot:
 
     # -- events -----------------------------------------------------------------------
 
+    def _forget(self, app_id: str) -> None:
+        for recommender in self._apps.pop(app_id).mem_recommenders:
+            recommender.forget()
+
     def _configured(self, event: AppConfigured, now: float) -> list[Effect]:
         app = self._apps.get(event.app_id)
         if event.spec.mode == OFF:
             if app is None:
                 return []
-            del self._apps[event.app_id]
+            self._forget(event.app_id)
             return [CancelTimer(Evaluate(event.app_id))]
         if app is None:
             app = self._apps[event.app_id] = _App(event.app_id, event.spec, event.limits, self)

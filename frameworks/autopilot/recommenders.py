@@ -29,6 +29,7 @@ from typing import Protocol
 
 import attrs
 
+from frameworks.autopilot.fleet import FleetJumps
 from frameworks.autopilot.histogram import DecayingHistogram, Scale
 from frameworks.autopilot.jumps import JumpLog
 from frameworks.autopilot.window import SlidingPeak
@@ -64,9 +65,13 @@ class MemoryVariant:
     spike: float = attrs.field(default=0.0, validator=_nonnegative)
     jitter: float = attrs.field(default=0.05, validator=_nonnegative)
     learned: bool = False
+    prior: float = attrs.field(default=0.0, validator=[_nonnegative,
+                                                        attrs.validators.le(1.0)])
 
-    def build(self) -> MemoryRecommender:
-        return MemoryRecommender(self)
+    def build(self, fleet: FleetJumps | None = None, app: str = "") -> MemoryRecommender:
+        """`fleet`: the jumps of the other apps (`prior` needs one), `app` this one's
+        name in it."""
+        return MemoryRecommender(self, fleet, app)
 
 
 class Recommender(Protocol):
@@ -100,20 +105,30 @@ class CpuRecommender:
 
 
 class MemoryRecommender:
-    def __init__(self, variant: MemoryVariant) -> None:
+    def __init__(self, variant: MemoryVariant, fleet: FleetJumps | None = None,
+                 app: str = "") -> None:
         self.variant = variant
         self.name = variant.name
         self._peak = SlidingPeak(variant.window)
-        self._jumps = (JumpLog(variant.window, variant.jitter) if variant.spike > 0
-                       else None)
+        self._jumps = (JumpLog(variant.window, variant.jitter)
+                       if variant.spike > 0 or variant.prior > 0 else None)
+        self._fleet = fleet if variant.prior > 0 else None
+        self._app = app
         # The last answer and what it was for (the time asked, the samples added):
         # a step asks the same several times.
-        self._answer: tuple[float, int, float | None] | None = None
+        self._answer: tuple[tuple[float, int, int], float | None] | None = None
 
     def add(self, at: float, value: float) -> None:
         self._peak.add(at, value)
         if self._jumps is not None:
             self._jumps.add(at, value)
+            if self._fleet is not None:
+                self._fleet.report(self._app, self._jumps.largest(at)[0])
+
+    def forget(self) -> None:
+        """The app is no longer followed: its jumps leave the fleet's."""
+        if self._fleet is not None:
+            self._fleet.forget(self._app)
 
     def _room(self, now: float) -> tuple[float, float]:
         """The rise to make room for over the calm peak, and that peak (0, 0 without
@@ -130,12 +145,20 @@ class MemoryRecommender:
             rise = top * (1 + v.spike / max(1, self._jumps.count(now)))
         else:
             rise = v.spike * (top - v.jitter)
+        if v.prior > 0:
+            # The fleet's jumps say how far an app that has jumped may go; alone, it
+            # has only its own largest.
+            rise = max(rise, top, self._prior())
         return rise, self._jumps.calm(now)
 
+    def _prior(self) -> float:
+        return 0.0 if self._fleet is None else self._fleet.quantile(self.variant.prior)
+
     def value(self, now: float) -> float | None:
-        samples = self._peak.samples
-        if self._answer is not None and self._answer[:2] == (now, samples):
-            return self._answer[2]
+        # Another app's jumps can move the prior: its version is part of the key.
+        key = (now, self._peak.samples, 0 if self._fleet is None else self._fleet.version)
+        if self._answer is not None and self._answer[0] == key:
+            return self._answer[1]
         peak = self._peak.peak(now)
         if peak is None:
             answer = None
@@ -143,7 +166,7 @@ class MemoryRecommender:
             rise, calm = self._room(now)
             # A jump multiplies the usual level: room for a bigger one on the usual top.
             answer = max(peak, calm * (1 + rise)) * (1 + self.variant.margin)
-        self._answer = (now, samples, answer)
+        self._answer = (key, answer)
         return answer
 
     def explain(self, now: float) -> str:
@@ -155,10 +178,20 @@ class MemoryRecommender:
             rise, calm = self._room(now)
             top = self._jumps.largest(now)[0]
             n = max(1, self._jumps.count(now))
-            how = (f"the largest of {n} jumps in the window, {top:.0%}, x (1 + {v.spike:g}/{n})"
-                   if v.learned else
-                   f"{v.spike:g} x the largest jump over the usual level beyond "
-                   f"{v.jitter:.0%} (a jump of {top:.0%})")
+            ways = []
+            if v.spike > 0:
+                ways.append(f"the largest of {n} jumps in the window, {top:.0%}, x "
+                            f"(1 + {v.spike:g}/{n})" if v.learned else
+                            f"{v.spike:g} x the largest jump over the usual level beyond "
+                            f"{v.jitter:.0%} (a jump of {top:.0%})")
+            if v.prior > 0:
+                fleet = 0 if self._fleet is None else len(self._fleet)
+                ways.append(f"its largest jump in the window, {top:.0%}" if top > 0 else
+                            "no jump in the window: no room")
+                if top > 0:
+                    ways.append(f"the p{v.prior * 100:g} of the largest jumps of the "
+                                f"{fleet} apps that jumped, {self._prior():.0%}")
+            how = ", or ".join(ways) + (", whichever is more" if len(ways) > 1 else "")
             text += (f", or the peak of calm use {calm / 2**20:.1f} MiB x (1 + {rise:.0%}: "
                      f"{how}), whichever is more")
         return text + f"; margin {v.margin:.0%}"
@@ -171,7 +204,7 @@ DEFAULT_CPU_VARIANTS = (
     CpuVariant("cpu-p99-24h", half_life=24 * 3600.0, percentile=99.0, margin=0.05),
 )
 DEFAULT_MEMORY_VARIANTS = (
-    MemoryVariant("mem-spike-7d", window=7 * 86400.0, margin=0.05, spike=2.5, jitter=0.05),
+    MemoryVariant("mem-fleet-7d", window=7 * 86400.0, margin=0.05, jitter=0.05, prior=0.75),
 )
 """Variants the meta-recommender chooses among by default: fast CPU decay follows
 change quickly (and pays more margin for it); slow decay is steadier. Memory has one
