@@ -63,3 +63,22 @@ def test_foresight_is_each_apps_own_peak_demand_held_all_week() -> None:
     samples = bench.DAY / bench.STEP
     assert limit == pytest.approx(150 * MIB * samples)
     assert idle == pytest.approx(50 * MIB * (samples - 2))  # a 2-sample spike at the peak
+
+
+def test_apps_replayed_in_step_are_replayed_alone_unless_the_rule_learns_from_the_fleet() -> None:
+    models = bench.fleet(8, 1, seed=5)
+    every = bench.approaches()
+    assert bench.learns_from_fleet(every["meta"])  # the default memory rule has a prior
+    assert not bench.learns_from_fleet(every["user"])
+    peak = every["cpu-p99-24h+mem-peak-24h"]
+    assert not bench.learns_from_fleet(peak)
+    together, alone = bench.Score(), bench.Score()
+    bench.replay_fleet(models, 1, peak, together, seed=5)
+    for model in models:
+        bench.replay(model, 1, peak, alone, seed=5)
+    # The same figures (the sums in another order).
+    assert (together.ooms, together.oom_apps, together.changes, together.oom_kinds) == \
+        (alone.ooms, alone.oom_apps, alone.changes, alone.oom_kinds)
+    assert together.mem_slack == pytest.approx(alone.mem_slack, rel=1e-12)
+    assert together.cpu_slack == pytest.approx(alone.cpu_slack, rel=1e-12)
+    assert together.throttled == pytest.approx(alone.throttled, rel=1e-12)

@@ -1,0 +1,98 @@
+"""The fleet prior: what other apps' memory jumps say about one that has shown few
+(frameworks/autopilot/fleet.py and `MemoryVariant.prior`)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, strategies as st
+
+from dyad.effects import TimerFired
+from frameworks.autopilot import (
+    AUTO, MIB, AppConfigured, AppRemoved, Autopilot, AutopilotSpec, Config, Evaluate,
+    Limits, MemoryVariant, UsageSampled)
+from frameworks.autopilot.fleet import PRIOR_APPS, FleetJumps
+
+FLEET = MemoryVariant("fleet", window=86400.0, margin=0.0, jitter=0.05, prior=0.75)
+
+
+def test_the_prior_is_a_quantile_of_the_apps_largest_jumps_once_enough_jumped() -> None:
+    fleet = FleetJumps()
+    for i, size in enumerate([0.1, 0.2, 0.3, 0.4][:PRIOR_APPS - 1]):
+        fleet.report(f"/a{i}", size)
+    assert fleet.quantile(0.75) == 0.0  # too few apps: no evidence
+    fleet.report("/a4", 0.5)
+    assert len(fleet) == 5 and fleet.quantile(0.75) == 0.4 and fleet.quantile(1.0) == 0.5
+    version = fleet.version
+    fleet.report("/a4", 0.5)  # no change: answers kept
+    assert fleet.version == version
+    fleet.report("/a4", 0.0)  # its jump left its window
+    assert len(fleet) == 4 and fleet.quantile(0.75) == 0.0 and fleet.version > version
+    fleet.report("/a4", 0.45)
+    fleet.forget("/a0")
+    fleet.forget("/nobody")
+    assert len(fleet) == 4
+
+
+@given(st.lists(st.floats(0.01, 5.0), min_size=PRIOR_APPS, max_size=40),
+       st.floats(0.01, 1.0))
+def test_the_quantile_is_one_of_the_jumps_with_that_share_at_or_below_it(sizes, q) -> None:
+    fleet = FleetJumps()
+    for i, size in enumerate(sizes):
+        fleet.report(f"/a{i}", size)
+    answer = fleet.quantile(q)
+    assert answer in sizes
+    assert sum(s <= answer for s in sizes) >= q * len(sizes) - 1e-9
+    assert sum(s < answer for s in sizes) < q * len(sizes)
+
+
+def _feed(recommender, jump: float, hours: int = 20) -> float:
+    """Hourly-ish samples of 100 MiB with one 10-minute jump at hour 10; the time of
+    the last sample."""
+    t = 0.0
+    for i in range(hours * 12):
+        t = i * 300.0
+        up = 1 + jump if 10 * 3600 <= t < 10 * 3600 + 600 else 1.0
+        recommender.add(t, 100 * MIB * up)
+    return t
+
+
+def test_an_app_that_jumped_a_little_gets_room_for_the_jumps_the_fleet_makes() -> None:
+    fleet = FleetJumps()
+    for i, jump in enumerate((0.3, 0.4, 0.45, 0.5, 0.5)):
+        _feed(FLEET.build(fleet, f"/big{i}"), jump)
+    assert fleet.quantile(0.75) == pytest.approx(0.5, rel=0.02)
+    small, calm, alone = FLEET.build(fleet, "/small"), FLEET.build(fleet, "/calm"), FLEET.build()
+    now = _feed(small, 0.15)
+    _feed(calm, 0.0)
+    _feed(alone, 0.15)
+    # One jump of 15% buys room for the fleet's p75 jump over the calm top...
+    assert small.value(now) == pytest.approx(100 * MIB * 1.5, rel=0.02)
+    assert "p75 of the largest jumps of the 6 apps that jumped" in small.explain(now)
+    # ...an app that never jumped gets none, and one alone only its own largest.
+    assert calm.value(now) == pytest.approx(100 * MIB)
+    assert "no jump in the window" in calm.explain(now)
+    assert alone.value(now) == pytest.approx(100 * MIB * 1.15, rel=0.02)
+
+
+def test_the_autopilot_learns_from_the_apps_it_follows_and_forgets_removed_ones() -> None:
+    pilot = Autopilot(Config(memory_variants=(FLEET,), warmup=0, min_samples=1))
+    apps = [f"/app{i}" for i in range(PRIOR_APPS + 1)]
+    for app in apps:
+        pilot.handle(AppConfigured(app, AutopilotSpec(AUTO), Limits(1.0, 512 * MIB)), 0.0)
+    t = 0.0
+    for i in range(20 * 12):
+        t = i * 300.0
+        for k, app in enumerate(apps):
+            # Every app but the last jumps by 40% once; the last by 10%.
+            jump = (0.4 if k < PRIOR_APPS else 0.1) if 36000 <= t < 36600 else 0.0
+            pilot.handle(UsageSampled(app, t, 0.1, 100 * MIB * (1 + jump)), t)
+    pilot.handle(TimerFired(Evaluate(apps[-1])), t)
+    rec = pilot.recommendation(apps[-1])
+    assert rec is not None and rec.mem_bytes == pytest.approx(140 * MIB, rel=0.02)
+    assert any(f"of the {PRIOR_APPS + 1} apps that jumped" in r for r in rec.reasons)
+    for app in apps[:2]:
+        pilot.handle(AppRemoved(app), t)
+    pilot.handle(TimerFired(Evaluate(apps[-1])), t)
+    rec = pilot.recommendation(apps[-1])
+    assert rec is not None and rec.mem_bytes == pytest.approx(110 * MIB, rel=0.02)
+    assert any(f"of the {PRIOR_APPS - 1} apps that jumped" in r for r in rec.reasons)
