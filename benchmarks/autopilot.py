@@ -14,9 +14,8 @@ kills are judged at the same instants the policy sees):
 
 - **user**: the hand-set limits, never changed;
 - **each variant** of `DEFAULT_CPU_VARIANTS` alone, with the variants of
-  `DEFAULT_MEMORY_VARIANTS` and then `PEAK_ONLY` (the memory rule without room for
-  spikes and with a day's window, the default before, not a default now) in turn,
-  through the full policy
+  `DEFAULT_MEMORY_VARIANTS`, then `SPIKE`, `LEARNED` and `PEAK_ONLY` (earlier
+  memory rules, not defaults now) in turn, through the full policy
   (`Autopilot` in `auto`: evidence, bounds, hysteresis, the OOM raise);
 - **meta**: the policy with every variant, the meta-recommender choosing per app.
 

@@ -14,8 +14,11 @@ limit out.
   `learned`, ``largest × (1 + spike / n)`` for n jumps in the window, so an app
   that has shown many jumps gets room close to its largest, one that has shown
   few gets more (the largest of n draws falls short of the top by about 1/n).
-  An app that jumped 20% once, even at a quiet hour far below its peak, may jump
-  further next time, and at its usual top. Steady use, daily cycles, growth and
+  With a `prior` q, the rise is at least the app's own largest jump and the q
+  quantile of the largest jumps of the other apps the autopilot follows
+  (`fleet.FleetJumps`): one app's few jumps are thin evidence of how far it may
+  go. An app that jumped 20% once, even at a quiet hour far below its peak, may
+  jump further next time, and at its usual top. Steady use, daily cycles, growth and
   leaks move slowly and never jump, so they pay nothing for it.
 
 Both answer None until they have seen a sample. Bounds, evidence thresholds and
@@ -57,7 +60,8 @@ class CpuVariant:
 class MemoryVariant:
     """Memory limit = max(peak, calm peak × (1 + rise)) × (1 + margin) over the last
     `window` s; `rise` = spike × (the largest jump - `jitter`), or with `learned`
-    the largest jump × (1 + spike / the number of jumps)."""
+    the largest jump × (1 + spike / the number of jumps); with a `prior` q, at least
+    the largest jump and the fleet's q quantile of apps' largest jumps."""
 
     name: str
     window: float = attrs.field(validator=_positive)
@@ -209,10 +213,11 @@ DEFAULT_MEMORY_VARIANTS = (
 """Variants the meta-recommender chooses among by default: fast CPU decay follows
 change quickly (and pays more margin for it); slow decay is steadier. Memory has one
 variant: a week's peak, so a spike is remembered for a week (a day's window forgot
-Tuesday's spike by Thursday, and the next one killed), with room for a spike bigger
-than the largest jump seen. Without that room the meta-recommender cannot protect
-an app whose jumps so far stayed below its limit: no variant is charged for them,
-so the tightest wins until the first bigger jump kills (docs/autopilot.md, the
-fleet benchmark, where these were chosen on its training seed 2). The room learned
-per app (`learned=True`) left 2 points less slack but more apps killed on the
-tuning seeds (1, 2, 7, 8), so it is not the default."""
+Tuesday's spike by Thursday, and the next one killed), with room, once an app has
+jumped, for the larger of its own largest jump and the p75 of the largest jumps of
+the apps the autopilot follows (`fleet`). Without room the meta-recommender cannot
+protect an app whose jumps so far stayed below its limit: no variant is charged for
+them, so the tightest wins until the first bigger jump kills. The fleet's p75 left
+1.9-2.9 points less slack than 2.5 x the app's own largest jump (the default
+before) on the fleet benchmark's tuning seeds 1, 2 and 8, and 4.5-5.3 less on the
+held-out ones (docs/autopilot.md)."""
