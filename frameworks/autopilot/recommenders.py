@@ -71,6 +71,7 @@ class MemoryVariant:
     learned: bool = False
     prior: float = attrs.field(default=0.0, validator=[_nonnegative,
                                                         attrs.validators.le(1.0)])
+    prior_from: float = attrs.field(default=0.0, validator=_nonnegative)
 
     def build(self, fleet: FleetJumps | None = None, app: str = "") -> MemoryRecommender:
         """`fleet`: the jumps of the other apps (`prior` needs one), `app` this one's
@@ -152,7 +153,9 @@ class MemoryRecommender:
         if v.prior > 0:
             # The fleet's jumps say how far an app that has jumped may go; alone, it
             # has only its own largest.
-            rise = max(rise, top, self._prior())
+            # A rise barely past the jitter (a cycle's turn, noise) is no evidence
+            # of a spiky app: its own size only.
+            rise = max(rise, top, self._prior() if top >= v.prior_from else 0.0)
         return rise, self._jumps.calm(now)
 
     def _prior(self) -> float:
@@ -192,7 +195,7 @@ class MemoryRecommender:
                 fleet = 0 if self._fleet is None else len(self._fleet)
                 ways.append(f"its largest jump in the window, {top:.0%}" if top > 0 else
                             "no jump in the window: no room")
-                if top > 0:
+                if top >= v.prior_from and top > 0:
                     ways.append(f"the p{v.prior * 100:g} of the largest jumps of the "
                                 f"{fleet} apps that jumped, {self._prior():.0%}")
             how = ", or ".join(ways) + (", whichever is more" if len(ways) > 1 else "")
@@ -208,7 +211,8 @@ DEFAULT_CPU_VARIANTS = (
     CpuVariant("cpu-p99-24h", half_life=24 * 3600.0, percentile=99.0, margin=0.05),
 )
 DEFAULT_MEMORY_VARIANTS = (
-    MemoryVariant("mem-fleet-7d", window=7 * 86400.0, margin=0.05, jitter=0.05, prior=0.75),
+    MemoryVariant("mem-fleet-7d", window=7 * 86400.0, margin=0.05, jitter=0.05, prior=0.75,
+                  prior_from=0.10),
 )
 """Variants the meta-recommender chooses among by default: fast CPU decay follows
 change quickly (and pays more margin for it); slow decay is steadier. Memory has one

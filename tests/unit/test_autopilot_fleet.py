@@ -8,8 +8,8 @@ from hypothesis import given, strategies as st
 
 from dyad.effects import TimerFired
 from frameworks.autopilot import (
-    AUTO, MIB, AppConfigured, AppRemoved, Autopilot, AutopilotSpec, Config, Evaluate,
-    Limits, MemoryVariant, UsageSampled)
+    AUTO, DEFAULT_MEMORY_VARIANTS, MIB, AppConfigured, AppRemoved, Autopilot,
+    AutopilotSpec, Config, Evaluate, Limits, MemoryVariant, UsageSampled)
 from frameworks.autopilot.fleet import PRIOR_APPS, FleetJumps
 
 FLEET = MemoryVariant("fleet", window=86400.0, margin=0.0, jitter=0.05, prior=0.75)
@@ -96,3 +96,19 @@ def test_the_autopilot_learns_from_the_apps_it_follows_and_forgets_removed_ones(
     rec = pilot.recommendation(apps[-1])
     assert rec is not None and rec.mem_bytes == pytest.approx(110 * MIB, rel=0.02)
     assert any(f"of the {PRIOR_APPS - 1} apps that jumped" in r for r in rec.reasons)
+
+
+def test_a_rise_barely_past_the_jitter_draws_no_prior() -> None:
+    """The default draws the fleet's room only for a jump of at least 10%: a 7% rise
+    (a daily cycle's turn, noise) is no evidence of a spiky app."""
+    variant = DEFAULT_MEMORY_VARIANTS[0]
+    assert variant.prior_from == 0.10
+    fleet = FleetJumps()
+    for i in range(PRIOR_APPS):
+        _feed(variant.build(fleet, f"/big{i}"), 0.5)
+    barely, clearly = variant.build(fleet, "/barely"), variant.build(fleet, "/clearly")
+    now = _feed(barely, 0.07)
+    _feed(clearly, 0.12)
+    assert barely.value(now) == pytest.approx(100 * MIB * 1.07 * 1.05, rel=0.02)
+    assert "p75" not in barely.explain(now)
+    assert clearly.value(now) == pytest.approx(100 * MIB * 1.5 * 1.05, rel=0.02)
