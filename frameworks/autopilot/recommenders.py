@@ -222,6 +222,6 @@ jumped, for the larger of its own largest jump and the p75 of the largest jumps 
 the apps the autopilot follows (`fleet`). Without room the meta-recommender cannot
 protect an app whose jumps so far stayed below its limit: no variant is charged for
 them, so the tightest wins until the first bigger jump kills. The fleet's p75 left
-1.9-2.9 points less slack than 2.5 x the app's own largest jump (the default
-before) on the fleet benchmark's tuning seeds 1, 2 and 8, and 4.5-5.3 less on the
-held-out ones (docs/autopilot.md)."""
+3.0-3.2 points less slack than 2.5 x the app's own largest jump (the default
+before) on the fleet benchmark's tuning seeds 1, 2 and 8 (and, before
+`prior_from`, 4.5-5.3 less on the held-out ones; docs/autopilot.md)."""
