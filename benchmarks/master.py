@@ -343,6 +343,12 @@ def cpu_of(pids: dict[str, list[int]]) -> dict[str, float]:
     return {name: sum(cpu_seconds(p) for p in group) for name, group in pids.items()}
 
 
+def children_of(pid: int) -> list[int]:
+    """The processes `pid` started (the master's usage store runs in one)."""
+    return [int(child) for task in Path(f"/proc/{pid}/task").iterdir()
+            for child in (task / "children").read_text().split()]
+
+
 class LoopLag:
     """How late this process's event loop runs a 0.1 s sleep (the drivers' loop)."""
 
@@ -456,8 +462,9 @@ def measure(args: argparse.Namespace, total: int, master_args: tuple[str, ...] =
             print(f"{args.agents} agents registered in {time.monotonic() - started:.1f} s; "
                   f"{args.frameworks} framework(s) launch {total} tasks", flush=True)
             before = master_metrics(url)
-            pids = {"master": [cluster.master.process.pid], "frameworks": [os.getpid()],
-                    "agents": [p.pid for p, _ in workers]}
+            master_pid = cluster.master.process.pid
+            pids = {"master": [master_pid], "master's children": children_of(master_pid),
+                    "frameworks": [os.getpid()], "agents": [p.pid for p, _ in workers]}
             cpu_before = cpu_of(pids)
             per = [total // args.frameworks + (i < total % args.frameworks)
                    for i in range(args.frameworks)]
@@ -533,6 +540,7 @@ def report(args: argparse.Namespace, total: int, reference: float, launchers: li
     runs = after["allocator/allocation_runs"] - before["allocator/allocation_runs"]
     print("CPU per task (ms): " + ", ".join(f"{k} {v * 1000 / max(done, 1):.2f}"
                                             for k, v in cpu.items())
+          + f" (sum {sum(cpu.values()) * 1000 / max(done, 1):.2f})"
           + f"; allocation passes {runs:.0f}, p50 {after['allocator/allocation_run_ms_p50']:.1f}"
           f" ms, p99 {after['allocator/allocation_run_ms_p99']:.1f} ms")
     print(f"reference: {reference:,.0f} bare pyzmq round trips/s; "
