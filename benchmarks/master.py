@@ -529,7 +529,9 @@ def report(args: argparse.Namespace, total: int, reference: float, launchers: li
           f"{after.get('master/sends_unroutable', 0):.0f}); resends coalesced by the master: "
           f"{after.get('master/resends_coalesced', 0):.0f}; "
           f"offers frames: {offers_frames:.0f}")
-    print(f"frames: master batches sent {after.get('master/batch_frames_sent', 0):.0f} "
+    sent = after.get("master/frames_sent", 0) - before.get("master/frames_sent", 0)
+    print(f"frames: master sent {sent / max(done, 1):.1f} per task; master batches sent "
+          f"{after.get('master/batch_frames_sent', 0):.0f} "
           f"holding {after.get('master/messages_sent_batched', 0):.0f} messages, drivers' "
           f"{sum(d.batches_sent for d in drivers)}; master inflow most "
           f"{after.get('master/inbound_queued_most', 0):.0f} (full "
