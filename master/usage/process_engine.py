@@ -28,6 +28,10 @@ from master.usage.schema import TaskEvent, UsageSample, event_values, usage_valu
 from master.usage.store import Expired, QueryError, QueryResult
 
 CLOSE_WAIT = 5.0  # seconds the child gets to close its database before it is killed
+ANSWER_WAIT = 60.0
+"""Seconds a write or a count may take before the child is called stuck: killed,
+so that no call waits on it for ever (a late answer would also answer the wrong
+call). A query waits its own time limit (the child interrupts it then) and this."""
 
 
 class EngineFailed(Exception):
@@ -48,6 +52,7 @@ class ProcessEngine:
         child_writes.close()
         child_queries.close()
         self._closed = False
+        self.answer_wait = ANSWER_WAIT
 
     def insert(self, samples: Sequence[UsageSample], events: Sequence[TaskEvent]) -> None:
         self._call(self._writes, "insert", [usage_values(s) for s in samples],
@@ -57,7 +62,8 @@ class ProcessEngine:
         return self._call(self._writes, "expire", older_than, max_rows)  # type: ignore[no-any-return]
 
     def query(self, sql: str, max_rows: int, timeout: float) -> QueryResult:
-        return self._call(self._queries, "query", sql, max_rows, timeout)  # type: ignore[no-any-return]
+        return self._call(self._queries, "query", sql, max_rows, timeout,  # type: ignore[no-any-return]
+                          wait=timeout + self.answer_wait)
 
     def counts(self) -> dict[str, int]:
         return self._call(self._queries, "counts")  # type: ignore[no-any-return]
@@ -67,8 +73,8 @@ class ProcessEngine:
             return
         self._closed = True
         try:
-            self._call(self._writes, "close")
-        except EngineFailed:
+            self._call(self._writes, "close", wait=CLOSE_WAIT)
+        except (EngineFailed, QueryError):
             pass  # gone already, or failed to close: it is killed below either way
         finally:
             self._writes.close()
@@ -78,14 +84,17 @@ class ProcessEngine:
                 self._process.kill()
                 self._process.join()
 
-    def _call(self, conn: Connection, method: str, *args: Any) -> Any:
+    def _call(self, conn: Connection, method: str, *args: Any, wait: float | None = None) -> Any:
         try:
             conn.send((method, args))
+            if not conn.poll(self.answer_wait if wait is None else wait):
+                self._process.kill()  # stuck: its pipes close, every call fails from now on
+                raise EOFError(f"no answer to {method} in time; killed")
             ok, value = conn.recv()
         except (EOFError, OSError) as error:
             if method == "query":
                 raise QueryError("the usage store is shut down") from None
-            raise EngineFailed(f"the usage store's process is gone ({error!r})") from None
+            raise EngineFailed(f"the usage store's process is gone ({error})") from None
         if not ok:
             raise value
         return value

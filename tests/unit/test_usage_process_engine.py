@@ -3,6 +3,8 @@ in-process engine, and a child that is gone fails calls instead of hanging them.
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -72,3 +74,18 @@ async def test_the_store_counts_a_write_the_child_could_not_make() -> None:
     assert await store.record([sample(T0 + 1)])
     assert store.stats["samples"] == 1 and store.stats["write_errors"] == 1
     await store.close()
+
+
+def test_a_stuck_child_is_killed_and_no_call_waits_for_ever() -> None:
+    engine = ProcessEngine(memory_limit="256MB", threads=1)
+    engine.counts()
+    engine.answer_wait = 0.5
+    assert engine._process.pid is not None
+    os.kill(engine._process.pid, signal.SIGSTOP)  # alive, answering nothing
+    with pytest.raises(EngineFailed, match="no answer to counts in time"):
+        engine._call(engine._writes, "counts")
+    engine._process.join(5)
+    assert not engine._process.is_alive()
+    with pytest.raises(QueryError):
+        engine.query("SELECT 1", 1, 1)
+    engine.close()
