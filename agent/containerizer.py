@@ -45,8 +45,8 @@ from agent.model import UNKNOWN_EXIT, LaunchExecutor, Limits, RunKey, RunSample
 log = logging.getLogger(__name__)
 
 SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
-# psutil derives start times from clock ticks; the same process always reads the
-# same value, a different one almost never within this.
+# Start times come from clock ticks (`spawn.start_time`); the same process always
+# reads the same value, a different one almost never within this.
 START_TIME_SLACK = 0.05
 
 OnExit = Callable[[RunKey, int, RunSample | None, str], None]
@@ -194,8 +194,8 @@ class Containerizer:
             self.isolator.cleanup(key)
             raise LaunchError(f"{argv[0]}: {exc}") from exc
         try:
-            return process, psutil.Process(process.pid).create_time()
-        except psutil.Error:
+            return process, spawn.start_time(process.pid)
+        except OSError:
             return process, 0.0  # already gone; the reaper reports how it ended
 
     def _isolated(self, key: RunKey, argv: list[str], effect: LaunchExecutor,
@@ -209,7 +209,7 @@ class Containerizer:
         """Watch a run left by an earlier agent; False if that process is gone."""
         try:
             process = psutil.Process(pid)
-            alive = (abs(process.create_time() - started) < START_TIME_SLACK
+            alive = (abs(spawn.start_time(pid) - started) < START_TIME_SLACK
                      and process.status() != psutil.STATUS_ZOMBIE)
             descriptor = os.pidfd_open(pid) if alive else -1
         except (psutil.Error, OSError):
