@@ -7,8 +7,9 @@ and (Python 3.11's default child watcher) a thread of its own blocked in
 `subprocess.Popen` (vfork + exec) costs under 0.1 ms (`benchmarks.launch`
 measures the difference as agent CPU per task). A run needs none of it -- its
 stdio goes to files in its sandbox -- so here a child is started with `Popen`
-and its end watched through a pidfd on the event loop (`os.pidfd_open`, Linux
-5.3): readable once the process has ended, then reaped with one `waitpid`.
+and its end watched through a pidfd (`os.pidfd_open`, Linux 5.3): readable once
+the process has ended, then reaped with one `waitpid`. The pidfds of all runs are
+in one epoll set, one reader on the event loop (`Watcher`).
 
 The `Popen` is kept until its process is reaped: a `Popen` collected earlier
 would put itself on `subprocess`'s list of children to reap behind our back.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import subprocess
 from collections.abc import Mapping, Sequence
 
@@ -61,29 +63,49 @@ def start_time(pid: int) -> float:
     return int(fields[_STARTTIME]) / _TICKS + _boot_time
 
 
-async def wait(process: subprocess.Popen[bytes]) -> int:
-    """Wait for `process` (started by `start`) to end and reap it: its exit
-    status, negative for death by signal, as `Popen.returncode`."""
-    try:
-        descriptor = os.pidfd_open(process.pid)
-    except ProcessLookupError:  # already reaped by us: nothing to wait for
-        return process.wait()
-    await readable(descriptor)
-    return process.wait()  # it has ended: this only reaps it
+class Watcher:
+    """Learns of the end of many processes through one epoll set of their pidfds,
+    which is one reader on the event loop: a reader per pidfd cost the loop about
+    40 us a run to add and remove (asyncio's handles, selector keys and transport
+    checks). The reader is on the loop only while some process is waited for."""
 
+    def __init__(self) -> None:
+        self._epoll: select.epoll | None = None
+        self._waiting: dict[int, asyncio.Future[None]] = {}
 
-async def readable(descriptor: int) -> None:
-    """Wait until a pidfd says its process ended, then close it."""
-    loop = asyncio.get_running_loop()
-    ended: asyncio.Future[None] = loop.create_future()
+    async def wait(self, process: subprocess.Popen[bytes]) -> int:
+        """Wait for `process` (started by `start`) to end and reap it: its exit
+        status, negative for death by signal, as `Popen.returncode`."""
+        try:
+            descriptor = os.pidfd_open(process.pid)
+        except ProcessLookupError:  # already reaped by us: nothing to wait for
+            return process.wait()
+        await self.ended(descriptor)
+        return process.wait()  # it has ended: this only reaps it
 
-    def on_readable() -> None:
-        if not ended.done():
-            ended.set_result(None)
+    async def ended(self, descriptor: int) -> None:
+        """Wait until a pidfd says its process ended, then close it."""
+        loop = asyncio.get_running_loop()
+        if self._epoll is None:
+            self._epoll = select.epoll()
+            loop.add_reader(self._epoll.fileno(), self._ready)
+        ended: asyncio.Future[None] = loop.create_future()
+        self._epoll.register(descriptor, select.EPOLLIN | select.EPOLLONESHOT)
+        self._waiting[descriptor] = ended
+        try:
+            await ended
+        finally:
+            del self._waiting[descriptor]
+            self._epoll.unregister(descriptor)
+            os.close(descriptor)
+            if not self._waiting:
+                loop.remove_reader(self._epoll.fileno())
+                self._epoll.close()
+                self._epoll = None
 
-    loop.add_reader(descriptor, on_readable)
-    try:
-        await ended
-    finally:
-        loop.remove_reader(descriptor)
-        os.close(descriptor)
+    def _ready(self) -> None:
+        assert self._epoll is not None
+        for descriptor, _ in self._epoll.poll(0):
+            ended = self._waiting.get(descriptor)
+            if ended is not None and not ended.done():
+                ended.set_result(None)
