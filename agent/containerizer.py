@@ -30,7 +30,7 @@ import logging
 import os
 import signal
 import subprocess
-from typing import Callable
+from typing import Callable, Collection
 
 import attrs
 import psutil
@@ -101,21 +101,28 @@ def read_status(path: str) -> int | None:
         return None
 
 
-def stop_unrecorded(sandbox: str) -> bool:
-    """SIGKILL the run of a direct task whose agent died between starting it and
-    checkpointing its pid: its shim wrote its pid in the sandbox first thing, and
-    a process by that pid working in that sandbox is it. True if one was killed."""
-    try:
-        with open(os.path.join(sandbox, shim.PID_FILE)) as handle:
-            pid = int(handle.read(16))
-        if os.path.realpath(psutil.Process(pid).cwd()) != os.path.realpath(sandbox):
-            return False
-    except (OSError, ValueError, psutil.Error):
-        return False
-    signal_group(pid, signal.SIGKILL)
-    log.warning("killed the unrecorded run in %s (pid %d): its agent died as it started it",
-                sandbox, pid)
-    return True
+def stop_unrecorded(sandboxes: Collection[str]) -> set[str]:
+    """SIGKILL the runs of direct tasks whose agent died between starting them and
+    checkpointing their pids: a process working in one of their sandboxes (the
+    shim is started there, and its command with it) is one of them, found in one
+    walk of /proc for all (no file a task must write). The sandboxes whose runs
+    were killed."""
+    wanted = {os.path.realpath(sandbox) for sandbox in sandboxes}
+    killed: set[str] = set()
+    for process in psutil.process_iter(["cwd"]) if wanted else ():
+        cwd = process.info["cwd"]
+        if cwd not in wanted:
+            continue
+        try:
+            if os.getpgid(process.pid) == process.pid:  # the shim: its group too
+                signal_group(process.pid, signal.SIGKILL)
+            process.kill()
+        except (OSError, psutil.Error):
+            continue
+        killed.add(cwd)
+        log.warning("killed the unrecorded run in %s (pid %d): its agent died as it "
+                    "started it", cwd, process.pid)
+    return killed
 
 
 def ended(path: str) -> tuple[int, str] | None:
