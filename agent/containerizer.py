@@ -41,6 +41,7 @@ from dyad.processes import signal_group
 from agent import shim, spawn, users
 from agent.isolation import Isolator, IsolationError, PosixIsolator, processes
 from agent.model import UNKNOWN_EXIT, LaunchExecutor, Limits, RunKey, RunSample
+from agent.trips import Batches
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,9 @@ START_TIME_SLACK = 0.05
 
 OnExit = Callable[[RunKey, int, RunSample | None, str], None]
 SIGNAL_BASE = 128  # a shell reports death by signal n as status 128 + n
+# Starts: at most this many worker-thread trips at once, each of this many runs.
+START_LANES = 4
+START_CHUNK = 16
 
 
 class LaunchError(Exception):
@@ -68,7 +72,8 @@ class _Run:
 
 
 _Final = tuple[RunSample | None, int | None]  # the last sample, the status its shim wrote
-_Ending = tuple[RunKey, _Run, int, "asyncio.Future[_Final]"]
+# What `_start` is given: the run, its launch, its argv and environment, its user.
+_Start = tuple[RunKey, LaunchExecutor, list[str], dict[str, str], "users.RunAs | None"]
 
 
 def describe_exit(status: int) -> str:
@@ -149,8 +154,11 @@ class Containerizer:
         self._starting: dict[RunKey, Limits] = {}  # launch in progress: latest limits
         self._doomed: set[RunKey] = set()  # SIGKILLed while starting
         self._watcher = spawn.Watcher()
-        self._ending: list[_Ending] = []  # reaped, waiting for `_final` on a thread
-        self._finisher: asyncio.Future[None] | None = None
+        # Worker-thread trips in batches (`agent.trips`): the ends of the runs that
+        # ended together in one; starts in up to START_LANES at once, each a chunk.
+        self._ends: Batches[tuple[RunKey, _Run, int], _Final] = Batches(self._final)
+        self._starts: Batches[_Start, tuple[subprocess.Popen[bytes], float]] = Batches(
+            self._start, START_LANES, START_CHUNK)
 
     @property
     def pids(self) -> list[int]:
@@ -180,9 +188,10 @@ class Containerizer:
                 env.update(users.environment(run_as))
         except users.UserError as exc:
             raise LaunchError(str(exc)) from None
-        # One trip to a worker thread for all of the start: the cgroup, the logs and
-        # the vfork, which holds its thread (not the loop) until the child has exec'ed.
-        process, started = await asyncio.to_thread(self._start, key, effect, argv, env, run_as)
+        # One trip to a worker thread for all of the start, shared with the starts
+        # queued with it: the cgroup, the logs and the vfork, which holds its
+        # thread (not the loop) until the child has exec'ed.
+        process, started = await self._starts.run((key, effect, argv, env, run_as))
         run = self._runs[key] = _Run(process.pid, started, process,
                                      status_file=effect.status_file)
         run.waiter = asyncio.ensure_future(self._reap(key, run))
@@ -192,9 +201,9 @@ class Containerizer:
             self.kill(key, "KILL")
         return process.pid, started
 
-    def _start(self, key: RunKey, effect: LaunchExecutor, argv: list[str], env: dict[str, str],
-               run_as: users.RunAs | None) -> tuple[subprocess.Popen[bytes], float]:
+    def _start(self, start: _Start) -> tuple[subprocess.Popen[bytes], float]:
         """Start the run's process (blocking: off the loop); its start time."""
+        key, effect, argv, env, run_as = start
         try:
             os.makedirs(effect.sandbox_dir, exist_ok=True)
             self.isolator.prepare(key, self._starting[key])
@@ -295,7 +304,7 @@ class Containerizer:
         else:
             status = UNKNOWN_EXIT
             await self._watcher.ended(descriptor)
-        final, written = await self._finish(key, run, status)
+        final, written = await self._ends.run((key, run, status))
         del self._runs[key]
         if run.status_file:
             status = status if written is None else written
@@ -305,49 +314,13 @@ class Containerizer:
         log.info("executor %s (pid %d) ended with status %d", key[1], run.pid, status)
         self._on_exit(key, status, final, description)
 
-    async def _finish(self, key: RunKey, run: _Run, status: int) -> _Final:
-        """`_final` on a worker thread, in one trip for all the runs that ended
-        meanwhile (a thread trip costs the loop about 50 us; 500 runs ending at
-        once take a few)."""
-        done: asyncio.Future[_Final] = asyncio.get_running_loop().create_future()
-        self._ending.append((key, run, status, done))
-        if self._finisher is None:
-            self._finisher = asyncio.ensure_future(self._finish_ended())
-        return await done
-
-    async def _finish_ended(self) -> None:
-        batch: list[_Ending] = []
-        try:
-            while self._ending:
-                batch, self._ending = self._ending, []
-                results = await asyncio.to_thread(self._final_all, batch)
-                for (*_, done), result in zip(batch, results):
-                    if done.done():
-                        continue
-                    if isinstance(result, BaseException):
-                        done.set_exception(result)
-                    else:
-                        done.set_result(result)
-        finally:
-            self._finisher = None
-            for *_, done in batch:  # cancelled on the way: no reaper waits for ever
-                done.cancel()
-
-    def _final_all(self, batch: list[_Ending]) -> list[_Final | BaseException]:
-        results: list[_Final | BaseException] = []
-        for key, run, status, _ in batch:
-            try:
-                results.append(self._final(key, run, status))
-            except Exception as exc:  # the run's reaper raises it: the others go on
-                results.append(exc)
-        return results
-
-    def _final(self, key: RunKey, run: _Run, status: int) -> _Final:
+    def _final(self, ending: tuple[RunKey, _Run, int]) -> _Final:
         """The run's last sample and the status its shim wrote; then what is left of
         it is killed and its cgroup goes (blocking: off the loop). A run that exited
         with 0 was not killed for memory (cgroups v2 kills the whole group; under v1
         and posix the agent does the killing), so it needs no last sample; and the
         shim exits with its command's status, so only an adopted run's file is read."""
+        key, run, status = ending
         final = None if status == 0 else self.isolator.sample(key, None)
         written = read_status(run.status_file) if run.status_file and run.process is None \
             else None
