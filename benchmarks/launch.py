@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import shim
-from dyad.local import LocalCluster
+from dyad.local import LocalCluster, http_get_json
 from dyad.resources import Resources
 from frameworks import (CommandInfo, ContainerInfo, Filters, FrameworkInfo, Scheduler,
                         SchedulerDriver, TaskInfo, TaskState)
@@ -246,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
             cpu_spent = [cpu_seconds(pid) - b for pid, b in zip(pids, cpu_before)]
             agent_loops = sum(cpu_seconds(pid, pid) for pid in pids[1:]) - agent_loops_before
             rss_grown = [rss_mib(pid) - b for pid, b in zip(pids, rss_before)]
+            checkpoints = sum(http_get_json(f"{a.url}/metrics/snapshot")[
+                "agent/checkpoints_written"] for a in cluster.agent_children)
             master_rss = peak_rss_mib(cluster.master.process.pid)
     if flood.failed:
         print(f"{len(flood.failed)} tasks did not finish: {flood.failed[:3]}")
@@ -282,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"agent per task: {agents_cpu * 1000:.1f} ms CPU (event loop {loops_cpu * 1000:.1f}, "
           f"its worker threads {(agents_cpu - loops_cpu) * 1000:.1f}), {agents_rss * 1024:.0f} "
           f"KiB RSS grown; master per task: {cpu_spent[0] / args.tasks * 1000:.1f} ms CPU; "
-          f"framework (driver) per task: {framework_cpu * 1000:.1f} ms CPU")
+          f"framework (driver) per task: {framework_cpu * 1000:.1f} ms CPU; agent "
+          f"checkpoints written: {checkpoints}")
     print(f"overhead per task beyond its own process (holder + agent): "
           f"{(holder_cpu + agents_cpu) * 1000:.1f} ms CPU, "
           f"{holder_rss + max(0.0, agents_rss):.1f} MiB RSS")
