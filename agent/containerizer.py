@@ -52,8 +52,15 @@ START_TIME_SLACK = 0.05
 
 OnExit = Callable[[RunKey, int, RunSample | None, str], None]
 SIGNAL_BASE = 128  # a shell reports death by signal n as status 128 + n
-# Starts: at most this many worker-thread trips at once, each of this many runs.
-START_LANES = 4
+# Starts go to the worker threads in trips of START_CHUNK runs, and (START_LANES:
+# in effect, all of them) are queued there at once. A checkpoint the core asks for
+# meanwhile waits behind them, so the core's next batch holds the ExecutorStarted
+# of every run queued before it: a flood of tasks is handled in a few large
+# batches, each one checkpoint and one round of updates. Measured (500 at once,
+# load 15-20): with starts held back to 4-6 trips at a time the agent wrote 75-180
+# checkpoints instead of 20-30, and agent, master and driver spent 1-3 ms more CPU
+# a task between them.
+START_LANES = 64
 START_CHUNK = 16
 
 

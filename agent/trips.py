@@ -7,6 +7,10 @@ tenth of the loop's time. `Batches` queues the items and sends what is queued
 in one trip, at most `chunk` items in each of at most `lanes` trips at a time:
 a lane that blocks (a vfork waits for its child's exec) holds only its own
 items. Each item's result, or what it raised, goes to its own caller.
+
+The trips go to asyncio's default pool, first in, first out, with everything
+else the agent sends there -- its checkpoints too, which is what the agent's
+starts rely on (`agent.containerizer.START_LANES`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ class Batches(Generic[Item, Result]):
     """`await batches.run(item)` is `work(item)` on a worker thread, batched."""
 
     def __init__(self, work: Callable[[Item], Result], lanes: int = 1,
-                 chunk: int = 1 << 30) -> None:
+                 chunk: int = 0) -> None:
         self._work = work
         self._lanes = lanes
         self._chunk = chunk
@@ -41,7 +45,8 @@ class Batches(Generic[Item, Result]):
         batch: list[tuple[Item, asyncio.Future[Result]]] = []
         try:
             while self._queued:
-                batch, self._queued = self._queued[:self._chunk], self._queued[self._chunk:]
+                take = self._chunk or len(self._queued)  # chunk 0: all that waits
+                batch, self._queued = self._queued[:take], self._queued[take:]
                 results = await asyncio.to_thread(self._all, [item for item, _ in batch])
                 for (_, done), (result, error) in zip(batch, results):
                     if done.done():
