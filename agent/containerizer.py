@@ -118,7 +118,7 @@ def stop_unrecorded(sandboxes: Collection[str]) -> set[str]:
     checkpointing their pids: a process working in one of their sandboxes (the
     shim is started there, and its command with it) is one of them, found in one
     walk of /proc for all (no file a task must write). The sandboxes whose runs
-    were killed."""
+    were killed, by their real paths."""
     wanted = {os.path.realpath(sandbox) for sandbox in sandboxes}
     killed: set[str] = set()
     for process in psutil.process_iter(["cwd"]) if wanted else ():
