@@ -343,6 +343,12 @@ def cpu_of(pids: dict[str, list[int]]) -> dict[str, float]:
     return {name: sum(cpu_seconds(p) for p in group) for name, group in pids.items()}
 
 
+def children_of(pid: int) -> list[int]:
+    """The processes `pid` started (the master's usage store runs in one)."""
+    return [int(child) for task in Path(f"/proc/{pid}/task").iterdir()
+            for child in (task / "children").read_text().split()]
+
+
 class LoopLag:
     """How late this process's event loop runs a 0.1 s sleep (the drivers' loop)."""
 
@@ -456,8 +462,9 @@ def measure(args: argparse.Namespace, total: int, master_args: tuple[str, ...] =
             print(f"{args.agents} agents registered in {time.monotonic() - started:.1f} s; "
                   f"{args.frameworks} framework(s) launch {total} tasks", flush=True)
             before = master_metrics(url)
-            pids = {"master": [cluster.master.process.pid], "frameworks": [os.getpid()],
-                    "agents": [p.pid for p, _ in workers]}
+            master_pid = cluster.master.process.pid
+            pids = {"master": [master_pid], "master's children": children_of(master_pid),
+                    "frameworks": [os.getpid()], "agents": [p.pid for p, _ in workers]}
             cpu_before = cpu_of(pids)
             per = [total // args.frameworks + (i < total % args.frameworks)
                    for i in range(args.frameworks)]
@@ -522,7 +529,9 @@ def report(args: argparse.Namespace, total: int, reference: float, launchers: li
           f"{after.get('master/sends_unroutable', 0):.0f}); resends coalesced by the master: "
           f"{after.get('master/resends_coalesced', 0):.0f}; "
           f"offers frames: {offers_frames:.0f}")
-    print(f"frames: master batches sent {after.get('master/batch_frames_sent', 0):.0f} "
+    sent = after.get("master/frames_sent", 0) - before.get("master/frames_sent", 0)
+    print(f"frames: master sent {sent / max(done, 1):.1f} per task; master batches sent "
+          f"{after.get('master/batch_frames_sent', 0):.0f} "
           f"holding {after.get('master/messages_sent_batched', 0):.0f} messages, drivers' "
           f"{sum(d.batches_sent for d in drivers)}; master inflow most "
           f"{after.get('master/inbound_queued_most', 0):.0f} (full "
@@ -533,6 +542,7 @@ def report(args: argparse.Namespace, total: int, reference: float, launchers: li
     runs = after["allocator/allocation_runs"] - before["allocator/allocation_runs"]
     print("CPU per task (ms): " + ", ".join(f"{k} {v * 1000 / max(done, 1):.2f}"
                                             for k, v in cpu.items())
+          + f" (sum {sum(cpu.values()) * 1000 / max(done, 1):.2f})"
           + f"; allocation passes {runs:.0f}, p50 {after['allocator/allocation_run_ms_p50']:.1f}"
           f" ms, p99 {after['allocator/allocation_run_ms_p99']:.1f} ms")
     print(f"reference: {reference:,.0f} bare pyzmq round trips/s; "

@@ -162,6 +162,7 @@ COUNTERS = {
     "master/batch_frames_sent": "Batch frames sent (several messages for one framework "
                                 "in one frame, docs/protocol.md).",
     "master/messages_sent_batched": "Messages sent inside batch frames.",
+    "master/frames_sent": "Frames handed to the socket (a batch frame counts once).",
     "master/sends_full": "Sends refused because the peer's outgoing queue was full.",
     "master/sends_unroutable": "Sends to a peer that is gone (no connection with that identity).",
     "master/registry_writes": "Registry writes completed.",

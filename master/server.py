@@ -95,10 +95,12 @@ unconfirmed handles nothing, and the caller must hear so rather than hang."""
 RECEIVE_BATCH = 1024
 """Frames taken from the socket per wake-up of the receive loop (at most). They
 are decoded later, in turn (master/inflow.py), so reading one costs microseconds."""
-PROCESS_BATCH = 64
+PROCESS_BATCH = 256
 """Events handled between two yields to the event loop: few enough that HTTP and
-the lease renewals are never starved, many enough that a burst does not pay the
-loop's round trip for every event."""
+the lease renewals are never starved (256 events take some 10-15 ms), many enough
+that a burst does not pay the loop's round trip for every event, and that what
+goes to one peer in that time leaves as one frame (master/outflow.py): under a
+flood at 10,000 agents, 1.5 frames sent per task against 1.8 with 64."""
 SEND_QUEUE = 50_000
 """Frames queued for one peer before a send to it fails (counted in
 `master/dropped_sends`, never silently). ZMQ's default (1,000) is below what a
@@ -167,6 +169,7 @@ class MasterServer:
         self._supervisor = Supervisor(self._give_up, self._count_internal_error, logger=log)
         self._log_limiter = LogLimiter(log)
         self._dropped_sends = 0
+        self._frames_sent = 0
         # Sends to peers that take batches wait here for the end of the processing
         # batch (master/outflow.py); `_batching` remembers which peers those are.
         self._outflow = Outflow()
@@ -367,6 +370,7 @@ class MasterServer:
         result["master/elected"] = 1 if self.is_leader else 0
         result["master/internal_errors"] = self._internal_errors
         result["master/dropped_sends"] = self._dropped_sends
+        result["master/frames_sent"] = self._frames_sent
         result["master/inbound_queued"] = len(self._inflow)
         result["master/inbound_queued_most"] = self._inflow.most
         result["master/inbound_full"] = self._inflow.full
@@ -692,7 +696,9 @@ class MasterServer:
                 sent = self._router.send_frame(bytes.fromhex(peer), frame)
             except zmq.ZMQError as exc:
                 log.warning("send to %s failed: %s", peer, exc)
-        if not sent:
+        if sent:
+            self._frames_sent += 1
+        else:
             self._dropped_sends += 1
 
     def _flush_sends(self) -> None:

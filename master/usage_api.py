@@ -29,7 +29,7 @@ from aiohttp import web
 from dyad import bounded_json
 from master import usage_view
 from master.usage import TABLES, QueryError, StoreConfig, UsageStore
-from master.usage.duckdb_engine import DuckDBEngine
+from master.usage.process_engine import ProcessEngine
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,8 @@ class UsageService:
     def __init__(self, config: StoreConfig, memory_limit: str,
                  now: Callable[[], float]) -> None:
         self.config = config
-        self.store = UsageStore(DuckDBEngine(memory_limit=memory_limit), config)
+        # DuckDB in a process of its own: off the master's GIL and event loop.
+        self.store = UsageStore(ProcessEngine(memory_limit=memory_limit), config)
         self._now = now
         self._expiry: asyncio.Task[None] | None = None
         self.expire_errors = 0

@@ -108,12 +108,15 @@ class DuckDBEngine:
     # -- writer thread ----------------------------------------------------------------
 
     def insert(self, samples: Sequence[UsageSample], events: Sequence[TaskEvent]) -> None:
+        self.insert_values([usage_values(s) for s in samples], [event_values(e) for e in events])
+
+    def insert_values(self, samples: list[tuple], events: list[tuple]) -> None:
+        """`insert` of rows already turned into values (`usage_values`,
+        `event_values`): what the store's own process is sent."""
         if samples:
-            rows = [usage_values(s) for s in samples]
-            self._db.execute(self._usage_sql, _parameters(USAGE_COLUMNS, rows))
+            self._db.execute(self._usage_sql, _parameters(USAGE_COLUMNS, samples))
         if events:
-            rows = [event_values(e) for e in events]
-            self._db.execute(self._event_sql, _parameters(EVENT_COLUMNS, rows))
+            self._db.execute(self._event_sql, _parameters(EVENT_COLUMNS, events))
 
     def expire(self, older_than: float, max_rows: int | None) -> Expired:
         gone = []

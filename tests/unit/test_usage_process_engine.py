@@ -1,0 +1,91 @@
+"""The usage store in its own process: the same answers and refusals as the
+in-process engine, and a child that is gone fails calls instead of hanging them."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+
+import pytest
+
+from master.usage import QueryError, QueryRefused, QueryTimeout, StoreConfig, UsageStore
+from master.usage.process_engine import EngineFailed, ProcessEngine
+from tests.unit.test_usage_store import JOB, T0, WEB, event, sample
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[ProcessEngine]:
+    e = ProcessEngine(memory_limit="256MB", threads=1)
+    yield e
+    e.close()
+
+
+def test_rows_written_there_are_answered_here(engine: ProcessEngine) -> None:
+    engine.insert([sample(T0 + i, WEB) for i in range(10)] + [sample(T0, JOB, cpus=2.0)],
+                  [event(T0, WEB, "TASK_RUNNING"), event(T0 + 1, JOB, "TASK_FINISHED")])
+    result = engine.query("SELECT role, count(*), agent_attributes['rack'] FROM task_usage "
+                          "GROUP BY ALL ORDER BY role", 10, 5)
+    assert result.rows == (("batch", 1, "r2"), ("prod", 10, "r1"))
+    assert engine.counts() == {"task_usage": 11, "task_events": 2}
+    gone = engine.expire(older_than=T0 + 5, max_rows=None)
+    assert (gone.samples, gone.events) == (6, 2)
+
+
+def test_refusals_come_back_as_themselves(engine: ProcessEngine) -> None:
+    with pytest.raises(QueryRefused, match="only SELECT"):
+        engine.query("DELETE FROM task_usage", 10, 5)
+    with pytest.raises(QueryError, match="task_nothing"):
+        engine.query("SELECT * FROM task_nothing", 10, 5)
+    with pytest.raises(QueryTimeout):
+        engine.query("SELECT count(*) FROM range(10000000000) a, range(100) b", 10, 0.2)
+
+
+def test_a_failed_write_is_an_error_the_store_counts() -> None:
+    engine = ProcessEngine(memory_limit="256MB", threads=1)
+    try:
+        with pytest.raises(EngineFailed):
+            engine._call(engine._writes, "insert", [("not", "a row")], [])
+        engine.insert([sample(T0)], [])  # the child still serves
+        assert engine.counts()["task_usage"] == 1
+    finally:
+        engine.close()
+
+
+def test_a_child_that_is_gone_fails_calls_and_close_still_returns() -> None:
+    engine = ProcessEngine(memory_limit="256MB", threads=1)
+    engine.counts()
+    engine._process.kill()
+    engine._process.join()
+    with pytest.raises(EngineFailed, match="gone"):
+        engine.insert([sample(T0)], [])
+    with pytest.raises(QueryError, match="shut down"):
+        engine.query("SELECT 1", 1, 5)
+    engine.close()  # closing what is gone is done at once
+    engine.close()  # and a second close is a no-op
+
+
+async def test_the_store_counts_a_write_the_child_could_not_make() -> None:
+    engine = ProcessEngine(memory_limit="256MB", threads=1)
+    store = UsageStore(engine, StoreConfig(batch_interval=0))
+    assert await store.record([sample(T0)], [event(T0, WEB, "TASK_RUNNING")])
+    engine._process.kill()
+    engine._process.join()
+    assert await store.record([sample(T0 + 1)])
+    assert store.stats["samples"] == 1 and store.stats["write_errors"] == 1
+    await store.close()
+
+
+def test_a_stuck_child_is_killed_and_no_call_waits_for_ever() -> None:
+    engine = ProcessEngine(memory_limit="256MB", threads=1)
+    engine.counts()
+    engine.answer_wait = 0.5
+    assert engine._process.pid is not None
+    os.kill(engine._process.pid, signal.SIGSTOP)  # alive, answering nothing
+    with pytest.raises(EngineFailed, match="no answer to counts in time"):
+        engine._call(engine._writes, "counts")
+    engine._process.join(5)
+    assert not engine._process.is_alive()
+    with pytest.raises(QueryError):
+        engine.query("SELECT 1", 1, 1)
+    engine.close()
