@@ -369,8 +369,8 @@ class MasterState(PreemptionHandlers, AgentHandlers):
             id=self._ids.next("O"), framework_id=framework_id, agent_id=agent_id,
             hostname=agent.info.hostname, resources=resources,
             attributes=dict(agent.info.attributes),
-            executor_ids=sorted(eid for fid, eid in agent.executors if fid == framework_id)
-            if agent.executors else [],
+            executor_ids=sorted(agent.executor_ids[framework_id])
+            if framework_id in agent.executor_ids else [],
             url=agent.info.url, cached_uris=list(self.cached_uris.get(agent_id, ())),
             revocable=lent,
             volumes=offered_volumes(agent, resources) if agent.dynamic.volumes else [])
@@ -555,7 +555,8 @@ class MasterState(PreemptionHandlers, AgentHandlers):
         executor_id = task.task_id
         if task.executor is not None:
             executor_id = task.executor.executor_id
-            agent.executors.setdefault((framework.id, executor_id), task.executor)
+            if (framework.id, executor_id) not in agent.executors:
+                agent.add_executor(framework.id, task.executor)
         record = launched(framework.id, agent.id, executor_id, task,
                           self.config.max_task_story, self._now)
         self._note(record, f"launched on agent {agent.id} with {task.resources}")
