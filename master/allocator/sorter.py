@@ -208,17 +208,18 @@ class _Tree:
         """Add `sign` x `scalars` and `count` to the leaf and its ancestors."""
         root = self._root
         node: _Node | None = leaf
-        items = list(scalars.items())
+        items = [(kind, sign * milli) for kind, milli in scalars.items()]
+        rekey = self._rekey
         while node is not None and node is not root:
             alloc = node.alloc
             for kind, milli in items:
-                left = alloc.get(kind, 0) + sign * milli
+                left = alloc.get(kind, 0) + milli
                 if left:
                     alloc[kind] = left
                 else:
                     alloc.pop(kind, None)
             node.count += count
-            self._rekey(node)
+            rekey(node)
             node = node.parent
 
     def allocation(self, path: str) -> dict[str, int]:
