@@ -346,9 +346,15 @@ class MasterState(PreemptionHandlers, AgentHandlers):
                 self.allocator.close_offer(framework_id, agent_id, resources)
             else:
                 allocations.append((framework_id, agent_id, resources))
-                held = self.agents[agent_id].offers & self.frameworks[framework_id].offers
-                for offer_id in sorted(held):  # revocable-only: remade with the new one
-                    self._rescind(self.offers[offer_id], notify=True)
+                # Through the agent's few offers: `a & b` walks the table of the
+                # smaller set, and a set keeps its table when it shrinks, so a job
+                # once offered every agent has a vast, nearly empty one.
+                offers = self.agents[agent_id].offers
+                if offers:
+                    theirs = self.frameworks[framework_id].offers
+                    held = [offer_id for offer_id in offers if offer_id in theirs]
+                    for offer_id in sorted(held):  # revocable-only: remade with the new one
+                        self._rescind(self.offers[offer_id], notify=True)
         lent = self._revocable_plan()
         for framework_id, agent_id, resources in allocations:
             taker, extra = lent.get(agent_id, ("", EMPTY))
