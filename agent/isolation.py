@@ -167,8 +167,13 @@ class PosixIsolator:
 
 
 def _write(path: str, value: str) -> None:
-    with open(path, "w") as handle:
-        handle.write(value)
+    # One write(2) and the flags open("w") uses, without a buffered file object
+    # (a run's limits are four writes: Python's file objects were more than half their cost).
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(descriptor, value.encode())
+    finally:
+        os.close(descriptor)
 
 
 def _read(path: str) -> str:
@@ -305,7 +310,8 @@ class CgroupsV1(_Cgroups):
             _write(os.path.join(memory, "memory.oom_control"), "1")
         _write(os.path.join(memory, "memory.limit_in_bytes"),
                str(limits.mem_bytes) if limits.mem_bytes else "-1")
-        _write(os.path.join(cpu, "cpu.cfs_period_us"), str(CFS_PERIOD_US))
+        # cpu.cfs_period_us is left at the kernel's default for a new cgroup,
+        # CFS_PERIOD_US, which is what the quota is counted in.
         quota = max(1000, int(limits.cpus * CFS_PERIOD_US)) if limits.cpus else -1
         _write(os.path.join(cpu, "cpu.cfs_quota_us"), str(quota))
         shares = (limits.cpus or 1) * 1024 * limits.weight_share

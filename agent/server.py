@@ -312,12 +312,12 @@ class AgentServer:
         # A direct run that ended while we were away: its shim wrote down how.
         exits: dict[RunKey, ExecutorProcessExited] = {}
         for key, e in zip(keys, saved.executors):
-            if key in alive or not e.host_direct:
-                continue
-            if e.pid is None:  # we died as we started it: nobody knows it, so it must go
-                await asyncio.to_thread(stop_unrecorded, e.directory)
-            elif found := await asyncio.to_thread(ended, status_files[key]):
+            if key not in alive and e.host_direct and e.pid is not None \
+                    and (found := await asyncio.to_thread(ended, status_files[key])):
                 exits[key] = ExecutorProcessExited(*key, *found)
+        # We died as we started these: nobody knows them, so they must go.
+        unrecorded = [e.directory for e in saved.executors if e.host_direct and e.pid is None]
+        await asyncio.to_thread(stop_unrecorded, unrecorded)
         if self._executor_keys is not None:
             for key, e in zip(keys, saved.executors):
                 if key in alive:

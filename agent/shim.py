@@ -14,8 +14,9 @@ init, but a restarted agent reads the file.
   knows the end from the kill it asked for.
 - A shell reports death by signal n as status 128 + n, which an exit with that
   status cannot be told apart from (the agent's description says both).
-- It writes its own pid first (`PID_FILE`): an agent that died between starting
-  it and checkpointing its pid finds it there after a restart, and stops it.
+- It writes no file but the status: an agent that died between starting it and
+  checkpointing its pid finds it after a restart as the process working in the
+  run's sandbox (`containerizer.stop_unrecorded`), and stops it.
 - Under cgroups it joins the run's cgroups itself (`join`) before it forks the
   command, where any other run is first exec'ed by a joining shell.
 - Cost: one dash process (about 1 MiB resident, under a millisecond of CPU,
@@ -29,11 +30,10 @@ from __future__ import annotations
 from dyad.messages import CommandInfo
 
 STATUS_FILE = ".dyad-exit-status"
-PID_FILE = ".dyad-shim-pid"  # beside the status file: its own pid, written first
 SHELL = "/bin/sh"
 # $0 is the status file; then the files to write our pid to (the run's cgroups'
 # `cgroup.procs`, given by the shell: `join`), "--" and the task's argv.
-SCRIPT = (f'trap : TERM\necho $$ >"${{0%/*}}/{PID_FILE}"\n'
+SCRIPT = ('trap : TERM\n'
           'while [ "$1" != -- ]; do echo $$ >"$1" || exit 126; shift; done\nshift\n'
           '"$@"\ns=$?\necho $s >"$0"\nexit $s\n')
 _FIRST_FILE = 4  # where `join` puts the files: after sh, -c, SCRIPT and the status file

@@ -12,7 +12,8 @@ command tasks (`/bin/true`) as fast as offers allow -- by default all at once
 - tasks launched and finished per second (first accept to last TASK_FINISHED);
 - the reference measured in the same run, with the same parallelism and without
   Dyad: fork/exec of the task's own command (`/bin/true` from Python's
-  `subprocess`), the floor a task launcher can reach, and the ratio to it;
+  `subprocess`), the floor a task launcher can reach, taken before the cluster
+  starts and after it stops, and the ratio to it at the mean of the two times;
 - the per-task overhead beyond the task's own process: what the agents and the
   master spent per task (CPU seconds from /proc, and resident memory grown), and
   what holds each task besides its command -- the shim of a direct run (its CPU
@@ -45,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import shim
-from dyad.local import LocalCluster
+from dyad.local import LocalCluster, http_get_json
 from dyad.resources import Resources
 from frameworks import (CommandInfo, ContainerInfo, Filters, FrameworkInfo, Scheduler,
                         SchedulerDriver, TaskInfo, TaskState)
@@ -229,6 +230,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks import launch_docker  # needs root and dockerd
         return launch_docker.run(args.agents, args.tasks, args.slots or 4)
     resources = f"cpus:{slots * TASK.get('cpus')};mem:{max(4096, slots * 16)};disk:1000"
+    parallel = args.agents * slots
+    # The reference is taken before the cluster starts and again after it stops,
+    # and the ratio is to their mean: on a shared machine the load moves within a run.
+    fork_before = fork_exec_reference(args.tasks, parallel)
     with tempfile.TemporaryDirectory(prefix="dyad-bench-") as work:
         cluster = LocalCluster(work_dir=Path(work), agents=args.agents, resources=resources,
                                master_args=["--allocation-interval", "0.05s",
@@ -246,14 +251,16 @@ def main(argv: list[str] | None = None) -> int:
             cpu_spent = [cpu_seconds(pid) - b for pid, b in zip(pids, cpu_before)]
             agent_loops = sum(cpu_seconds(pid, pid) for pid in pids[1:]) - agent_loops_before
             rss_grown = [rss_mib(pid) - b for pid, b in zip(pids, rss_before)]
+            checkpoints = sum(http_get_json(f"{a.url}/metrics/snapshot")[
+                "agent/checkpoints_written"] for a in cluster.agent_children)
             master_rss = peak_rss_mib(cluster.master.process.pid)
     if flood.failed:
         print(f"{len(flood.failed)} tasks did not finish: {flood.failed[:3]}")
         return 1
     span = max(flood.finished_at.values()) - min(flood.accepted_at.values())
     latencies = sorted(flood.running_at[t] - flood.accepted_at[t] for t in flood.running_at)
-    parallel = args.agents * slots
-    fork_exec = fork_exec_reference(args.tasks, parallel)
+    fork_after = fork_exec_reference(args.tasks, parallel)
+    fork_exec = (fork_before + fork_after) / 2
     dyad_rate, fork_rate = args.tasks / span, args.tasks / fork_exec
     agents_cpu = sum(cpu_spent[1:]) / args.tasks
     agents_rss = sum(rss_grown[1:]) / args.tasks
@@ -262,7 +269,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.usage_store}")
     print(f"dyad:      {dyad_rate:7.1f} tasks/s launched and finished ({span:.2f} s)")
     print(f"fork/exec: {fork_rate:7.1f} {' '.join(COMMAND)} starts/s ({fork_exec:.2f} s, same "
-          f"parallelism, no Dyad); ratio dyad/fork-exec: {dyad_rate / fork_rate:.3f}")
+          f"parallelism, no Dyad; {args.tasks / fork_before:.0f}/s before the run, "
+          f"{args.tasks / fork_after:.0f}/s after); ratio dyad/fork-exec: "
+          f"{dyad_rate / fork_rate:.3f}")
     if args.command_tasks == "executor":
         reference = bare_reference(args.tasks, parallel)
         bare_rate = args.tasks / reference
@@ -282,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"agent per task: {agents_cpu * 1000:.1f} ms CPU (event loop {loops_cpu * 1000:.1f}, "
           f"its worker threads {(agents_cpu - loops_cpu) * 1000:.1f}), {agents_rss * 1024:.0f} "
           f"KiB RSS grown; master per task: {cpu_spent[0] / args.tasks * 1000:.1f} ms CPU; "
-          f"framework (driver) per task: {framework_cpu * 1000:.1f} ms CPU")
+          f"framework (driver) per task: {framework_cpu * 1000:.1f} ms CPU; agent "
+          f"checkpoints written: {checkpoints}")
     print(f"overhead per task beyond its own process (holder + agent): "
           f"{(holder_cpu + agents_cpu) * 1000:.1f} ms CPU, "
           f"{holder_rss + max(0.0, agents_rss):.1f} MiB RSS")

@@ -13,6 +13,7 @@ from typing import Any
 import psutil
 import pytest
 
+from agent import checkpoint_file
 from frameworks import CommandInfo, Filters, FrameworkInfo, TaskInfo, TaskState
 
 from .conftest import Recorder, wait_for
@@ -48,6 +49,12 @@ async def test_exit_statuses_survive_an_agent_restart(make_cluster: Any, drivers
         assert run["name"] == f"Command (Task: {name})"  # no executor process
         sandboxes[name], shims[name] = Path(run["directory"]), run["pid"]
         await wait_for((sandboxes[name] / "task.pid").exists, what=f"{name}'s pid")
+    # Updates are at least once: one whose acknowledgement the agent had not yet
+    # checkpointed is sent again after the restart. Kill it only once none is left,
+    # so a second TASK_RUNNING below would be one the recovery made up.
+    work_dir = str(cluster.work_dir / "agent0")
+    await wait_for(lambda: (saved := checkpoint_file.load(work_dir)) is not None
+                   and not saved.updates, 20, "every update acknowledged in the checkpoint")
 
     old = cluster.agent_children[0]
     old.process.kill()  # SIGKILL: its children are reaped by init from now on

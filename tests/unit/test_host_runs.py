@@ -274,7 +274,8 @@ def test_the_shim_joins_what_it_is_given_before_it_forks_the_command(tmp_path: P
     # `sh -c "echo $PPID"` runs under the shim: its parent is the shim.
     shim_pid = process.stdout.strip()
     assert [Path(p).read_text().strip() for p in procs] == [shim_pid, shim_pid]
-    assert (tmp_path / shim.PID_FILE).read_text().strip() == shim_pid
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["memory.procs", "cpu.procs", shim.STATUS_FILE])  # no other file of its own
     assert ended(str(tmp_path / shim.STATUS_FILE)) == (0, describe_command_exit(0))
 
 
@@ -298,16 +299,15 @@ def test_sigterm_to_the_group_reaches_the_command_and_the_status_is_still_writte
     process.stdout.close()
 
 
-def test_a_run_whose_pid_was_never_checkpointed_is_found_by_its_pid_file_and_stopped(
+def test_a_run_whose_pid_was_never_checkpointed_is_found_in_its_sandbox_and_stopped(
         tmp_path: Path) -> None:
     process = shimmed(tmp_path, ["/bin/sh", "-c", "echo up; exec sleep 30"])
     assert process.stdout is not None and process.stdout.readline() == b"up\n"
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    (elsewhere / shim.PID_FILE).write_text((tmp_path / shim.PID_FILE).read_text())
-    assert not stop_unrecorded(str(elsewhere))  # that pid works in another sandbox
-    assert not stop_unrecorded(str(tmp_path / "none"))
-    assert stop_unrecorded(str(tmp_path))
+    assert stop_unrecorded([str(elsewhere), str(tmp_path / "none")]) == set()
+    assert stop_unrecorded([]) == set()
+    assert stop_unrecorded([str(elsewhere), str(tmp_path)]) == {str(tmp_path)}
     assert process.wait(10) == -signal.SIGKILL
     process.stdout.close()
 

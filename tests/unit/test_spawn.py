@@ -1,0 +1,71 @@
+"""Runs started by `agent.spawn` and reaped through its `Watcher`, and the
+containerizer's batched ends, with real processes (each lives milliseconds)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from pathlib import Path
+
+import psutil
+
+from agent import shim, spawn
+from agent.containerizer import Containerizer
+from agent.isolation import PosixIsolator
+from agent.model import LaunchExecutor, RunKey, RunSample
+from dyad.messages import CommandInfo
+
+
+def test_start_time_reads_what_psutil_reads() -> None:
+    for pid in (1, os.getpid()):
+        assert abs(spawn.start_time(pid) - psutil.Process(pid).create_time()) < 0.01
+
+
+async def test_one_watcher_reaps_many_runs_with_their_statuses(tmp_path: Path) -> None:
+    watcher = spawn.Watcher()
+    processes = [spawn.start(["/bin/sh", "-c", f"exit {n}"], str(tmp_path), {},
+                             subprocess.DEVNULL, subprocess.DEVNULL) for n in range(20)]
+    statuses = await asyncio.wait_for(
+        asyncio.gather(*(watcher.wait(p) for p in processes)), 10)
+    assert statuses == list(range(20))
+    assert watcher._epoll is None  # off the loop while nothing is waited for
+
+
+async def test_a_cancelled_wait_leaves_the_others_watched(tmp_path: Path) -> None:
+    watcher = spawn.Watcher()
+    slow = spawn.start(["sleep", "30"], str(tmp_path), {}, subprocess.DEVNULL,
+                       subprocess.DEVNULL)
+    quick = spawn.start(["/bin/sh", "-c", "exit 4"], str(tmp_path), {}, subprocess.DEVNULL,
+                        subprocess.DEVNULL)
+    waiting = asyncio.ensure_future(watcher.wait(slow))
+    await asyncio.sleep(0)
+    waiting.cancel()
+    assert await asyncio.wait_for(watcher.wait(quick), 10) == 4
+    slow.kill()
+    slow.wait()
+
+
+async def test_runs_ending_together_are_each_reported_once(tmp_path: Path) -> None:
+    ended: dict[RunKey, tuple[int, str]] = {}
+    all_ended = asyncio.Event()
+
+    def on_exit(key: RunKey, status: int, final: RunSample | None, description: str) -> None:
+        assert key not in ended
+        ended[key] = (status, description)
+        if len(ended) == 30:
+            all_ended.set()
+
+    containerizer = Containerizer(on_exit, {"PATH": os.environ["PATH"]}, PosixIsolator())
+    launches = []
+    for n in range(30):
+        sandbox = str(tmp_path / f"run{n}")
+        status = f"{sandbox}/{shim.STATUS_FILE}"
+        launches.append(LaunchExecutor(
+            "f", f"e{n}", f"r{n}", shim.wrap(CommandInfo(shell=f"exit {n % 3}"), status), {},
+            sandbox, status_file=status))
+    await asyncio.gather(*(containerizer.launch(launch) for launch in launches))
+    await asyncio.wait_for(all_ended.wait(), 10)
+    assert ended == {("f", f"e{n}", f"r{n}"): (n % 3, f"Command exited with status {n % 3}")
+                     for n in range(30)}
+    assert containerizer.pids == []

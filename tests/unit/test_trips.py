@@ -1,0 +1,82 @@
+"""`agent.trips.Batches`: blocking work in batched worker-thread trips."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from agent.trips import Batches
+
+
+def counted(batches: Batches[int, int]) -> list[int]:
+    """The size of each trip `batches` makes from now on."""
+    trips: list[int] = []
+    each = batches._all
+
+    def counting(items: list[int]) -> list[tuple[int | None, Exception | None]]:
+        trips.append(len(items))
+        return each(items)
+
+    batches._all = counting  # type: ignore[method-assign]
+    return trips
+
+
+async def test_each_caller_gets_its_own_result_and_items_share_trips() -> None:
+    batches: Batches[int, int] = Batches(lambda n: n * n)
+    trips = counted(batches)
+    assert await asyncio.gather(*(batches.run(n) for n in range(50))) == [
+        n * n for n in range(50)]
+    assert trips == [50]  # all were queued before the lane's first trip
+
+
+async def test_an_error_reaches_only_its_own_caller() -> None:
+    def check(n: int) -> int:
+        if n == 3:
+            raise ValueError("three")
+        return n
+
+    batches: Batches[int, int] = Batches(check)
+    results = await asyncio.gather(*(batches.run(n) for n in range(6)),
+                                   return_exceptions=True)
+    assert results[:3] == [0, 1, 2] and results[4:] == [4, 5]
+    assert isinstance(results[3], ValueError)
+
+
+async def test_lanes_and_chunks_bound_what_runs_at_once() -> None:
+    lock = threading.Lock()
+    running = peak = 0
+    release = threading.Event()
+
+    def hold(n: int) -> int:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        release.wait(5)
+        with lock:
+            running -= 1
+        return n
+
+    batches: Batches[int, int] = Batches(hold, lanes=2, chunk=3)
+    trips = counted(batches)
+    jobs = asyncio.gather(*(batches.run(n) for n in range(12)))
+    await asyncio.sleep(0.2)
+    release.set()
+    assert await asyncio.wait_for(jobs, 10) == list(range(12))
+    assert peak <= 2  # items of one chunk run one after another
+    assert sum(trips) == 12 and max(trips) == 3
+
+
+async def test_a_cancelled_caller_leaves_the_rest_served() -> None:
+    release = threading.Event()
+    batches: Batches[int, int] = Batches(lambda n: release.wait(5) and n)
+    first = asyncio.ensure_future(batches.run(1))
+    second = asyncio.ensure_future(batches.run(2))
+    await asyncio.sleep(0)
+    first.cancel()
+    release.set()
+    assert await asyncio.wait_for(second, 10) == 2
+    with pytest.raises(asyncio.CancelledError):
+        await first
