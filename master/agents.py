@@ -128,7 +128,8 @@ class AgentHandlers(MasterBooks):
         for them forever, and the agent is told to kill each task in case it is
         still on its way there."""
         for framework_id, executor_id in plan.missing_executors:
-            executor = agent.executors.pop((framework_id, executor_id))
+            executor = agent.remove_executor(framework_id, executor_id)
+            assert executor is not None  # the plan lists executors the master knows
             agent.used = agent.used - executor.resources
             self.allocator.release(agent.id, framework_id, executor.resources)
         for framework_id, task_id in plan.missing_tasks:
@@ -160,7 +161,7 @@ class AgentHandlers(MasterBooks):
                 grace = max(info.failover_timeout, 4 * self.config.heartbeat_interval)
                 self._arm(FailoverTimeout(framework_id), self._now + grace)
         for framework_id, executor in plan.executors:
-            agent.executors[(framework_id, executor.executor_id)] = executor
+            agent.add_executor(framework_id, executor)
             agent.used = agent.used + executor.resources
             self.allocator.update_used(agent.id, framework_id, executor.resources)
         for task in plan.tasks:
@@ -362,7 +363,7 @@ class AgentHandlers(MasterBooks):
         agent = self._sending_agent(peer, message, message.agent_id)
         if agent is None:
             return
-        executor = agent.executors.pop((message.framework_id, message.executor_id), None)
+        executor = agent.remove_executor(message.framework_id, message.executor_id)
         if executor is not None:
             agent.used = agent.used - executor.resources
             self.allocator.release(agent.id, message.framework_id, executor.resources)

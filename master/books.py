@@ -184,8 +184,10 @@ class MasterBooks:
             self._end_task(framework, task, TaskState.TASK_KILLED)
             self._task_event(task, "master")
         for agent in self.agents.values():
-            for key in [k for k in agent.executors if k[0] == fid]:
-                agent.used = agent.used - agent.executors.pop(key).resources
+            for executor_id in list(agent.executor_ids.get(fid, ())):
+                executor = agent.remove_executor(fid, executor_id)
+                assert executor is not None
+                agent.used = agent.used - executor.resources
                 touched.add(agent.id)
         for agent_id in sorted(touched):
             self._send(self.agents[agent_id].peer, ShutdownFramework(framework_id=fid))

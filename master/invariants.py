@@ -100,6 +100,12 @@ def _agent_problems(state: MasterState, agent: MasterAgent) -> list[str]:
         free = agent.total - total_offered - total_used
     except (ResourcesError, KeyError) as exc:
         return [f"agent {agent.id}: resources held twice or records dangling: {exc!r}"]
+    by_framework: dict[str, list[str]] = {}
+    for framework_id, executor_id in agent.executors:
+        by_framework.setdefault(framework_id, []).append(executor_id)
+    if by_framework != {fid: list(ids) for fid, ids in agent.executor_ids.items()}:
+        errors.append(f"agent {agent.id}: executor_ids {agent.executor_ids} do not index "
+                      f"its executors {sorted(agent.executors)}")
     if total_offered != agent.offered:
         errors.append(f"agent {agent.id}: offered {agent.offered} but offers sum to {total_offered}")
     if total_used != agent.used:

@@ -212,7 +212,12 @@ class MasterAgent:
     used: Resources = EMPTY
     offers: set[str] = attrs.field(factory=set)
     tasks: set[tuple[str, str]] = attrs.field(factory=set)  # (framework id, task id)
+    # Change through `add_executor` and `remove_executor`, which keep `executor_ids`.
     executors: dict[tuple[str, str], ExecutorInfo] = attrs.field(factory=dict)
+    # Executor ids by framework id, in `executors`' order: an offer lists its
+    # framework's, and a framework's removal finds them, without a scan of every
+    # executor on the agent.
+    executor_ids: dict[str, dict[str, None]] = attrs.field(factory=dict)
     awaiting_pong: bool = False
     missed_pongs: int = 0
     # What offer operations changed (dynamic reservations, persistent volumes);
@@ -225,6 +230,21 @@ class MasterAgent:
     revocable_offered: Resources = EMPTY
     revocable_used: Resources = EMPTY
     reservation: Resources = EMPTY
+
+    def add_executor(self, framework_id: str, executor: ExecutorInfo) -> None:
+        """The framework's executor runs here (replacing what was known of it)."""
+        self.executors[(framework_id, executor.executor_id)] = executor
+        self.executor_ids.setdefault(framework_id, {})[executor.executor_id] = None
+
+    def remove_executor(self, framework_id: str, executor_id: str) -> ExecutorInfo | None:
+        """The framework's executor is gone from here (None if it was not known)."""
+        executor = self.executors.pop((framework_id, executor_id), None)
+        if executor is not None:
+            ids = self.executor_ids[framework_id]
+            del ids[executor_id]
+            if not ids:
+                del self.executor_ids[framework_id]
+        return executor
 
     @property
     def id(self) -> str:

@@ -346,9 +346,15 @@ class MasterState(PreemptionHandlers, AgentHandlers):
                 self.allocator.close_offer(framework_id, agent_id, resources)
             else:
                 allocations.append((framework_id, agent_id, resources))
-                held = self.agents[agent_id].offers & self.frameworks[framework_id].offers
-                for offer_id in sorted(held):  # revocable-only: remade with the new one
-                    self._rescind(self.offers[offer_id], notify=True)
+                # Through the agent's few offers: `a & b` walks the table of the
+                # smaller set, and a set keeps its table when it shrinks, so a job
+                # once offered every agent has a vast, nearly empty one.
+                offers = self.agents[agent_id].offers
+                if offers:
+                    theirs = self.frameworks[framework_id].offers
+                    held = [offer_id for offer_id in offers if offer_id in theirs]
+                    for offer_id in sorted(held):  # revocable-only: remade with the new one
+                        self._rescind(self.offers[offer_id], notify=True)
         lent = self._revocable_plan()
         for framework_id, agent_id, resources in allocations:
             taker, extra = lent.get(agent_id, ("", EMPTY))
@@ -369,8 +375,8 @@ class MasterState(PreemptionHandlers, AgentHandlers):
             id=self._ids.next("O"), framework_id=framework_id, agent_id=agent_id,
             hostname=agent.info.hostname, resources=resources,
             attributes=dict(agent.info.attributes),
-            executor_ids=sorted(eid for fid, eid in agent.executors if fid == framework_id)
-            if agent.executors else [],
+            executor_ids=sorted(agent.executor_ids[framework_id])
+            if framework_id in agent.executor_ids else [],
             url=agent.info.url, cached_uris=list(self.cached_uris.get(agent_id, ())),
             revocable=lent,
             volumes=offered_volumes(agent, resources) if agent.dynamic.volumes else [])
@@ -555,7 +561,8 @@ class MasterState(PreemptionHandlers, AgentHandlers):
         executor_id = task.task_id
         if task.executor is not None:
             executor_id = task.executor.executor_id
-            agent.executors.setdefault((framework.id, executor_id), task.executor)
+            if (framework.id, executor_id) not in agent.executors:
+                agent.add_executor(framework.id, task.executor)
         record = launched(framework.id, agent.id, executor_id, task,
                           self.config.max_task_story, self._now)
         self._note(record, f"launched on agent {agent.id} with {task.resources}")

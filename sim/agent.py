@@ -149,6 +149,7 @@ class SimAgent:
                  observer: Observer | None = None) -> None:
         self.info = info
         self.agent_id: str | None = None
+        self._pong: Pong | None = None  # `answer_ping`'s, kept
         self.settings = settings
         self.counters: Counter[str] = Counter()
         self._plan_for = plan_for
@@ -173,7 +174,9 @@ class SimAgent:
         if self.agent_id is None:
             return None
         self.counters["messages_received"] += 1
-        return Pong(agent_id=self.agent_id)
+        if self._pong is None or self._pong.agent_id != self.agent_id:
+            self._pong = Pong(agent_id=self.agent_id)  # immutable: one serves every ping
+        return self._pong
 
     def handle(self, event: Event, now: float) -> list[Effect]:
         self._out = []

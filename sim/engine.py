@@ -164,7 +164,7 @@ class Engine:
         armed = self._armed
         nodes = self._nodes
         order = self._bucket_order
-        steps = 0
+        steps = timers = 0
         self._stopped = False
         # Everything due before `next_bucket` (the start of the first bucket not
         # yet moved to the heap) is on the heap.
@@ -185,10 +185,13 @@ class Engine:
             heapq.heappop(heap)
             self.now = at
             if kind == _TIMER:
-                if armed.get((target, payload)) != seq:
+                timer = (target, payload)
+                armed_seq = armed.pop(timer, None)  # one lookup for the common case
+                if armed_seq != seq:
+                    if armed_seq is not None:
+                        armed[timer] = armed_seq  # re-armed since: that one stays
                     continue  # cancelled or re-armed since
-                del armed[(target, payload)]
-                self.counters["timers"] += 1
+                timers += 1
                 nodes[target].fire(payload, at)  # type: ignore[arg-type]
             elif kind == _MESSAGE:
                 node = nodes.get(target)
@@ -205,6 +208,8 @@ class Engine:
             if on_step is not None and steps % step_every == 0:
                 on_step(at)
         self.counters["steps"] += steps
+        if timers:
+            self.counters["timers"] += timers
         if not self._stopped and until != math.inf:
             self.now = max(self.now, until)  # nothing left to do before `until`
         return self.now

@@ -80,6 +80,9 @@ class SimFramework(Scheduler):
         self.seed = seed
         self.recorder = recorder
         self.timer_owner = f"{name}/core"
+        # Resolved usage curves by (spec, amount): a job's maps share one shape,
+        # and a curve is immutable, so they share its curves too.
+        self._curves: dict[tuple[UsageSpec, float, float], Curve] = {}
         self.driver = SimDriver(engine, f"fw:{name}", FrameworkInfo(
             name=name, roles=[role], capabilities=list(capabilities)), self, master_info)
         engine.add_node(self.timer_owner, self)
@@ -99,10 +102,19 @@ class SimFramework(Scheduler):
         failed = shape.fail > 0 and rng.random() < shape.fail
         return TaskPlan(
             duration=duration,
-            cpus=_usage(shape.cpus_usage, shape.cpus, task.resources.get("cpus")),
-            mem=_usage(shape.mem_usage, shape.mem, task.resources.get("mem")),
+            cpus=self._usage(shape.cpus_usage, shape.cpus, task.resources.get("cpus")),
+            mem=self._usage(shape.mem_usage, shape.mem, task.resources.get("mem")),
             end=TaskState.TASK_FAILED if failed else TaskState.TASK_FINISHED,
             data=b"" if failed else data, message="simulated failure" if failed else "")
+
+    def _usage(self, spec: UsageSpec, declared: float, given: float) -> Curve:
+        """A fraction is of what the workload declared (so a task the recommender
+        resized keeps using what it did); no curve means all the task was given."""
+        key = (spec, declared, given)
+        curve = self._curves.get(key)
+        if curve is None:
+            curve = self._curves[key] = spec.resolve(given if spec.curve is None else declared)
+        return curve
 
     def plan(self, task: TaskInfo) -> TaskPlan:
         raise NotImplementedError
@@ -127,12 +139,6 @@ class SimFramework(Scheduler):
             self.engine.arm(self.timer_owner, effect.key, effect.at)
         else:
             self.engine.cancel(self.timer_owner, effect.key)
-
-
-def _usage(spec: UsageSpec, declared: float, given: float) -> Curve:
-    """A fraction is of what the workload declared (so a task the recommender
-    resized keeps using what it did); no curve means all the task was given."""
-    return spec.resolve(given if spec.curve is None else declared)
 
 
 # ------------------------------------------------------------------------ greedy

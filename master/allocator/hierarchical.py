@@ -429,7 +429,7 @@ class HierarchicalAllocator(QuotaRooms):
         result: list[Allocation] = []
         if not candidates or not self._role_sorter.any_active():
             return result  # nobody would be offered anything (all suppressed or away)
-        if self._guarantees_unmet():
+        if self._guarantees_unmet() and self._guarantee_takers():
             for agent_id in candidates:
                 self._fill(agent_id, now, result, guarantees=True)
         for agent_id in candidates:
@@ -506,14 +506,25 @@ class HierarchicalAllocator(QuotaRooms):
         ancestors, and the headroom other roles' unmet guarantees need. In the
         guarantee stage (`guarantees`) the guaranteed kinds are also cut to what the
         role's quota subtree still misses, and None means it misses nothing."""
-        key = (role, guarantees)
-        if key in self._rooms:
-            rooms = self._rooms[key]
-        else:
-            rooms = self._rooms[key] = self._room(role, guarantees)
+        rooms = self._kept_room(role, guarantees)
         if rooms is None:
             return None
         return _cut(offerable, *rooms, self._scalars(offerable))
+
+    def _kept_room(self, role: str, guarantees: bool) -> _Rooms | None:
+        key = (role, guarantees)
+        if key in self._rooms:
+            return self._rooms[key]
+        rooms = self._rooms[key] = self._room(role, guarantees)
+        return rooms
+
+    def _guarantee_takers(self) -> bool:
+        """Whether the guarantee stage can offer anything: some active role's
+        quota chain still misses something (its room there is not None; it does
+        not depend on the agent). Without one, `_pick` would walk every candidate
+        and find nobody, and a stage that offers nothing changes nothing."""
+        return any(role.active and self._kept_room(name, True) is not None
+                   for name, role in self._roles.items())
 
     def _scalars(self, resources: Resources) -> dict[str, int]:
         """`resources.scalar_items()`, remembered for the last value asked (a pass

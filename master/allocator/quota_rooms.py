@@ -219,6 +219,7 @@ def _cut_entries(resources: Resources, limit_room: Mapping[str, int],
                  unreserved_room: Mapping[str, int]) -> Resources:
     """`_cut`, entry by entry."""
     unreserved = resources.unreserved()
+    reserved_roles = sorted(resources.roles() - {UNRESERVED})
     cut = Resources()
     for kind in sorted(set(limit_room) | set(unreserved_room)):
         have_unreserved = unreserved.get_milli(kind)
@@ -231,7 +232,7 @@ def _cut_entries(resources: Resources, limit_room: Mapping[str, int],
         if keep_unreserved < have_unreserved:
             cut = cut + Resources.scalar_milli(kind, have_unreserved - keep_unreserved)
         excess = have_reserved - keep_reserved
-        for role in sorted(resources.roles() - {UNRESERVED}):
+        for role in reserved_roles:
             if excess <= 0:
                 break
             take = min(excess, resources.reserved(role).without_volumes().get_milli(kind))

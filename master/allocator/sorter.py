@@ -208,17 +208,18 @@ class _Tree:
         """Add `sign` x `scalars` and `count` to the leaf and its ancestors."""
         root = self._root
         node: _Node | None = leaf
-        items = list(scalars.items())
+        items = [(kind, sign * milli) for kind, milli in scalars.items()]
+        rekey = self._rekey
         while node is not None and node is not root:
             alloc = node.alloc
             for kind, milli in items:
-                left = alloc.get(kind, 0) + sign * milli
+                left = alloc.get(kind, 0) + milli
                 if left:
                     alloc[kind] = left
                 else:
                     alloc.pop(kind, None)
             node.count += count
-            self._rekey(node)
+            rekey(node)
             node = node.parent
 
     def allocation(self, path: str) -> dict[str, int]:
@@ -367,6 +368,9 @@ class DRFSorter(_Tree):
             parent.children.append(node)
             parent.keys.append(node.key)
             return
+        if len(parent.children) == 1:  # an only child's key is not kept: see `_rekey`
+            only = parent.children[0]
+            only.key = parent.keys[0] = self._key(only)
         at = bisect.bisect_left(parent.keys, node.key)
         parent.keys.insert(at, node.key)
         parent.children.insert(at, node)
@@ -379,19 +383,19 @@ class DRFSorter(_Tree):
         del parent.children[at]
 
     def _rekey(self, node: _Node) -> None:
-        if self._stale:
+        parent = node.parent
+        assert parent is not None
+        if self._stale or len(parent.keys) == 1:
+            # An only child has no sibling to be ordered against (without nested
+            # clients every leaf is one, under its own path's node): its key is
+            # computed when a sibling arrives (`_link`).
             return
         old = node.key
         new = (self._share(node), node.count, node.path)  # `_key`, one call less
         if new == old:
             return
         node.key = new
-        parent = node.parent
-        assert parent is not None
         keys = parent.keys
-        if len(keys) == 1:
-            keys[0] = new
-            return
         at = bisect.bisect_left(keys, old)
         # Most changes keep the node where it is; checking the neighbours first
         # saves two list shifts.

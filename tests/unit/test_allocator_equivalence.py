@@ -10,9 +10,10 @@ hold guarantees below which and each role's quota chain until quota changes,
 what each guarantee misses until an allocation under a guarantee changes, the
 scalar totals of the last resources asked; `_worth` and `_cut` answer
 from scalar totals when they can; a pass skips the guarantee stage when no
-guarantee misses anything. The reference recomputes both on every question,
-asks `get_milli` per name and `_cut_entries` for every cut, and runs the
-guarantee stage whenever a role has a guarantee. Several offers declined together
+guarantee misses anything, or when no active role could take anything there.
+The reference recomputes both on every question, asks `get_milli` per name and
+`_cut_entries` for every cut, and runs the guarantee stage whenever a role has a
+guarantee. Several offers declined together
 (`close_offers`, which tells the sorters once per role) are closed one by one on
 the reference. The DRF sorter keeps its order until it changes; the
 reference's sorters walk their trees on every read.
@@ -61,6 +62,9 @@ class Reference(HierarchicalAllocator):
 
     def _guarantees_unmet(self) -> bool:
         return any(quota.guarantee for quota in self._quota.values())
+
+    def _guarantee_takers(self) -> bool:
+        return True
 
     def _need(self, role: str, quota: Quota) -> dict[str, int]:
         return self._unmet(role, quota)
