@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from agent.trips import Batches
+from tests.helpers import wait_for
 
 
 def counted(batches: Batches[int, int]) -> list[int]:
@@ -62,7 +63,7 @@ async def test_lanes_and_chunks_bound_what_runs_at_once() -> None:
     batches: Batches[int, int] = Batches(hold, lanes=2, chunk=3)
     trips = counted(batches)
     jobs = asyncio.gather(*(batches.run(n) for n in range(12)))
-    await asyncio.sleep(0.2)
+    await wait_for(lambda: running == 2, timeout=10)  # both lanes busy, held
     release.set()
     assert await asyncio.wait_for(jobs, 10) == list(range(12))
     assert peak <= 2  # items of one chunk run one after another
