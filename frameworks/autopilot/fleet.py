@@ -6,8 +6,15 @@ the same kind of software run the same way, so their jumps say more together.
 `FleetJumps` keeps, per app, the largest jump event in its window (as its
 `jumps.JumpLog` sees it) and answers a quantile of those across the apps that have
 jumped: a memory variant with a `prior` makes at least that much room for any
-app that has jumped (`recommenders.MemoryRecommender`). Apps that have not jumped
-get none: nothing says they will.
+app that has jumped (`recommenders.MemoryRecommender`).
+
+It also keeps when each app was first seen and when it first jumped (by at least
+the variant's `prior_from`), which says how likely an app that has not jumped yet
+is to jump soon: `first_jump_rate` is the share of the apps that had not jumped
+by a given age that did within the next `horizon` (a survival estimate over the
+fleet). While that rate is high, an app that has not jumped may still be one that
+will; once most apps that jump have shown it, it is low, and a quiet app is most
+likely one that never jumps.
 """
 
 from __future__ import annotations
@@ -23,6 +30,53 @@ class FleetJumps:
         self._largest: dict[str, float] = {}  # per app: its largest jump in its window
         self._answers: dict[float, float] = {}  # quantiles since the last change
         self.version = 0  # moves on every change, so answers kept elsewhere can tell
+        self._first_seen: dict[str, float] = {}
+        self._first_jump: dict[str, float] = {}  # per app: its age at its first jump
+        self._class: dict[str, int] = {}  # per app: its latest swing class
+        self._rates: dict[tuple[float, float, int | None], float] = {}  # at `_rates_at`
+        self._rates_at: float | None = None
+
+    def seen(self, app: str, at: float, alike: int = 0) -> None:
+        """A sample of the app at `at` (its first sets its age); `alike`: the class
+        of apps it is like now (`shape.swing_class`)."""
+        self._class[app] = alike
+        first = self._first_seen.get(app)
+        if first is None or at < first:
+            self._first_seen[app] = at
+            self._rates.clear()
+
+    def jumped(self, app: str, at: float) -> None:
+        """The app jumped at `at` (by at least the prior's threshold)."""
+        if app not in self._first_jump and app in self._first_seen:
+            self._first_jump[app] = max(0.0, at - self._first_seen[app])
+            self._rates.clear()
+
+    def has_jumped(self, app: str) -> bool:
+        return app in self._first_jump
+
+    def first_jump_rate(self, now: float, age: float, horizon: float,
+                        alike: int | None = None) -> float:
+        """The share of the apps seen for at least `age` by `now` that had not jumped
+        by ``age - horizon`` and first jumped by `age` (0 while fewer than
+        `PRIOR_APPS` were at risk: no evidence); with `alike`, of the apps of that
+        class only."""
+        if now != self._rates_at:
+            self._rates.clear()
+            self._rates_at = now
+        key = (age, horizon, alike)
+        rate = self._rates.get(key)
+        if rate is None:
+            start = age - horizon
+            risk = events = 0
+            for app, first in self._first_seen.items():
+                if now - first < age or (alike is not None and self._class[app] != alike):
+                    continue  # not yet seen that long, or not alike
+                jump = self._first_jump.get(app)
+                if jump is None or jump > start:
+                    risk += 1
+                    events += jump is not None and jump <= age
+            rate = self._rates[key] = events / risk if risk >= PRIOR_APPS else 0.0
+        return rate
 
     def report(self, app: str, largest: float) -> None:
         """The app's largest jump in its window now (0: none)."""
@@ -35,6 +89,10 @@ class FleetJumps:
         self._changed()
 
     def forget(self, app: str) -> None:
+        self._first_seen.pop(app, None)
+        self._first_jump.pop(app, None)
+        self._class.pop(app, None)
+        self._rates.clear()
         if self._largest.pop(app, None) is not None:
             self._changed()
 

@@ -76,6 +76,11 @@ class JumpLog:
                 later = heapq.nlargest(2, (*later, event[1]))
         self._events = kept[::-1]
 
+    @property
+    def jumping(self) -> bool:
+        """Whether the latest sample was a jump."""
+        return self._open
+
     def calm(self, now: float) -> float:
         """The peak of the calm samples in the window (0 if none)."""
         return self._calm.peak(now) or 0.0

@@ -35,6 +35,7 @@ import attrs
 from frameworks.autopilot.fleet import FleetJumps
 from frameworks.autopilot.histogram import DecayingHistogram, Scale
 from frameworks.autopilot.jumps import JumpLog
+from frameworks.autopilot.shape import Drift, Swing, swing_class
 from frameworks.autopilot.window import SlidingPeak
 
 CPU_SCALE = Scale(low=0.001, high=1024.0, ratio=1.05)
@@ -72,6 +73,12 @@ class MemoryVariant:
     prior: float = attrs.field(default=0.0, validator=[_nonnegative,
                                                         attrs.validators.le(1.0)])
     prior_from: float = attrs.field(default=0.0, validator=_nonnegative)
+    first_rate: float = attrs.field(default=0.0, validator=[_nonnegative,
+                                                             attrs.validators.le(1.0)])
+    first_horizon: float = attrs.field(default=86400.0, validator=_positive)
+    drift: float = attrs.field(default=0.0, validator=_nonnegative)
+    drift_cap: float = attrs.field(default=0.05, validator=_nonnegative)
+    first_alike: bool = False
 
     def build(self, fleet: FleetJumps | None = None, app: str = "") -> MemoryRecommender:
         """`fleet`: the jumps of the other apps (`prior` needs one), `app` this one's
@@ -119,6 +126,9 @@ class MemoryRecommender:
                        if variant.spike > 0 or variant.prior > 0 else None)
         self._fleet = fleet if variant.prior > 0 else None
         self._app = app
+        self._first: float | None = None
+        self._drift = Drift(variant.drift) if variant.drift > 0 else None
+        self._swing = Swing() if variant.first_alike and self._jumps is not None else None
         # The last answer and what it was for (the time asked, the samples added):
         # a step asks the same several times.
         self._answer: tuple[tuple[float, int, int], float | None] | None = None
@@ -128,7 +138,19 @@ class MemoryRecommender:
         if self._jumps is not None:
             self._jumps.add(at, value)
             if self._fleet is not None:
-                self._fleet.report(self._app, self._jumps.largest(at)[0])
+                top = self._jumps.largest(at)[0]
+                self._fleet.report(self._app, top)
+                self._fleet.seen(self._app, at, self._alike(at))
+                if top > 0 and top >= self.variant.prior_from:
+                    self._fleet.jumped(self._app, at)
+            if self._swing is not None and not self._jumps.jumping:
+                self._swing.add(at, value)
+        if self._drift is not None:
+            # Calm peaks only where jumps are told apart: a jump is no climb.
+            self._drift.add(at, (self._peak.peak(at) if self._jumps is None
+                                 else self._jumps.calm(at)) or 0.0)
+        if self._first is None or at < self._first:
+            self._first = at
 
     def forget(self) -> None:
         """The app is no longer followed: its jumps leave the fleet's."""
@@ -141,9 +163,12 @@ class MemoryRecommender:
         if self._jumps is None:
             return 0.0, 0.0
         top, second = self._jumps.largest(now)
-        if top == 0:
-            return 0.0, 0.0
         v = self.variant
+        if top == 0 or top < v.prior_from:
+            if self._unproven(now):
+                return max(top, self._prior()), self._jumps.calm(now)
+            if top == 0:
+                return 0.0, 0.0
         if v.learned:
             # The largest of n jumps drawn alike falls short of the largest possible
             # by about 1/n of it: the fewer jumps seen, the more room beyond the top.
@@ -157,6 +182,31 @@ class MemoryRecommender:
             # of a spiky app: its own size only.
             rise = max(rise, top, self._prior() if top >= v.prior_from else 0.0)
         return rise, self._jumps.calm(now)
+
+    def _unproven(self, now: float) -> bool:
+        """Whether an app that has not jumped (by `prior_from`) gets the fleet's room
+        anyway: while the apps of its age that had not jumped a horizon earlier
+        jumped since at `first_rate` or more, a quiet app may be one yet to jump."""
+        v = self.variant
+        if v.first_rate <= 0 or self._fleet is None or self._first is None:
+            return False
+        rate = self._fleet.first_jump_rate(
+            now, now - self._first, v.first_horizon,
+            None if self._swing is None else self._alike(now))
+        return rate >= v.first_rate
+
+    def _margin(self) -> float:
+        """The margin, plus, for an app setting new calm peaks (growth, a leak), how
+        far they rose over the last `drift` seconds, at most `drift_cap` (the cap
+        while the trend is not known yet: an app may be growing until seen not to)."""
+        v = self.variant
+        if self._drift is None:
+            return v.margin
+        rise = self._drift.rise()
+        return v.margin + (v.drift_cap if rise is None else min(v.drift_cap, rise))
+
+    def _alike(self, now: float) -> int:
+        return 0 if self._swing is None else swing_class(self._swing.swing(now))
 
     def _prior(self) -> float:
         return 0.0 if self._fleet is None else self._fleet.quantile(self.variant.prior)
@@ -172,7 +222,7 @@ class MemoryRecommender:
         else:
             rise, calm = self._room(now)
             # A jump multiplies the usual level: room for a bigger one on the usual top.
-            answer = max(peak, calm * (1 + rise)) * (1 + self.variant.margin)
+            answer = max(peak, calm * (1 + rise)) * (1 + self._margin())
         self._answer = (key, answer)
         return answer
 
