@@ -48,6 +48,7 @@ class Config:
     min_samples: int = attrs.field(default=30, validator=attrs.validators.ge(1))
     warmup: float = attrs.field(default=3600.0, validator=attrs.validators.ge(0.0))
     min_change: float = attrs.field(default=0.1, validator=attrs.validators.ge(0.0))
+    mem_min_cut: float | None = None  # memory cuts need this much (None: min_change)
     min_interval: float = attrs.field(default=3600.0, validator=attrs.validators.ge(0.0))
     oom_growth: float = attrs.field(default=1.5, validator=attrs.validators.gt(1.0))
     oom_hold: float = attrs.field(default=24 * 3600.0, validator=attrs.validators.ge(0.0))
@@ -330,8 +331,9 @@ class Autopilot:
         # Memory below the recommendation is below the window's peak plus margin: a
         # kill waiting to happen, so any raise goes ahead; cuts need min_change.
         held = app.last_oom_at is not None and now - app.last_oom_at < self.config.oom_hold
+        cut = step if self.config.mem_min_cut is None else self.config.mem_min_cut
         mem = (rec.mem_bytes if rec.mem_bytes > keep_mem or (
-            moved(keep_mem, rec.mem_bytes, step) and not held) else keep_mem)
+            moved(keep_mem, rec.mem_bytes, cut) and not held) else keep_mem)
         target = Limits(cpus, mem)
         return None if target == app.current else target
 

@@ -245,13 +245,22 @@ class MemoryRecommender:
                 fleet = 0 if self._fleet is None else len(self._fleet)
                 ways.append(f"its largest jump in the window, {top:.0%}" if top > 0 else
                             "no jump in the window: no room")
-                if top >= v.prior_from and top > 0:
+                unproven = (top == 0 or top < v.prior_from) and self._unproven(now)
+                if unproven:
+                    ways.append(f"not jumped yet, but apps like it that had not jumped "
+                                f"{v.first_horizon:g}s before its age have since at "
+                                f"{v.first_rate:.0%} or more")
+                if (top >= v.prior_from and top > 0) or unproven:
                     ways.append(f"the p{v.prior * 100:g} of the largest jumps of the "
                                 f"{fleet} apps that jumped, {self._prior():.0%}")
             how = ", or ".join(ways) + (", whichever is more" if len(ways) > 1 else "")
             text += (f", or the peak of calm use {calm / 2**20:.1f} MiB x (1 + {rise:.0%}: "
                      f"{how}), whichever is more")
-        return text + f"; margin {v.margin:.0%}"
+        margin = f"; margin {v.margin:.0%}"
+        if self._drift is not None:
+            margin += (f" + {self._margin() - v.margin:.1%} for the calm peak's rise over "
+                       f"{v.drift:g}s (at most {v.drift_cap:.0%})")
+        return text + margin
 
 
 DEFAULT_CPU_VARIANTS = (

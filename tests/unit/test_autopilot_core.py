@@ -218,6 +218,18 @@ def test_small_changes_wait_and_changes_keep_min_interval_apart() -> None:
     assert d.applied_at[-1] - first >= 1800  # the peak had to leave the window
 
 
+def test_memory_cuts_have_a_threshold_of_their_own() -> None:
+    """`mem_min_cut` lets memory come down by less than `min_change` (a margin that
+    narrows once an app is seen not to grow); CPU still needs `min_change`."""
+    for cut, expected in ((None, []), (0.03, [110 * MIB])):
+        d = Driver(attrs.evolve(ONE, mem_min_cut=cut))
+        configure(d, cpus=0.052, mem_mib=115)
+        # Recommended 110 MiB: 4.3% under the current 115 MiB.
+        changes = applied(d.run("/web", 900, cpus=0.05, mem=100 * MIB))
+        assert [c.limits.mem_bytes for c in changes] == expected
+        assert all(c.limits.cpus == 0.052 for c in changes)
+
+
 def test_bounds_clamp_and_an_app_min_beats_the_default_cap() -> None:
     d = Driver()
     configure(d, bounds=Bounds(min_cpus=0.5, min_mem_bytes=256 * MIB))

@@ -112,3 +112,35 @@ def test_a_rise_barely_past_the_jitter_draws_no_prior() -> None:
     assert barely.value(now) == pytest.approx(100 * MIB * 1.07 * 1.05, rel=0.02)
     assert "p75" not in barely.explain(now)
     assert clearly.value(now) == pytest.approx(100 * MIB * 1.5 * 1.05, rel=0.02)
+
+
+def _quiet_and_jumpers(first_rate: float, jump: float = 0.4):
+    """Five apps that jump once at hour 10 and one that never does, 20 h of samples;
+    the quiet app's recommender and the time of the last sample."""
+    variant = MemoryVariant("first", window=7 * 86400.0, margin=0.0, jitter=0.05,
+                            prior=0.75, prior_from=0.10, first_rate=first_rate,
+                            first_horizon=12 * 3600.0)
+    fleet = FleetJumps()
+    for i in range(PRIOR_APPS):
+        _feed(variant.build(fleet, f"/jumper{i}"), jump)
+    quiet = variant.build(fleet, "/quiet")
+    return quiet, _feed(quiet, 0.0)
+
+
+def test_an_app_that_has_not_jumped_gets_the_fleets_room_while_first_jumps_are_common() -> None:
+    # At 20 h, of the 6 apps that had not jumped by 8 h, 5 first jumped since: 83%.
+    quiet, now = _quiet_and_jumpers(first_rate=0.5)
+    assert quiet.value(now) == pytest.approx(100 * MIB * 1.4, rel=0.02)
+    assert "not jumped" in quiet.explain(now)
+    strict, now = _quiet_and_jumpers(first_rate=0.9)
+    assert strict.value(now) == pytest.approx(100 * MIB, rel=0.01)
+    off, now = _quiet_and_jumpers(first_rate=0.0)
+    assert off.value(now) == pytest.approx(100 * MIB, rel=0.01)
+
+
+@given(st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.floats(0.11, 0.9))
+def test_room_for_apps_that_have_not_jumped_never_shrinks_as_the_threshold_falls(a, b, jump) -> None:
+    low, high = sorted((a, b))
+    eager, now = _quiet_and_jumpers(first_rate=low or 1e-9, jump=jump)
+    wary, _ = _quiet_and_jumpers(first_rate=high or 1e-9, jump=jump)
+    assert eager.value(now) >= wary.value(now) >= 100 * MIB * 0.99
