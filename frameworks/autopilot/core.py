@@ -10,7 +10,9 @@ that make it safe to act on live here, and apply to every variant alike:
 - bounds: each resource is clamped to the app's min/max, else the configured
   floor/cap; memory rounds up to whole MiB, CPU up to a thousandth of a core;
 - hysteresis: in `auto`, CPU moves only by at least `min_change` of its current
-  limit, memory is cut only by at least that much (a raise is never held back: a
+  limit, memory is cut only by at least `mem_min_cut` (2%: a margin that narrows
+  once an app is seen not to grow must be able to come down; None: `min_change`),
+  and a raise is never held back (a
   memory limit under the window's peak plus margin is a kill waiting to happen),
   and limits change at most once per `min_interval`...
 - ...except after an OOM kill (`TaskOomKilled`): memory is raised at once to at
@@ -48,7 +50,7 @@ class Config:
     min_samples: int = attrs.field(default=30, validator=attrs.validators.ge(1))
     warmup: float = attrs.field(default=3600.0, validator=attrs.validators.ge(0.0))
     min_change: float = attrs.field(default=0.1, validator=attrs.validators.ge(0.0))
-    mem_min_cut: float | None = None  # memory cuts need this much (None: min_change)
+    mem_min_cut: float | None = 0.02  # memory cuts need this much (None: min_change)
     min_interval: float = attrs.field(default=3600.0, validator=attrs.validators.ge(0.0))
     oom_growth: float = attrs.field(default=1.5, validator=attrs.validators.gt(1.0))
     oom_hold: float = attrs.field(default=24 * 3600.0, validator=attrs.validators.ge(0.0))

@@ -62,7 +62,11 @@ class MemoryVariant:
     """Memory limit = max(peak, calm peak × (1 + rise)) × (1 + margin) over the last
     `window` s; `rise` = spike × (the largest jump - `jitter`), or with `learned`
     the largest jump × (1 + spike / the number of jumps); with a `prior` q, at least
-    the largest jump and the fleet's q quantile of apps' largest jumps."""
+    the largest jump and the fleet's q quantile of apps' largest jumps; with
+    `first_rate`, that quantile also for an app that has not jumped while the apps
+    like it (`first_alike`: of its swing class) first jump at that rate or more per
+    `first_horizon`; with `drift`, the margin grows by the calm peak's rise over
+    `drift` seconds, at most `drift_cap` (the cap until the rise is known)."""
 
     name: str
     window: float = attrs.field(validator=_positive)
@@ -270,8 +274,8 @@ DEFAULT_CPU_VARIANTS = (
     CpuVariant("cpu-p99-24h", half_life=24 * 3600.0, percentile=99.0, margin=0.05),
 )
 DEFAULT_MEMORY_VARIANTS = (
-    MemoryVariant("mem-fleet-7d", window=7 * 86400.0, margin=0.05, jitter=0.05, prior=0.75,
-                  prior_from=0.10),
+    MemoryVariant("mem-fleet-7d", window=7 * 86400.0, margin=0.02, jitter=0.05, prior=0.75,
+                  prior_from=0.10, drift=86400.0, drift_cap=0.03),
 )
 """Variants the meta-recommender chooses among by default: fast CPU decay follows
 change quickly (and pays more margin for it); slow decay is steadier. Memory has one
@@ -283,4 +287,10 @@ protect an app whose jumps so far stayed below its limit: no variant is charged 
 them, so the tightest wins until the first bigger jump kills. The fleet's p75 left
 3.0-3.2 points less slack than 2.5 x the app's own largest jump (the default
 before) on the fleet benchmark's tuning seeds 1, 2 and 8 (and, before
-`prior_from`, 4.5-5.3 less on the held-out ones; docs/autopilot.md)."""
+`prior_from`, 4.5-5.3 less on the held-out ones; docs/autopilot.md). Its margin is
+2% plus, for an app whose calm peak rose over the last day (growth, a leak), that
+rise, at most 3% (the whole 3% until a day's trend is known: a growing app's limit
+may not move for `Config.min_interval`); with `Config.mem_min_cut` at 2% the limit
+comes down to it once an app is seen not to grow (1.6 points less slack on tuning
+seeds 1 and 7, no growth or leak killed; a flat 2-3% margin let 3-5 growth apps
+be killed)."""

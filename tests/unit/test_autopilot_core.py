@@ -198,7 +198,8 @@ def test_oom_at_the_cap_cannot_raise() -> None:
 
 ONE = Config(cpu_variants=(CpuVariant("cpu", half_life=300, percentile=95),),
              memory_variants=(MemoryVariant("mem", window=1800, margin=0.1),),
-             step=60, min_samples=5, warmup=120, min_change=0.1, min_interval=900)
+             step=60, min_samples=5, warmup=120, min_change=0.1, min_interval=900,
+             mem_min_cut=None)  # memory cuts need min_change too (the default: 2%)
 
 
 def test_small_changes_wait_and_changes_keep_min_interval_apart() -> None:

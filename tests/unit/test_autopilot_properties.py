@@ -147,3 +147,18 @@ def test_the_same_events_give_the_same_effects(samples, at) -> None:
     kills = {i: 0.0 for i in at}
     assert drive(CONFIG, AutopilotSpec(AUTO), samples, kills) == \
         drive(CONFIG, AutopilotSpec(AUTO), samples, kills)
+
+
+@settings(max_examples=150, deadline=None)
+@given(usage, st.floats(0, 0.5), st.floats(0, 0.5), st.floats(0, 0.2), st.floats(0, 0.2))
+def test_a_drifting_margin_is_monotone_and_stays_between_margin_and_margin_plus_cap(
+        samples, m, n, c, d) -> None:
+    (m, n), (c, d) = sorted((m, n)), sorted((c, d))
+    low = _fed(MemoryVariant("low", window=3600, margin=m, drift=600, drift_cap=c),
+               samples, 1)
+    high = _fed(MemoryVariant("high", window=3600, margin=n, drift=600, drift_cap=d),
+                samples, 1)
+    peak = _fed(MemoryVariant("peak", window=3600, margin=0.0), samples, 1)
+    assert low is not None and high is not None and peak is not None
+    assert low <= high * (1 + 1e-12)
+    assert peak * (1 + m) * (1 - 1e-12) <= low <= peak * (1 + m + c) * (1 + 1e-12)
