@@ -187,9 +187,9 @@ class LaunchExecutor:
     uris: tuple[URI, ...] = ()
     limits: Limits = Limits()
     user: str = ""  # the Unix user to run as (agent.users); "": the agent's own
-    # A direct run (agent.host_runs): `command` is the task's own under the shim,
-    # which writes its exit status here; the status reported is the file's.
-    status_file: str = ""
+    # A direct run (agent.host_runs): `command` is the task's own, started and
+    # reaped by the agent's holder (agent.holder); its status is the command's.
+    held: bool = False
 
 
 @attrs.frozen

@@ -1,0 +1,191 @@
+"""The agent's end of its holder (`agent.holder`): connect (starting a holder if
+none answers), ask for starts, kills and forgets, and hear of exits.
+
+One connection, JSON lines both ways. What the holder says of its runs is kept
+here (`live`, `ended`) for the containerizer: a restarted agent adopts a live run
+and ends an ended one by what it said. Nothing here waits for ever: the holder
+must answer a connect in `CONNECT_TIMEOUT` and a start in `START_TIMEOUT`, and a
+connection that ends fails every start still waiting with `HolderGone`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+from typing import Any, Callable
+
+from agent import holder, spawn
+from agent.model import RunKey
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT = 20.0  # a fresh holder is a Python start: well under a second
+START_TIMEOUT = 30.0
+LINE_LIMIT = 1 << 26  # a hello lists every run the holder knows
+
+
+class HolderGone(Exception):
+    """The holder could not be reached, did not answer, or its connection ended."""
+
+
+def run_key(key: RunKey) -> str:
+    return "/".join(key)  # ids never hold "/" (agent.sandbox.check_id)
+
+
+def _key(text: str) -> RunKey:
+    framework_id, executor_id, run_id = text.split("/")
+    return framework_id, executor_id, run_id
+
+
+class HolderLink:
+    """`on_exited(key, status)`: a run of ours ended; `on_gone(live)`: the
+    connection ended, with the runs that were live (key -> pid, start time)."""
+
+    def __init__(self, work_dir: str, on_exited: Callable[[RunKey, int], None],
+                 on_gone: Callable[[dict[RunKey, tuple[int, float]]], None]) -> None:
+        self.work_dir = work_dir
+        self._on_exited = on_exited
+        self._on_gone = on_gone
+        self.live: dict[RunKey, tuple[int, float]] = {}
+        self.ended: dict[RunKey, int] = {}
+        self.pid = 0
+        self._writer: asyncio.StreamWriter | None = None
+        self._connecting: asyncio.Future[None] | None = None
+        self._starts: dict[str, asyncio.Future[tuple[int, float]]] = {}
+        self._watcher = spawn.Watcher()
+
+    @property
+    def connected(self) -> bool:
+        return self._writer is not None
+
+    async def connect(self) -> None:
+        """Be connected (one connect at a time, however many ask). Raises
+        `HolderGone` when no holder answers in time."""
+        if self._writer is not None:
+            return
+        if self._connecting is None:
+            self._connecting = asyncio.ensure_future(self._connect())
+        connecting = self._connecting
+        try:
+            await asyncio.shield(connecting)
+        finally:
+            if connecting.done() and self._connecting is connecting:
+                self._connecting = None
+
+    async def _connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CONNECT_TIMEOUT
+        started: subprocess.Popen[bytes] | None = None
+        while True:
+            try:
+                reader, writer = await asyncio.open_unix_connection(
+                    holder.address(self.work_dir), limit=LINE_LIMIT)
+            except (ConnectionRefusedError, FileNotFoundError):
+                pass
+            else:
+                try:
+                    line = await asyncio.wait_for(reader.readline(), CONNECT_TIMEOUT)
+                except (asyncio.TimeoutError, OSError, ValueError):
+                    line = b""
+                if line:
+                    self._hello(holder.decode(line), writer)
+                    asyncio.ensure_future(self._read(reader, writer))
+                    return
+                writer.close()  # a holder on its way out: ask the next one
+            if started is None or started.poll() is not None:
+                started = self._start_holder()
+            if loop.time() > deadline:
+                raise HolderGone(f"no holder answered in {CONNECT_TIMEOUT:g}s")
+            await asyncio.sleep(0.01)
+
+    def _start_holder(self) -> subprocess.Popen[bytes]:
+        """A holder of its own session (signals to the agent's group pass it by),
+        its errors in the work dir; reaped here if it ends while we run."""
+        with open(os.path.join(self.work_dir, "holder.out"), "ab") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "agent.holder", self.work_dir], stdin=subprocess.DEVNULL,
+                stdout=out, stderr=out, start_new_session=True, cwd="/")
+        asyncio.ensure_future(self._watcher.wait(process))
+        log.info("started the holder of %s: pid %d", self.work_dir, process.pid)
+        return process
+
+    def _hello(self, hello: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+        self.pid = hello["pid"]
+        self.live = {_key(key): (pid, started) for key, pid, started in hello["live"]}
+        self.ended.update((_key(key), status) for key, status in hello["ended"])
+        self._writer = writer
+        log.info("holder pid %d: %d live runs, %d ended", self.pid, len(self.live),
+                 len(hello["ended"]))
+
+    async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while line := await reader.readline():
+                self._dispatch(holder.decode(line))
+        except (OSError, ValueError) as exc:
+            log.error("the holder's connection broke: %s", exc)
+        finally:
+            writer.close()
+            self._writer = None
+            gone = HolderGone(f"the holder (pid {self.pid}) is gone")
+            for waiting in self._starts.values():
+                if not waiting.done():
+                    waiting.set_exception(gone)
+            self._starts.clear()
+            live, self.live = self.live, {}
+            self._on_gone(live)
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        op, key = message["op"], message["key"]
+        if op == "exited":
+            run = _key(key)
+            self.live.pop(run, None)
+            self.ended[run] = message["status"]
+            self._on_exited(run, message["status"])
+            return
+        waiting = self._starts.pop(key, None)
+        if op == "started":
+            self.live[_key(key)] = (message["pid"], message["started"])
+        if waiting is None or waiting.done():
+            return
+        if op == "started":
+            waiting.set_result((message["pid"], message["started"]))
+        else:
+            waiting.set_exception(OSError(message["error"]))
+
+    def _send(self, message: dict[str, Any]) -> None:
+        if self._writer is None:
+            raise HolderGone("not connected to the holder")
+        self._writer.write(holder.encode(message) + b"\n")
+
+    async def start(self, key: RunKey, argv: list[str], cwd: str, env: dict[str, str],
+                    join: list[str], home: list[str]) -> tuple[int, float]:
+        """Start a run (its stdout and stderr in `cwd`): its pid and start time.
+        Raises `OSError` (it could not be started) or `HolderGone`."""
+        await self.connect()
+        name = run_key(key)
+        waiting: asyncio.Future[tuple[int, float]] = asyncio.get_running_loop().create_future()
+        self._starts[name] = waiting
+        self._send({"op": "start", "key": name, "argv": argv, "cwd": cwd, "env": env,
+                    "stdout": f"{cwd}/stdout", "stderr": f"{cwd}/stderr", "join": join,
+                    "home": home})
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiting), START_TIMEOUT)
+        except asyncio.TimeoutError:
+            raise HolderGone(f"the holder did not start the run in {START_TIMEOUT:g}s") from None
+        finally:
+            self._starts.pop(name, None)
+
+    def kill(self, key: RunKey, signal: int) -> None:
+        """Signal the run's process group, if the holder has not reaped it."""
+        if self._writer is not None:
+            self._send({"op": "kill", "key": run_key(key), "signal": signal})
+
+    def forget(self, keys: list[RunKey]) -> None:
+        """The holder may drop these ended runs: the checkpoint needs them no more."""
+        for key in keys:
+            self.ended.pop(key, None)
+        if keys and self._writer is not None:
+            self._send({"op": "forget", "keys": [run_key(key) for key in keys]})

@@ -1,0 +1,295 @@
+"""The holder: one long-lived process per agent that starts, parents and reaps the
+agent's direct command tasks (`agent.host_runs`), ``python -m agent.holder WORK_DIR``.
+
+A task's command must outlive its agent and its exit status must reach the agent
+that comes back. A shell per task (the shim this replaces) did that for about
+0.8 ms of CPU a task; this process does it for all of an agent's tasks at once:
+
+- the agent asks for a start over a Unix socket (`agent.held`); the holder joins
+  the run's cgroups itself, starts the command with `posix_spawn` (vfork: the
+  child is born in them, in a session of its own, its stdout and stderr opened by
+  the child in the sandbox) and goes back to its own cgroups (it is one thread,
+  so nothing else starts meanwhile);
+- it is the parent: it reaps each run, appends its status to the exit log
+  (`LOG`, in the work dir, so a status outlives the holder and a reboot) and
+  tells the agent; signals for a run's group go through it, so a group is never
+  signalled after its leader was reaped (the pid may be reused by then);
+- a new connection replaces the old one (a restarted agent) and is told every run
+  the holder has, live or ended; the agent forgets an ended one once its
+  checkpoint no longer needs it. Only a peer of the holder's own user is served.
+- It exits when no agent is connected and no run of its is live: what it knows
+  of ended runs is in the log, which the next holder reads.
+
+If it dies, its live runs go on as init's children: the agent sees the
+connection end, reads the log, watches the runs still alive by pidfd, and
+reports their ends with no exit status (`agent.containerizer`).
+
+Messages are JSON lines (`encode`, `decode`): the agent sends `start` (key, argv,
+env, cwd, stdio, join and home cgroup files), `kill` (key, signal) and `forget`
+(keys); the holder sends `hello` (its pid, `live` runs with pid and start time,
+`ended` ones with status), `started`, `failed` (key, error) and `exited` (key,
+status: negative for a signal).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import selectors
+import shutil
+import signal
+import socket
+import struct
+import sys
+from typing import Any
+
+import msgspec
+
+from agent.spawn import start_time
+
+LOG = "holder-exits.log"
+LOG_SLACK = 1024  # forgotten lines the log may hold before it is rewritten
+FIRST_AGENT_WAIT = 30.0  # seconds for the agent that started us to connect
+OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+encode = msgspec.json.Encoder().encode
+decode = msgspec.json.Decoder().decode
+
+
+def address(work_dir: str) -> str:
+    """The holder's socket, in the abstract namespace: no path-length limit and no
+    file to leave behind; named for the work dir (one holder per agent)."""
+    return "\0dyad-holder:" + os.path.realpath(work_dir)
+
+
+def read_log(work_dir: str) -> dict[str, int]:
+    """The exit log: run key ("F/E/R") -> status, the last line of a key winning;
+    a torn last line (the holder died as it wrote) is skipped."""
+    ended: dict[str, int] = {}
+    try:
+        with open(os.path.join(work_dir, LOG), "rb") as handle:
+            for line in handle:
+                try:
+                    key, status = decode(line)
+                except (msgspec.DecodeError, ValueError, TypeError):
+                    continue
+                if status is None:
+                    ended.pop(key, None)
+                else:
+                    ended[key] = status
+    except FileNotFoundError:
+        pass
+    return ended
+
+
+class Holder:
+    """The holder's state and loop: one agent connection at a time."""
+
+    def __init__(self, work_dir: str, listener: socket.socket) -> None:
+        self.work_dir = work_dir
+        self.listener = listener
+        self.ended = read_log(work_dir)
+        self.log = os.open(os.path.join(work_dir, LOG), OPEN_FLAGS | os.O_CLOEXEC, 0o600)
+        self.log_lines = len(self.ended)
+        self.live: dict[int, tuple[str, float]] = {}  # pid -> key, start time
+        self.pids: dict[str, int] = {}  # key -> pid of a live run
+        self.agent: socket.socket | None = None
+        self.inbox = b""
+        self.selector = selectors.DefaultSelector()
+        # SIGCHLD wakes the loop through this pair (its write end kept open here).
+        self.children, self._wake = socket.socketpair()
+        for end in (self.children, self._wake):
+            end.setblocking(False)
+        signal.set_wakeup_fd(self._wake.fileno())
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.selector.register(listener, selectors.EVENT_READ, self._accept)
+        self.selector.register(self.children, selectors.EVENT_READ, self._reap)
+        self._which: dict[tuple[str, str], str] = {}
+
+    def serve(self, wait: float) -> None:
+        """Serve until no agent is connected and no run is live; `wait`: how long
+        to wait for the first agent (the one that started us)."""
+        events = self.selector.select(wait)
+        while True:
+            for key, _ in events:
+                key.data()
+            if self.agent is None and not self.live:
+                return
+            events = self.selector.select()
+
+    # ------------------------------------------------------------ the agent
+
+    def _accept(self) -> None:
+        connection, _ = self.listener.accept()
+        creds = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                      struct.calcsize("3i"))
+        if struct.unpack("3i", creds)[1] != os.getuid():
+            connection.close()  # only the agent's own user may start processes here
+            return
+        if self.agent is not None:  # its successor: the old agent is gone
+            self._drop()
+        self.agent = connection
+        self.selector.register(connection, selectors.EVENT_READ, self._read)
+        self._send({"op": "hello", "pid": os.getpid(),
+                    "live": [[key, pid, started] for pid, (key, started) in self.live.items()],
+                    "ended": [[key, status] for key, status in self.ended.items()]})
+
+    def _drop(self) -> None:
+        assert self.agent is not None
+        self.selector.unregister(self.agent)
+        self.agent.close()
+        self.agent = None
+        self.inbox = b""
+
+    def _send(self, message: dict[str, Any]) -> None:
+        if self.agent is None:
+            return
+        try:
+            self.agent.sendall(encode(message) + b"\n")
+        except OSError:
+            self._drop()
+
+    def _read(self) -> None:
+        assert self.agent is not None
+        try:
+            data = self.agent.recv(1 << 20)
+        except OSError:
+            data = b""
+        if not data:
+            self._drop()
+            return
+        *lines, self.inbox = (self.inbox + data).split(b"\n")
+        for line in lines:
+            try:
+                message = decode(line)
+                getattr(self, "_on_" + message["op"])(message)
+            except (msgspec.DecodeError, KeyError, TypeError, AttributeError) as exc:
+                print(f"holder: bad request {line[:200]!r}: {exc!r}", file=sys.stderr)
+
+    def _on_start(self, message: dict[str, Any]) -> None:
+        key = message["key"]
+        try:
+            pid = self._spawn(message)
+        except (OSError, ValueError) as exc:
+            self._send({"op": "failed", "key": key, "error": str(exc)})
+            return
+        try:
+            started = start_time(pid)
+        except OSError:  # gone already (and not yet reaped: it cannot be)
+            started = 0.0
+        self.live[pid] = (key, started)
+        self.pids[key] = pid
+        self._send({"op": "started", "key": key, "pid": pid, "started": started})
+
+    def _spawn(self, message: dict[str, Any]) -> int:
+        argv, env, cwd = message["argv"], message["env"], message["cwd"]
+        actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)]
+        for fd, path in ((1, message["stdout"]), (2, message["stderr"])):
+            actions.append((os.POSIX_SPAWN_OPEN, fd, path, OPEN_FLAGS, 0o644))
+        os.chdir(cwd)  # the child's working directory (posix_spawn has no chdir)
+        joined = 0
+        try:
+            for joined, path in enumerate(message["join"], 1):
+                _write_pid(path)
+            return os.posix_spawn(self._executable(argv[0], env), argv, env,
+                                  file_actions=actions, setsid=True)
+        finally:
+            for path in message["home"][:joined]:
+                _write_pid(path)
+            os.chdir("/")
+
+    def _executable(self, name: str, env: dict[str, str]) -> str:
+        """`name` looked up in the run's own PATH, as `subprocess` does."""
+        if "/" in name:
+            return name
+        path = env.get("PATH", os.defpath)
+        found = self._which.get((name, path))
+        if found is None:
+            found = shutil.which(name, path=path)
+            if found is None:
+                raise FileNotFoundError(errno.ENOENT, "No such file or directory", name)
+            self._which[(name, path)] = found
+        return found
+
+    def _on_kill(self, message: dict[str, Any]) -> None:
+        pid = self.pids.get(message["key"])
+        if pid is not None:  # not reaped yet: the group is still the run's
+            try:
+                os.killpg(pid, message["signal"])
+            except OSError:
+                pass
+
+    def _on_forget(self, message: dict[str, Any]) -> None:
+        lines = []
+        for key in message["keys"]:
+            if self.ended.pop(key, None) is not None:
+                lines.append(encode([key, None]) + b"\n")
+        self._append(b"".join(lines), len(lines))
+        if self.log_lines > 2 * len(self.ended) + LOG_SLACK:
+            self._rewrite()
+
+    # ------------------------------------------------------------ the runs
+
+    def _reap(self) -> None:
+        try:
+            while self.children.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            key, _ = self.live.pop(pid, ("", 0.0))
+            if not key:
+                continue
+            del self.pids[key]
+            code = os.waitstatus_to_exitcode(status)
+            self.ended[key] = code
+            self._append(encode([key, code]) + b"\n", 1)  # on disk before it is told
+            self._send({"op": "exited", "key": key, "status": code})
+
+    def _append(self, data: bytes, lines: int) -> None:
+        if data:
+            os.write(self.log, data)
+            self.log_lines += lines
+
+    def _rewrite(self) -> None:
+        """The log again with only what is not forgotten (atomically: a rename)."""
+        path = os.path.join(self.work_dir, LOG)
+        with open(path + ".new", "wb") as handle:
+            handle.write(b"".join(encode([k, s]) + b"\n" for k, s in self.ended.items()))
+        os.replace(path + ".new", path)
+        os.close(self.log)
+        self.log = os.open(path, OPEN_FLAGS | os.O_CLOEXEC, 0o600)
+        self.log_lines = len(self.ended)
+
+
+def _write_pid(path: str) -> None:
+    """Move this process into a cgroup (its `cgroup.procs`): one write(2)."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(descriptor, b"0")  # 0: the writer itself
+    finally:
+        os.close(descriptor)
+
+
+def main(argv: list[str] | None = None) -> int:
+    work_dir = (argv or sys.argv[1:])[0]
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        listener.bind(address(work_dir))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return 0  # a holder for this work dir is already there: the agent uses it
+        raise
+    listener.listen(8)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # not the agent's group's to stop
+    Holder(work_dir, listener).serve(FIRST_AGENT_WAIT)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
