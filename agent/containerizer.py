@@ -47,7 +47,7 @@ from agent import holder, spawn, users
 from agent.held import HolderGone, HolderLink, run_key
 from agent.isolation import Isolator, IsolationError, PosixIsolator, processes
 from agent.model import UNKNOWN_EXIT, LaunchExecutor, Limits, RunKey, RunSample
-from agent.trips import Batches
+from agent.trips import Batches, Together
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +162,7 @@ class Containerizer:
         self._holder = HolderLink(work_dir, self._held_exited, self._holder_gone) \
             if work_dir else None
         self._home: list[str] | None = None  # the holder's own cgroups, made once
+        self._together = Together()  # held starts answered together (agent.trips)
 
     @property
     def pids(self) -> list[int]:
@@ -215,12 +216,8 @@ class Containerizer:
         shell is exec'ed first: the join needs the agent's rights)."""
         if self._holder is None:
             raise LaunchError("direct runs need the agent's holder: no work dir given")
-        await self._prepares.run((key, effect, argv, env, run_as))
-        join = self.isolator.join_files(key) if run_as is None else None
         try:
-            pid, started = await self._holder.start(
-                key, argv if join is not None else self.isolator.wrap(key, argv),
-                effect.sandbox_dir, env, join or [], (self._home or []) if join else [])
+            pid, started = await self._together.run(self._hold(key, effect, argv, env, run_as))
         except (OSError, HolderGone) as exc:
             # The holder may have started it before it went: nobody must keep it.
             unsure = [effect.sandbox_dir] if isinstance(exc, HolderGone) else []
@@ -232,6 +229,15 @@ class Containerizer:
             self._held_exited(key, self._holder.ended[key])
         run.waiter = asyncio.ensure_future(self._reap(key, run))
         return pid, started
+
+    async def _hold(self, key: RunKey, effect: LaunchExecutor, argv: list[str],
+                    env: dict[str, str], run_as: users.RunAs | None) -> tuple[int, float]:
+        assert self._holder is not None
+        await self._prepares.run((key, effect, argv, env, run_as))
+        join = self.isolator.join_files(key) if run_as is None else None
+        return await self._holder.start(
+            key, argv if join is not None else self.isolator.wrap(key, argv),
+            effect.sandbox_dir, env, join or [], (self._home or []) if join else [])
 
     def _prepare(self, start: _Start) -> None:
         """A direct run's sandbox and cgroups (blocking: off the loop). Its logs are
@@ -310,9 +316,10 @@ class Containerizer:
         except OSError:
             return process, 0.0  # already gone; the reaper reports how it ended
 
-    async def recover(self) -> None:
-        """Before runs are adopted after a restart: hear from the holder (started if
-        none is there) which of its runs live and which ended."""
+    async def connect_holder(self) -> None:
+        """Hear from the holder (started if none is there) which of its runs live
+        and which ended: before runs are adopted after a restart, and at the
+        agent's start, so that no task waits for a holder to start."""
         if self._holder is not None:
             try:
                 await self._holder.connect()

@@ -219,6 +219,8 @@ class AgentServer:
         self._loops.loop("disk", self._watch_disk)
         self._loops.loop("detector", self._leaders.run)
         self._started = True
+        if self.config.command_tasks == "direct":  # its holder, before any task
+            await self._containerizer.connect_holder()
         if saved is not None:
             await self._recover(saved)
         # Executors are heard only once `Recover` is queued: a surviving executor's
@@ -303,7 +305,7 @@ class AgentServer:
 
     async def _recover(self, saved: SavedAgent) -> None:
         keys = [(e.framework_id, e.info.executor_id, e.run_id) for e in saved.executors]
-        await self._containerizer.recover()  # what the holder of direct runs knows
+        await self._containerizer.connect_holder()  # what it knows of direct runs
         alive = frozenset(
             key for key, e in zip(keys, saved.executors)
             if e.pid is not None and e.started is not None

@@ -18,8 +18,8 @@ command tasks (`/bin/true`) as fast as offers allow -- by default all at once
 - the per-task overhead beyond the task's own process: what the agents and the
   master spent per task (CPU seconds from /proc, and resident memory grown), and
   what holds each task besides its command -- for direct runs the agent's holder
-  (`agent.holder`, one process per agent: its own CPU during the run, its start
-  included, over the tasks, and its peak RSS over the tasks), or, with
+  (`agent.holder`, one process per agent, started with it: its own CPU during
+  the run over the tasks, what its start cost, and its peak RSS), or, with
   ``--command-tasks executor``, one Python command executor (the CPU and peak RSS
   of a process that imports it, against a bare `python -c pass`) plus a second
   reference of bare executor-like process starts;
@@ -247,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
             cpu_before = [cpu_seconds(pid) for pid in pids]
             agent_loops_before = sum(cpu_seconds(pid, pid) for pid in pids[1:])
             rss_before = [rss_mib(pid) for pid in pids]
+            holder_pids = holders(work)  # started with the agents
+            holders_before = sum(cpu_seconds(pid) for pid in holder_pids)
             framework_before = time.process_time()
             flood = asyncio.run(run_dyad(cluster, args.tasks))
             framework_cpu = (time.process_time() - framework_before) / args.tasks
@@ -256,11 +258,10 @@ def main(argv: list[str] | None = None) -> int:
             checkpoints = sum(http_get_json(f"{a.url}/metrics/snapshot")[
                 "agent/checkpoints_written"] for a in cluster.agent_children)
             master_rss = peak_rss_mib(cluster.master.process.pid)
-            # The holders started with the first tasks: all their CPU (their start
-            # too) is the tasks' (not their reaped children's: the tasks' own).
-            held = holders(work)
-            holder_cpu = sum(cpu_seconds(pid) for pid in held) / args.tasks
-            holder_rss = sum(peak_rss_mib(pid) for pid in held)
+            # Their own CPU, not their reaped children's (the tasks' own).
+            holder_cpu = (sum(cpu_seconds(pid) for pid in holder_pids)
+                          - holders_before) / args.tasks
+            holder_rss = sum(peak_rss_mib(pid) for pid in holder_pids)
     if flood.failed:
         print(f"{len(flood.failed)} tasks did not finish: {flood.failed[:3]}")
         return 1
@@ -291,8 +292,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{holder_rss:.1f} MiB peak RSS (bare python: {python_cpu * 1000:.0f} ms, "
               f"{python_rss:.1f} MiB)")
     else:
-        print(f"holder: {len(held)} process(es), {holder_cpu * 1000:.2f} ms CPU a task "
-              f"(its start included), {holder_rss:.1f} MiB peak RSS in all, "
+        print(f"holder: {len(holder_pids)} process(es), {holder_cpu * 1000:.2f} ms CPU a "
+              f"task ({holders_before:.2f} s to start), {holder_rss:.1f} MiB peak RSS in all, "
               f"{holder_rss / args.tasks * 1024:.0f} KiB a task")
         holder_rss /= args.tasks
     loops_cpu = agent_loops / args.tasks
