@@ -306,7 +306,7 @@ class Containerizer:
                     open(os.path.join(effect.sandbox_dir, "stderr"), "ab") as err:
                 if run_as is not None:  # the whole sandbox, logs and run keys too
                     users.hand_over(run_as, effect.sandbox_dir)
-                process = spawn.start(self._isolated(key, argv, effect, run_as),
+                process = spawn.start(self.isolator.wrap(key, argv),
                                       effect.sandbox_dir, env, out.fileno(), err.fileno())
         except (OSError, ValueError, IsolationError) as exc:
             self.isolator.cleanup(key)
@@ -406,6 +406,11 @@ class Containerizer:
         waiters = [run.waiter for run in self._runs.values() if run.waiter is not None]
         if waiters:
             await asyncio.gather(*waiters, return_exceptions=True)
+
+    def close(self) -> None:
+        """The agent stops (its runs are gone, or left to the holder for the next)."""
+        if self._holder is not None:
+            self._holder.close()
 
     async def sample_all(self) -> list[RunSample]:
         """Measure every run (in a worker thread: /proc and cgroup reads block)."""

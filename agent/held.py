@@ -17,7 +17,7 @@ import subprocess
 import sys
 from typing import Any, Callable
 
-from agent import holder, spawn
+from agent import holder
 from agent.model import RunKey
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class HolderLink:
         self._writer: asyncio.StreamWriter | None = None
         self._connecting: asyncio.Future[None] | None = None
         self._starts: dict[str, asyncio.Future[tuple[int, float]]] = {}
-        self._watcher = spawn.Watcher()
+        self._closed = False
 
     @property
     def connected(self) -> bool:
@@ -78,7 +78,7 @@ class HolderLink:
     async def _connect(self) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + CONNECT_TIMEOUT
-        started: subprocess.Popen[bytes] | None = None
+        started = False
         while True:
             try:
                 reader, writer = await asyncio.open_unix_connection(
@@ -95,22 +95,23 @@ class HolderLink:
                     asyncio.ensure_future(self._read(reader, writer))
                     return
                 writer.close()  # a holder on its way out: ask the next one
-            if started is None or started.poll() is not None:
-                started = self._start_holder()
+            if not started:
+                status = await asyncio.to_thread(self._start_holder)
+                log.info("started a holder for %s (its starter exited with %d)",
+                         self.work_dir, status)
+                started = True
             if loop.time() > deadline:
                 raise HolderGone(f"no holder answered in {CONNECT_TIMEOUT:g}s")
             await asyncio.sleep(0.01)
 
-    def _start_holder(self) -> subprocess.Popen[bytes]:
+    def _start_holder(self) -> int:
         """A holder of its own session (signals to the agent's group pass it by),
-        its errors in the work dir; reaped here if it ends while we run."""
+        its errors in the work dir; blocking (on a thread): it leaves us once it
+        listens (`agent.holder`). Its starter's exit status."""
         with open(os.path.join(self.work_dir, "holder.out"), "ab") as out:
-            process = subprocess.Popen(
+            return subprocess.call(
                 [sys.executable, "-m", "agent.holder", self.work_dir], stdin=subprocess.DEVNULL,
                 stdout=out, stderr=out, start_new_session=True, cwd="/")
-        asyncio.ensure_future(self._watcher.wait(process))
-        log.info("started the holder of %s: pid %d", self.work_dir, process.pid)
-        return process
 
     def _hello(self, hello: dict[str, Any], writer: asyncio.StreamWriter) -> None:
         self.pid = hello["pid"]
@@ -135,7 +136,8 @@ class HolderLink:
                     waiting.set_exception(gone)
             self._starts.clear()
             live, self.live = self.live, {}
-            self._on_gone(live)
+            if not self._closed:
+                self._on_gone(live)
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         op, key = message["op"], message["key"]
@@ -182,6 +184,13 @@ class HolderLink:
         """Signal the run's process group, if the holder has not reaped it."""
         if self._writer is not None:
             self._send({"op": "kill", "key": run_key(key), "signal": signal})
+
+    def close(self) -> None:
+        """The agent stops: the holder exits once no run of its lives (or goes on
+        holding those that do, for the next agent)."""
+        self._closed = True
+        if self._writer is not None:
+            self._writer.close()
 
     def forget(self, keys: list[RunKey]) -> None:
         """The holder may drop these ended runs: the checkpoint needs them no more."""

@@ -49,6 +49,10 @@ from agent.spawn import start_time
 
 LOG = "holder-exits.log"
 LOG_SLACK = 1024  # forgotten lines the log may hold before it is rewritten
+# What a run gets back at its default: the holder ignores SIGTERM, Python SIGPIPE
+# and SIGXFSZ, and an ignored signal stays ignored across exec (as `subprocess`'s
+# restore_signals does).
+DEFAULTS = (signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ)
 FIRST_AGENT_WAIT = 30.0  # seconds for the agent that started us to connect
 OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND
 encode = msgspec.json.Encoder().encode
@@ -188,14 +192,18 @@ class Holder:
         os.chdir(cwd)  # the child's working directory (posix_spawn has no chdir)
         joined = 0
         try:
-            for joined, path in enumerate(message["join"], 1):
+            for path in message["join"]:
                 _write_pid(path)
+                joined += 1
             return os.posix_spawn(self._executable(argv[0], env), argv, env,
-                                  file_actions=actions, setsid=True)
+                                  file_actions=actions, setsid=True, setsigdef=DEFAULTS)
         finally:
-            for path in message["home"][:joined]:
-                _write_pid(path)
             os.chdir("/")
+            for path in message["home"][:joined]:
+                try:
+                    _write_pid(path)
+                except OSError as exc:  # the run started all the same: it is ours
+                    print(f"holder: cannot go back to {path}: {exc}", file=sys.stderr)
 
     def _executable(self, name: str, env: dict[str, str]) -> str:
         """`name` looked up in the run's own PATH, as `subprocess` does."""
@@ -286,6 +294,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0  # a holder for this work dir is already there: the agent uses it
         raise
     listener.listen(8)
+    # Listening, it leaves its parent (the agent, which reaps it now): init's child,
+    # as it is to every agent after the one that started it.
+    if os.fork():
+        os._exit(0)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # not the agent's group's to stop
     Holder(work_dir, listener).serve(FIRST_AGENT_WAIT)
     return 0

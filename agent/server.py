@@ -360,6 +360,7 @@ class AgentServer:
             await asyncio.wait_for(self._containerizer.wait_all(), 5)
         except asyncio.TimeoutError:
             log.error("executor processes %s did not die", self._containerizer.pids)
+        self._containerizer.close()
         tasks = [*self._loops.tasks, *self._jobs]
         for task in tasks:
             task.cancel()
