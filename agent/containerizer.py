@@ -159,8 +159,8 @@ class Containerizer:
             self._start, START_LANES, START_CHUNK)
         # Direct runs: their sandboxes and cgroups in the same trips, then the holder.
         self._prepares: Batches[_Start, None] = Batches(self._prepare, START_LANES, START_CHUNK)
-        self._holder = HolderLink(work_dir, self._held_exited, self._holder_gone) \
-            if work_dir else None
+        self._holder = HolderLink(work_dir, self._base_env, self._held_exited,
+                                  self._holder_gone) if work_dir else None
         self._home: list[str] | None = None  # the holder's own cgroups, made once
         self._together = Together()  # held starts answered together (agent.trips)
 
@@ -184,7 +184,7 @@ class Containerizer:
     async def _launch(self, key: RunKey, effect: LaunchExecutor) -> tuple[int, float]:
         command = effect.command
         argv = command.argv if command.argv is not None else ["/bin/sh", "-c", command.shell or ""]
-        env = {**self._base_env, **effect.env}
+        env = dict(effect.env)  # over the base environment
         try:
             run_as = users.resolve(effect.user, self.switch_user)
             if run_as is not None:
@@ -192,13 +192,14 @@ class Containerizer:
                 env.update(users.environment(run_as))
         except users.UserError as exc:
             raise LaunchError(str(exc)) from None
-        if effect.held:
+        if effect.held:  # the holder has the base environment
             pid, started = await self._launch_held(key, effect, argv, env, run_as)
         else:
             # One trip to a worker thread for all of the start, shared with the starts
             # queued with it: the cgroup, the logs and the vfork, which holds its
             # thread (not the loop) until the child has exec'ed.
-            process, started = await self._starts.run((key, effect, argv, env, run_as))
+            process, started = await self._starts.run(
+                (key, effect, argv, {**self._base_env, **env}, run_as))
             pid = process.pid
             run = self._runs[key] = _Run(pid, started, process)
             run.waiter = asyncio.ensure_future(self._reap(key, run))

@@ -44,9 +44,11 @@ class HolderLink:
     """`on_exited(key, status)`: a run of ours ended; `on_gone(live)`: the
     connection ended, with the runs that were live (key -> pid, start time)."""
 
-    def __init__(self, work_dir: str, on_exited: Callable[[RunKey, int], None],
+    def __init__(self, work_dir: str, base_env: dict[str, str],
+                 on_exited: Callable[[RunKey, int], None],
                  on_gone: Callable[[dict[RunKey, tuple[int, float]]], None]) -> None:
         self.work_dir = work_dir
+        self._base_env = base_env
         self._on_exited = on_exited
         self._on_gone = on_gone
         self.live: dict[RunKey, tuple[int, float]] = {}
@@ -92,6 +94,7 @@ class HolderLink:
                     line = b""
                 if line:
                     self._hello(holder.decode(line), writer)
+                    self._send({"op": "base", "env": self._base_env})
                     asyncio.ensure_future(self._read(reader, writer))
                     return
                 writer.close()  # a holder on its way out: ask the next one
@@ -164,8 +167,9 @@ class HolderLink:
 
     async def start(self, key: RunKey, argv: list[str], cwd: str, env: dict[str, str],
                     join: list[str], home: list[str]) -> tuple[int, float]:
-        """Start a run (its stdout and stderr in `cwd`): its pid and start time.
-        Raises `OSError` (it could not be started) or `HolderGone`."""
+        """Start a run (its stdout and stderr in `cwd`, `env` over the base
+        environment): its pid and start time. Raises `OSError` (it could not be
+        started) or `HolderGone`."""
         await self.connect()
         name = run_key(key)
         waiting: asyncio.Future[tuple[int, float]] = asyncio.get_running_loop().create_future()

@@ -166,13 +166,14 @@ def holders(work: str) -> list[int]:
     return found
 
 
-def cpu_seconds(pid: int, thread: int | None = None) -> float:
+def cpu_seconds(pid: int, thread: int | None = None, children: bool = False) -> float:
     """User + system CPU seconds `pid` itself used so far: not its reaped children's
-    (the runs it reaped: their tasks and holders, counted apart). With `thread`,
-    that thread's only (the main thread's is `pid`)."""
+    (the runs it reaped: their tasks, counted apart). With `thread`, that thread's
+    only (the main thread's is `pid`); with `children`, its reaped children's only."""
     where = f"/proc/{pid}" if thread is None else f"/proc/{pid}/task/{thread}"
     fields = Path(f"{where}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(f) for f in fields[11:13]) / os.sysconf("SC_CLK_TCK")
+    first = 13 if children else 11
+    return sum(int(f) for f in fields[first:first + 2]) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mib(pid: int) -> float:
@@ -249,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             rss_before = [rss_mib(pid) for pid in pids]
             holder_pids = holders(work)  # started with the agents
             holders_before = sum(cpu_seconds(pid) for pid in holder_pids)
+            tasks_before = sum(cpu_seconds(pid, children=True) for pid in holder_pids)
             framework_before = time.process_time()
             flood = asyncio.run(run_dyad(cluster, args.tasks))
             framework_cpu = (time.process_time() - framework_before) / args.tasks
@@ -262,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
             holder_cpu = (sum(cpu_seconds(pid) for pid in holder_pids)
                           - holders_before) / args.tasks
             holder_rss = sum(peak_rss_mib(pid) for pid in holder_pids)
+            tasks_cpu = (sum(cpu_seconds(pid, children=True) for pid in holder_pids)
+                         - tasks_before) / args.tasks
     if flood.failed:
         print(f"{len(flood.failed)} tasks did not finish: {flood.failed[:3]}")
         return 1
@@ -295,6 +299,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"holder: {len(holder_pids)} process(es), {holder_cpu * 1000:.2f} ms CPU a "
               f"task ({holders_before:.2f} s to start), {holder_rss:.1f} MiB peak RSS in all, "
               f"{holder_rss / args.tasks * 1024:.0f} KiB a task")
+        bare_cpu, _ = waited_cost(COMMAND)
+        print(f"tasks' own processes: {tasks_cpu * 1000:.2f} ms CPU a task (bare "
+              f"{' '.join(COMMAND)} alone: {bare_cpu * 1000:.2f} ms; beyond it: each makes its "
+              f"stdout and stderr before its exec)")
         holder_rss /= args.tasks
     loops_cpu = agent_loops / args.tasks
     print(f"agent per task: {agents_cpu * 1000:.1f} ms CPU (event loop {loops_cpu * 1000:.1f}, "

@@ -23,7 +23,8 @@ from agent.held import HolderGone, HolderLink, run_key
 from agent.model import RunKey
 from tests.helpers import wait_for
 
-ENV = {"PATH": os.environ["PATH"]}
+BASE = {"PATH": os.environ["PATH"], "FROM": "the agent"}
+ENV = {"FROM": "the run"}  # over BASE
 
 
 class Heard:
@@ -35,7 +36,8 @@ class Heard:
         self.links: list[HolderLink] = []
 
     def link(self, work_dir: Path) -> HolderLink:
-        self.links.append(HolderLink(str(work_dir), self.exits.__setitem__, self.gone.append))
+        self.links.append(HolderLink(str(work_dir), BASE, self.exits.__setitem__,
+                                     self.gone.append))
         return self.links[-1]
 
 
@@ -71,7 +73,7 @@ async def test_runs_start_in_their_sandbox_and_session_and_their_statuses_are_to
     link = heard.link(tmp_path)
     commands = {"ok": ["true"], "three": ["sh", "-c", "exit 3"],
                 "killed": ["sh", "-c", "kill -9 $$"],
-                "where": ["sh", "-c", "pwd; echo $(ps -o sid= -p $$) $$; read x; echo err >&2"]}
+                "where": ["sh", "-c", "pwd; echo $(ps -o sid= -p $$) $$; read x; echo $FROM >&2"]}
     pids = {}
     for name, argv in commands.items():
         pids[name], started = await link.start(("f", name, "r"), argv, sandbox(tmp_path, name),
@@ -84,7 +86,7 @@ async def test_runs_start_in_their_sandbox_and_session_and_their_statuses_are_to
     cwd, session = (where / "stdout").read_text().splitlines()
     assert cwd == str(where)
     assert session.split() == [str(pids["where"])] * 2  # the leader of its own session
-    assert (where / "stderr").read_text() == "err\n"  # stdin was /dev/null: read ended
+    assert (where / "stderr").read_text() == "the run\n"  # stdin was /dev/null: read ended
     assert sorted(os.listdir(where)) == ["stderr", "stdout"]  # nothing else of ours
     assert holder.read_log(str(tmp_path)) == {run_key(k): s for k, s in heard.exits.items()}
 
