@@ -596,8 +596,7 @@ class AgentServer:
         elif isinstance(effect, Checkpoint):
             saved = self.state.saved()
             await asyncio.to_thread(self._checkpoints.write, saved)
-            self._containerizer.checkpointed(
-                {(e.framework_id, e.info.executor_id, e.run_id) for e in saved.executors})
+            self._containerizer.checkpointed(saved.executors)
             self.shell_counters["agent/checkpoints_written"] += 1
         elif isinstance(effect, ArmTimer | CancelTimer):
             self._timers.perform(effect)

@@ -19,7 +19,7 @@ command tasks (`/bin/true`) as fast as offers allow -- by default all at once
   master spent per task (CPU seconds from /proc, and resident memory grown), and
   what holds each task besides its command -- for direct runs the agent's holder
   (`agent.holder`, one process per agent, started with it: its own CPU during
-  the run over the tasks, what its start cost, and its peak RSS), or, with
+  the run over the tasks, what a start of it costs, and its peak RSS), or, with
   ``--command-tasks executor``, one Python command executor (the CPU and peak RSS
   of a process that imports it, against a bare `python -c pass`) plus a second
   reference of bare executor-like process starts;
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             agent_loops_before = sum(cpu_seconds(pid, pid) for pid in pids[1:])
             rss_before = [rss_mib(pid) for pid in pids]
             holder_pids = holders(work)  # started with the agents
-            holders_before = sum(cpu_seconds(pid) for pid in holder_pids)
+            holders_before = sum(cpu_seconds(pid) for pid in holder_pids)  # forked at start
             tasks_before = sum(cpu_seconds(pid, children=True) for pid in holder_pids)
             framework_before = time.process_time()
             flood = asyncio.run(run_dyad(cluster, args.tasks))
@@ -296,13 +296,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{holder_rss:.1f} MiB peak RSS (bare python: {python_cpu * 1000:.0f} ms, "
               f"{python_rss:.1f} MiB)")
     else:
+        start_cpu, _ = start_cost("import agent.holder")
         print(f"holder: {len(holder_pids)} process(es), {holder_cpu * 1000:.2f} ms CPU a "
-              f"task ({holders_before:.2f} s to start), {holder_rss:.1f} MiB peak RSS in all, "
+              f"task ({start_cpu:.2f} s each to start), {holder_rss:.1f} MiB peak RSS in all, "
               f"{holder_rss / args.tasks * 1024:.0f} KiB a task")
         bare_cpu, _ = waited_cost(COMMAND)
         print(f"tasks' own processes: {tasks_cpu * 1000:.2f} ms CPU a task (bare "
-              f"{' '.join(COMMAND)} alone: {bare_cpu * 1000:.2f} ms; beyond it: each makes its "
-              f"stdout and stderr before its exec)")
+              f"{' '.join(COMMAND)} alone: {bare_cpu * 1000:.2f} ms)")
         holder_rss /= args.tasks
     loops_cpu = agent_loops / args.tasks
     print(f"agent per task: {agents_cpu * 1000:.1f} ms CPU (event loop {loops_cpu * 1000:.1f}, "
