@@ -69,6 +69,8 @@ SIGNAL_BASE = 128  # a shell reports death by signal n as status 128 + n
 # a task between them.
 START_LANES = 64
 START_CHUNK = 16
+# The longest a held run's start waits for the others started with it (agent.trips).
+HELD_LONGEST = 0.5
 
 
 class LaunchError(Exception):
@@ -163,7 +165,7 @@ class Containerizer:
         self._holder = HolderLink(work_dir, self._base_env, self._held_exited,
                                   self._holder_gone) if work_dir else None
         self._home: list[str] | None = None  # the holder's own cgroups, made once
-        self._together = Together()  # held starts answered together (agent.trips)
+        self._together = Together(HELD_LONGEST)  # held starts answered together
 
     @property
     def pids(self) -> list[int]:

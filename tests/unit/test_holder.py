@@ -17,7 +17,7 @@ from typing import AsyncIterator
 import psutil
 import pytest
 
-from agent import holder
+from agent import held, holder
 from agent.containerizer import stop_unrecorded
 from agent.held import HolderGone, HolderLink, run_key
 from agent.model import RunKey
@@ -212,6 +212,22 @@ async def test_a_start_waiting_when_the_holder_dies_fails(tmp_path: Path, heard:
     os.kill(link.pid, signal.SIGKILL)
     with pytest.raises(HolderGone):
         await asyncio.wait_for(starting, 10)
+
+
+async def test_a_holder_that_answers_no_start_in_time_is_dropped(
+        tmp_path: Path, heard: Heard, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(held, "START_TIMEOUT", 0.3)
+    link = heard.link(tmp_path)
+    await link.connect()
+    stuck = link.pid
+    os.kill(stuck, signal.SIGSTOP)
+    try:
+        with pytest.raises(HolderGone):
+            await asyncio.wait_for(link.start(("f", "e", "r"), ["true"], sandbox(tmp_path, "r"),
+                                              ENV, [], []), 10)
+        assert not link.connected and heard.gone == [{}]
+    finally:
+        os.kill(stuck, signal.SIGKILL)
 
 
 async def test_the_holder_exits_with_no_agent_and_no_live_run(tmp_path: Path,

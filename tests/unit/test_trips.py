@@ -85,7 +85,7 @@ async def test_a_cancelled_caller_leaves_the_rest_served() -> None:
 
 
 async def test_callers_go_on_together_once_no_work_is_on_its_way() -> None:
-    together = Together()
+    together = Together(longest=60)
     answers = [asyncio.get_running_loop().create_future() for _ in range(3)]
     went: list[int] = []
 
@@ -104,3 +104,11 @@ async def test_callers_go_on_together_once_no_work_is_on_its_way() -> None:
     assert sorted(went) == [0, 1] and isinstance(results[2], OSError)
     # Nothing on its way: the next caller is not held.
     assert await asyncio.wait_for(together.run(asyncio.sleep(0, 7)), 1) == 7
+
+
+async def test_a_steady_stream_of_work_is_never_held_longer_than_the_longest() -> None:
+    together = Together(longest=0.05)
+    never: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    stream = asyncio.ensure_future(together.run(never))  # always something on its way
+    assert await asyncio.wait_for(together.run(asyncio.sleep(0, 3)), 5) == 3
+    stream.cancel()
