@@ -53,7 +53,7 @@ from agent.trips import Batches, Together
 log = logging.getLogger(__name__)
 
 SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
-# Start times come from clock ticks (`spawn.start_time`); the same process always
+# Start times come from clock ticks (`holder.start_time`); the same process always
 # reads the same value, a different one almost never within this.
 START_TIME_SLACK = 0.05
 
@@ -318,7 +318,7 @@ class Containerizer:
             self.isolator.cleanup(key)
             raise LaunchError(f"{argv[0]}: {exc}") from exc
         try:
-            return process, spawn.start_time(process.pid)
+            return process, holder.start_time(process.pid)
         except OSError:
             return process, 0.0  # already gone; the reaper reports how it ended
 
@@ -372,7 +372,7 @@ class Containerizer:
         else -1."""
         try:
             process = psutil.Process(pid)
-            alive = (abs(spawn.start_time(pid) - started) < START_TIME_SLACK
+            alive = (abs(holder.start_time(pid) - started) < START_TIME_SLACK
                      and process.status() != psutil.STATUS_ZOMBIE)
             return os.pidfd_open(pid) if alive else -1
         except (psutil.Error, OSError):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-from agent import spawn
+from agent import holder, spawn
 from agent.containerizer import Containerizer
 from agent.isolation import PosixIsolator
 from agent.model import LaunchExecutor, RunKey, RunSample
@@ -20,7 +20,7 @@ from dyad.messages import CommandInfo
 
 def test_start_time_reads_what_psutil_reads() -> None:
     for pid in (1, os.getpid()):
-        assert abs(spawn.start_time(pid) - psutil.Process(pid).create_time()) < 0.01
+        assert abs(holder.start_time(pid) - psutil.Process(pid).create_time()) < 0.01
 
 
 async def test_one_watcher_reaps_many_runs_with_their_statuses(tmp_path: Path) -> None:
