@@ -231,6 +231,8 @@ class Containerizer:
                                      exit=asyncio.get_running_loop().create_future())
         if key in self._holder.ended:  # it ended before we heard it started
             self._held_exited(key, self._holder.ended[key])
+        elif key not in self._holder.live:  # its holder died since it answered
+            asyncio.ensure_future(self._orphaned({key: run}))
         run.waiter = asyncio.ensure_future(self._reap(key, run))
         return pid, started
 

@@ -172,8 +172,9 @@ class Holder:
             try:
                 message = decode(line)
                 getattr(self, "_on_" + message["op"])(message)
-            except (msgspec.DecodeError, KeyError, TypeError, AttributeError) as exc:
-                print(f"holder: bad request {line[:200]!r}: {exc!r}", file=sys.stderr)
+            except (msgspec.DecodeError, KeyError, TypeError, AttributeError, ValueError,
+                    OSError) as exc:  # said, and the holder goes on with the next
+                print(f"holder: request {line[:200]!r} failed: {exc!r}", file=sys.stderr)
 
     def _on_base(self, message: dict[str, Any]) -> None:
         self.base = message["env"]
@@ -280,9 +281,14 @@ class Holder:
             self._send({"op": "exited", "key": key, "status": code})
 
     def _append(self, data: bytes, lines: int) -> None:
-        if data:
+        if not data:
+            return
+        try:
             os.write(self.log, data)
-            self.log_lines += lines
+        except OSError as exc:  # a full disk: the agent still hears it, the log misses it
+            print(f"holder: cannot write its log: {exc}", file=sys.stderr)
+            return
+        self.log_lines += lines
 
     def _rewrite(self) -> None:
         """The log again with only what is not forgotten (atomically: a rename)."""

@@ -18,9 +18,11 @@ import psutil
 import pytest
 
 from agent import held, holder
-from agent.containerizer import stop_unrecorded
+from agent.containerizer import Containerizer, describe_command_exit, stop_unrecorded
 from agent.held import HolderGone, HolderLink, run_key
-from agent.model import RunKey
+from agent.isolation import PosixIsolator
+from agent.model import UNKNOWN_EXIT, LaunchExecutor, RunKey
+from dyad.messages import CommandInfo
 from tests.helpers import wait_for
 
 BASE = {"PATH": os.environ["PATH"], "FROM": "the agent"}
@@ -268,3 +270,29 @@ def test_a_run_whose_pid_was_never_checkpointed_is_found_in_its_sandbox_and_stop
     assert stop_unrecorded([str(elsewhere), str(tmp_path)]) == {str(tmp_path)}
     assert process.wait(10) == -signal.SIGKILL
     process.stdout.close()
+
+
+async def test_the_containerizer_ends_the_runs_of_a_dead_holder_with_no_status(
+        tmp_path: Path, heard: Heard) -> None:
+    ended: dict[RunKey, tuple[int, str]] = {}
+    containerizer = Containerizer(lambda key, status, _, said: ended.__setitem__(
+        key, (status, said)), BASE, PosixIsolator(), work_dir=str(tmp_path))
+    await containerizer.connect_holder()
+    link = containerizer._holder
+    assert link is not None
+    pid, _ = await containerizer.launch(LaunchExecutor(
+        "f", "e", "lost", CommandInfo(argv=["sleep", "30"]), {}, str(tmp_path / "lost"),
+        held=True))
+    os.kill(link.pid, signal.SIGKILL)
+    await wait_for(lambda: not link.connected, what="the holder's death")
+    assert not ended and alive(pid)  # it lives on, watched
+    os.kill(pid, signal.SIGKILL)
+    await wait_for(lambda: ended, what="its end")
+    assert ended == {("f", "e", "lost"): (UNKNOWN_EXIT, describe_command_exit(UNKNOWN_EXIT))}
+    assert "holder died" in ended[("f", "e", "lost")][1]
+    # The next run gets a new holder, and its status.
+    await containerizer.launch(LaunchExecutor(
+        "f", "e", "next", CommandInfo(shell="exit 4"), {}, str(tmp_path / "next"), held=True))
+    await wait_for(lambda: len(ended) == 2, what="the next end")
+    assert ended[("f", "e", "next")] == (4, "Command exited with status 4")
+    containerizer.close()
