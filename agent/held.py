@@ -93,6 +93,11 @@ class HolderLink:
             except (ConnectionRefusedError, FileNotFoundError):
                 pass
             else:
+                owner = holder.peer_uid(writer.get_extra_info("socket"))
+                if owner != os.getuid():  # someone else took the name: never ours to use
+                    writer.close()
+                    raise HolderGone(f"the holder's address is held by a process of user "
+                                     f"{owner}, not ours")
                 try:
                     line = await asyncio.wait_for(reader.readline(), CONNECT_TIMEOUT)
                 except (asyncio.TimeoutError, OSError, ValueError):
@@ -133,8 +138,8 @@ class HolderLink:
         try:
             while line := await reader.readline():
                 self._dispatch(holder.decode(line))
-        except (OSError, ValueError) as exc:
-            log.error("the holder's connection broke: %s", exc)
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # DecodeError: ValueError
+            log.error("the holder's connection broke: %r", exc)
         finally:
             writer.close()
             self._writer = None

@@ -27,9 +27,11 @@ reports their ends with no exit status (`agent.containerizer`).
 Messages are JSON lines (`encode`, `decode`): the agent sends `base` (the
 environment every run starts from, once a connection), `start` (key, argv, what
 it adds to the base environment, cwd, stdio, join and home cgroup files), `kill`
-(key, signal) and `forget` (keys); the holder sends `hello` (its pid, `live` runs with pid and start time,
-`ended` ones with status), `started`, `failed` (key, error) and `exited` (key,
-status: negative for a signal).
+(key, signal) and `forget` (keys); the holder sends `hello` (its pid, `live`
+runs with pid and start time, `ended` ones with status), `started`, `failed`
+(key, error) and `exited` (key, status: negative for a signal). A foreign peer
+that connects while the holder waits for its first agent makes it exit (the
+agent then starts another).
 """
 
 from __future__ import annotations
@@ -47,7 +49,6 @@ from typing import Any
 
 import msgspec
 
-
 LOG = "holder-exits.log"
 LOG_SLACK = 1024  # forgotten lines the log may hold before it is rewritten
 # What a run gets back at its default: the holder ignores SIGTERM, Python SIGPIPE
@@ -61,6 +62,13 @@ _STARTTIME = 19  # field 22 of /proc/PID/stat, counted from the 3rd (after the n
 OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND
 encode = msgspec.json.Encoder().encode
 decode = msgspec.json.Decoder().decode
+
+
+def peer_uid(connection: socket.socket) -> int:
+    """The user of the process at the other end of a Unix socket."""
+    creds = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                  struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])
 
 
 def address(work_dir: str) -> str:
@@ -130,9 +138,7 @@ class Holder:
 
     def _accept(self) -> None:
         connection, _ = self.listener.accept()
-        creds = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                      struct.calcsize("3i"))
-        if struct.unpack("3i", creds)[1] != os.getuid():
+        if peer_uid(connection) != os.getuid():
             connection.close()  # only the agent's own user may start processes here
             return
         if self.agent is not None:  # its successor: the old agent is gone

@@ -258,6 +258,25 @@ def test_only_the_holders_own_user_is_served(tmp_path: Path) -> None:
         assert theirs.stdout.strip() == "b''", theirs  # closed on it: no hello
 
 
+async def test_an_address_taken_by_another_user_is_refused(tmp_path: Path, heard: Heard) -> None:
+    if os.getuid() != 0:
+        pytest.skip("needs root to listen as another user")
+    squat = ("import socket, sys, time; s = socket.socket(socket.AF_UNIX); "
+             f"s.bind({holder.address(str(tmp_path))!r}); s.listen(); print('up', flush=True); "
+             "time.sleep(30)")
+    squatter = subprocess.Popen(["/usr/bin/python3", "-c", squat], user=65534,
+                                stdout=subprocess.PIPE)
+    try:
+        assert squatter.stdout is not None and squatter.stdout.readline() == b"up\n"
+        with pytest.raises(HolderGone, match="user 65534"):
+            await heard.link(tmp_path).connect()
+    finally:
+        squatter.kill()
+        squatter.wait()
+        if squatter.stdout is not None:
+            squatter.stdout.close()
+
+
 def test_a_run_whose_pid_was_never_checkpointed_is_found_in_its_sandbox_and_stopped(
         tmp_path: Path) -> None:
     process = subprocess.Popen(["/bin/sh", "-c", "echo up; exec sleep 30"], cwd=tmp_path,
