@@ -44,12 +44,14 @@ class FleetJumps:
         if first is None or at < first:
             self._first_seen[app] = at
             self._rates.clear()
+            self.version += 1  # first-jump rates move: answers kept elsewhere too
 
     def jumped(self, app: str, at: float) -> None:
         """The app jumped at `at` (by at least the prior's threshold)."""
         if app not in self._first_jump and app in self._first_seen:
             self._first_jump[app] = max(0.0, at - self._first_seen[app])
             self._rates.clear()
+            self.version += 1
 
     def has_jumped(self, app: str) -> bool:
         return app in self._first_jump
