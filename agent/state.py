@@ -56,7 +56,7 @@ from dyad.ids import new_uuid
 from dyad.messages import (
     BATCH_CAPABILITY, AgentInfo, AgentRegistered, CheckpointResources, DrainAgent,
     ExecutorExited, ExecutorInfo, ExecutorToFramework, FrameworkInfo, FrameworkToExecutor,
-    KillTask, MasterInfo, Message, Ping, Pong, Reason, RegisterAgent, RegisterExecutor,
+    KillTask, LIVENESS_CAPABILITY, MasterInfo, Message, Ping, Pong, Reason, RegisterAgent, RegisterExecutor,
     Rejected, ReregisterExecutor, RunTask, ShutdownFramework, StatusUpdate, StatusUpdateAck,
     Task, UsageReport,
 )
@@ -119,6 +119,7 @@ class AgentState(AgentTasks):
     def _dispatch(self, event: Event, now: float) -> list[Effect]:
         if isinstance(event, MasterMessage):
             self.counters["messages_received"] += 1
+            self.link.heard(now)  # any frame proves the master alive (agent.master_link)
             return self._on_master_message(event.message, now)
         if isinstance(event, ExecutorMessage):
             self.counters["messages_received"] += 1
@@ -162,7 +163,7 @@ class AgentState(AgentTasks):
         if isinstance(msg, AgentRegistered):
             return self._on_registered(msg, now)
         if isinstance(msg, Ping):
-            return self._on_ping(msg, now)
+            return self._on_ping(msg)
         if isinstance(msg, RunTask):
             return self._on_run_task(msg, now)
         if isinstance(msg, KillTask):
@@ -261,7 +262,7 @@ class AgentState(AgentTasks):
                 tasks += [self._task_view(t) for t in executor.live_tasks()]
         return RegisterAgent(agent=self._agent_info(), version=self.config.version,
                              tasks=tasks, executors=executors, frameworks=frameworks,
-                             dynamic=self.dynamic, capabilities=[BATCH_CAPABILITY])
+                             dynamic=self.dynamic, capabilities=[BATCH_CAPABILITY, LIVENESS_CAPABILITY])
 
     def _agent_info(self) -> AgentInfo:
         c = self.config
@@ -293,8 +294,8 @@ class AgentState(AgentTasks):
             effects.append(SendMaster(DrainAgent(agent_id=msg.agent_id)))
         return effects
 
-    def _on_ping(self, msg: Ping, now: float) -> list[Effect]:
-        return [SendMaster(Pong(agent_id=self.agent_id or msg.agent_id)), *self.link.heard(now)]
+    def _on_ping(self, msg: Ping) -> list[Effect]:
+        return [SendMaster(Pong(agent_id=self.agent_id or msg.agent_id))]
 
     def _to_master(self, msg: Message) -> list[Effect]:
         """Best-effort messages go to whichever master we are connected to."""
@@ -317,8 +318,9 @@ class AgentState(AgentTasks):
                 return self.link.register(self._registration(), now) if self.link.retry_due(
                     key) else []
             case MasterSilent():
-                if not self.link.silence_due(key):
-                    return []
+                effects = self.link.silence(key, now)
+                if effects is not None:
+                    return effects
                 return [*self.link.lost(), *self.updates.pause()]
             case ShutdownDeadline():
                 if key != self._shutdown_timer:
