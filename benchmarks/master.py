@@ -49,6 +49,7 @@ import zmq
 import zmq.asyncio
 
 from agent.status_updates import SendMaster, StatusUpdateManager
+from dyad import gc_pauses
 from dyad.effects import ArmTimer, CancelTimer
 from dyad.ids import new_uuid
 from dyad.local import LocalCluster, http_get_json
@@ -171,6 +172,7 @@ def agent_worker(endpoint: str, names: list[str], conn: Connection,
     """A process of simulated agents; says when all are registered, reports on "stop"."""
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    gc_pauses.install()  # as the master does: 5,000 agents are a large heap too
     asyncio.run(_agents(endpoint, names, conn, capabilities))
 
 
@@ -182,6 +184,7 @@ async def _agents(endpoint: str, names: list[str], conn: Connection,
     loops += [asyncio.ensure_future(a.register()) for a in agents]
     while any(a.agent_id is None for a in agents):
         await asyncio.sleep(0.1)
+    gc_pauses.settle()  # the agents are built: as the real agent does once it is up
     conn.send("registered")
     await asyncio.get_running_loop().run_in_executor(None, conn.recv)
     conn.send({
@@ -426,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="passed to dyad-master (repeat: --master-arg=--usage-store "
                              "--master-arg=off)")
     args = parser.parse_args(argv)
+    gc_pauses.install()  # the drivers' process holds every task's times
     # Each simulated agent is a connection of its own: the master holds one
     # descriptor per agent, a worker two (its socket's TCP and mailbox).
     limit = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
