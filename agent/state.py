@@ -54,11 +54,11 @@ from agent.tasks import AgentTasks
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired, UnknownTimer
 from dyad.ids import new_uuid
 from dyad.messages import (
-    BATCH_CAPABILITY, AgentInfo, AgentRegistered, CheckpointResources, DrainAgent,
-    ExecutorExited, ExecutorInfo, ExecutorToFramework, FrameworkInfo, FrameworkToExecutor,
-    KillTask, LIVENESS_CAPABILITY, MasterInfo, Message, Ping, Pong, Reason, RegisterAgent, RegisterExecutor,
-    Rejected, ReregisterExecutor, RunTask, ShutdownFramework, StatusUpdate, StatusUpdateAck,
-    Task, UsageReport,
+    BATCH_CAPABILITY, LIVENESS_CAPABILITY, AgentInfo, AgentRegistered, CheckpointResources,
+    DrainAgent, ExecutorExited, ExecutorInfo, ExecutorToFramework, FrameworkInfo,
+    FrameworkToExecutor, KillTask, MasterInfo, Message, Ping, Pong, Reason, RegisterAgent,
+    RegisterExecutor, Rejected, ReregisterExecutor, RunTask, ShutdownFramework, StatusUpdate,
+    StatusUpdateAck, Task, UsageReport,
 )
 from dyad.resources import Resources
 from dyad.volumes import DynamicResources
@@ -262,7 +262,8 @@ class AgentState(AgentTasks):
                 tasks += [self._task_view(t) for t in executor.live_tasks()]
         return RegisterAgent(agent=self._agent_info(), version=self.config.version,
                              tasks=tasks, executors=executors, frameworks=frameworks,
-                             dynamic=self.dynamic, capabilities=[BATCH_CAPABILITY, LIVENESS_CAPABILITY])
+                             dynamic=self.dynamic,
+                             capabilities=[BATCH_CAPABILITY, LIVENESS_CAPABILITY])
 
     def _agent_info(self) -> AgentInfo:
         c = self.config

@@ -54,9 +54,9 @@ from dyad.effects import ArmTimer, CancelTimer
 from dyad.ids import new_uuid
 from dyad.local import LocalCluster, http_get_json
 from dyad.messages import (
-    BATCH_CAPABILITY, LIVENESS_CAPABILITY, AgentInfo, AgentRegistered, Batch, ExecutorExited, Ping, Pong,
-    RegisterAgent, RunTask, Source, StatusUpdate, StatusUpdateAck, TaskState, TaskStatus, encode,
-    encode_batch)
+    BATCH_CAPABILITY, LIVENESS_CAPABILITY, AgentInfo, AgentRegistered, Batch, ExecutorExited,
+    Ping, Pong, RegisterAgent, RunTask, Source, StatusUpdate, StatusUpdateAck, TaskState,
+    TaskStatus, encode, encode_batch)
 from dyad.resources import Resources
 from dyad.timers import TimerTable
 from dyad.transport import Dealer
@@ -521,6 +521,8 @@ def report(args: argparse.Namespace, total: int, reference: float, launchers: li
     duplicates = sum(r["duplicates"] for r in reports)
     frames = after["master/messages_received"] - before["master/messages_received"]
     offers_frames = after.get("master/offers_frames", 0) - before.get("master/offers_frames", 0)
+    skipped = (after.get("master/agent_pings_skipped", 0)
+               - before.get("master/agent_pings_skipped", 0))
     print()
     print(f"agents={args.agents} frameworks={args.frameworks} tasks={total} "
           f"workers={args.workers} agent frames={'single' if args.single_frames else 'batch'}"
@@ -551,8 +553,7 @@ def report(args: argparse.Namespace, total: int, reference: float, launchers: li
           f"(to a full queue {after.get('master/sends_full', 0):.0f}, to a peer gone "
           f"{after.get('master/sends_unroutable', 0):.0f}); resends coalesced by the master: "
           f"{after.get('master/resends_coalesced', 0):.0f}; "
-          f"offers frames: {offers_frames:.0f}; agent pings skipped: "
-          f"{after.get('master/agent_pings_skipped', 0) - before.get('master/agent_pings_skipped', 0):.0f}")
+          f"offers frames: {offers_frames:.0f}; agent pings skipped: {skipped:.0f}")
     sent = after.get("master/frames_sent", 0) - before.get("master/frames_sent", 0)
     print(f"frames: master sent {sent / max(done, 1):.1f} per task; master batches sent "
           f"{after.get('master/batch_frames_sent', 0):.0f} "
