@@ -147,7 +147,10 @@ class HierarchicalAllocator(QuotaRooms):
         self._total: Counter[str] = Counter()  # scalar milli over every agent
         self._free_unreserved: Counter[str] = Counter()
         self._quota: dict[str, Quota] = {}
-        self._filter_expiry: list[tuple[float, str, str]] = []  # (until, framework, agent)
+        # Filter ends: a heap of times, and per time the (framework, agent) pairs
+        # filtered until then (a Decline of thousands of offers sets one time).
+        self._filter_expiry: list[float] = []
+        self._filters_until: dict[float, list[tuple[str, str]]] = {}
         self._dirty: dict[str, None] = {}  # ordered: deterministic passes
         self._all_dirty = False
         self._quota_blocked: dict[str, None] = {}
@@ -295,11 +298,16 @@ class HierarchicalAllocator(QuotaRooms):
         """`add_filter` for several agents (a Decline of hundreds of offers)."""
         framework = self._framework(framework_id)
         filters = framework.filters
+        ending = self._filters_until
         for agent_id in agent_ids:
             agent = self._agent(agent_id)
             at = max(until, filters.get(agent_id, until))
             filters[agent_id] = agent.filtered[framework_id] = at
-            heapq.heappush(self._filter_expiry, (at, framework_id, agent_id))
+            pairs = ending.get(at)
+            if pairs is None:
+                pairs = ending[at] = []
+                heapq.heappush(self._filter_expiry, at)
+            pairs.append((framework_id, agent_id))
 
     def _unfilter(self, framework_id: str, framework: _Framework) -> None:
         agents = self._agents
@@ -438,13 +446,15 @@ class HierarchicalAllocator(QuotaRooms):
 
     def _expire_filters(self, now: float) -> None:
         heap = self._filter_expiry
-        while heap and heap[0][0] <= now:
-            until, framework_id, agent_id = heapq.heappop(heap)
-            framework = self._frameworks.get(framework_id)
-            if framework is not None and framework.filters.get(agent_id) == until:
-                del framework.filters[agent_id]
-                del self._agents[agent_id].filtered[framework_id]  # known: it is filtered
-                self._dirty[agent_id] = None
+        while heap and heap[0] <= now:
+            until = heapq.heappop(heap)
+            # Sorted: filters ending together expire by framework, then agent.
+            for framework_id, agent_id in sorted(self._filters_until.pop(until)):
+                framework = self._frameworks.get(framework_id)
+                if framework is not None and framework.filters.get(agent_id) == until:
+                    del framework.filters[agent_id]
+                    del self._agents[agent_id].filtered[framework_id]  # known: filtered
+                    self._dirty[agent_id] = None
 
     def _fill(self, agent_id: str, now: float, result: list[Allocation], guarantees: bool) -> None:
         """Offer the agent's free resources until nobody (eligible) can take more."""

@@ -219,8 +219,12 @@ class _Tree:
                 else:
                     alloc.pop(kind, None)
             node.count += count
-            rekey(node)
-            node = node.parent
+            parent = node.parent
+            # An only child's key is not kept (`DRFSorter._rekey`): most nodes an
+            # allocation reaches are such, and this runs per offer made and returned.
+            if len(parent.keys) != 1:  # type: ignore[union-attr]
+                rekey(node)
+            node = parent
 
     def allocation(self, path: str) -> dict[str, int]:
         """What is allocated to the subtree at `path` (empty if there is none)."""
