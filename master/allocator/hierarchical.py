@@ -71,7 +71,7 @@ from typing import NamedTuple
 
 from dyad.resources import SHARE_KINDS, UNRESERVED, Resources, ResourcesError
 from master.allocator.policy import Quota
-from master.allocator.quota_rooms import QuotaRooms, _cut, _Rooms, allowed_roles
+from master.allocator.quota_rooms import QuotaRooms, _cut, _Plan, _Rooms, allowed_roles
 from master.allocator.quota_rooms import _cut_entries  # noqa: F401 (tests reach it here)
 from master.allocator.sorter import DRFSorter, Sorter
 
@@ -166,6 +166,7 @@ class HierarchicalAllocator(QuotaRooms):
         # allocation in a guaranteed subtree changes.
         self._needs: dict[str, dict[str, int]] = {}
         self._required: dict[str, int] | None = None  # only kinds still missed
+        self._plans: dict[tuple[str, bool], _Plan | tuple[()]] = {}  # `_plan`, until needs change
         self._memo: tuple[Resources | None, dict[str, int]] = (None, {})
         self.last_considered = 0  # agents looked at by the last pass
 

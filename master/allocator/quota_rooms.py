@@ -36,6 +36,9 @@ def allowed_roles(role: str) -> list[str]:
 
 
 _Rooms = tuple[dict[str, int], dict[str, int]]  # limit room, unreserved room per kind
+# Limited roles of a chain, free amounts held back per kind, what the chain misses.
+_Plan = tuple[list[tuple[str, Mapping[str, int]]], list[tuple[str, int]],
+              list[tuple[str, int]]]
 
 
 class QuotaRooms:
@@ -52,6 +55,7 @@ class QuotaRooms:
     _chains: dict[str, tuple[list[str], list[tuple[str, Mapping[str, int]]], str | None, bool]]
     _needs: dict[str, dict[str, int]]
     _required: dict[str, int] | None
+    _plans: dict[tuple[str, bool], _Plan | tuple[()]]
 
     def _guarantees_unmet(self) -> bool:
         """Whether some guarantee still misses something. When none does, the
@@ -66,24 +70,43 @@ class QuotaRooms:
         amounts. It depends only on quota, role allocations and the cluster's free
         unreserved amounts, so it is kept (`_rooms`) until one of them changes:
         a pass over many agents where few offers are made computes it a few times,
-        not once per agent."""
-        chain, limited, top, _ = self._chain(role)
+        not once per agent. While a guarantee is unmet every charge changes the
+        free amounts, so what does not depend on them is kept apart (`_plan`)."""
+        key = (role, guarantees)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self._plan(role, guarantees)
+        if not plan:
+            return None
+        limited, offsets, missing = plan
         limit_room: dict[str, int] = {}
         for ancestor, limits in limited:
             used = self._role_sorter.allocation(ancestor)
             for kind, limit in limits.items():
                 room = max(0, limit - used.get(kind, 0))
                 limit_room[kind] = min(room, limit_room.get(kind, room))
-        required, own = self._headroom(top)
-        unreserved_room = {kind: max(0, self._free_unreserved[kind] - (needed - own.get(kind, 0)))
-                           for kind, needed in required.items() if needed}
-        if guarantees:
-            missing = self._missing(chain)
-            if not missing:
-                return None
-            for kind, room in missing.items():
-                unreserved_room[kind] = min(room, unreserved_room.get(kind, room))
+        free = self._free_unreserved
+        unreserved_room = {kind: max(0, free[kind] - offset) for kind, offset in offsets}
+        for kind, room in missing:
+            unreserved_room[kind] = min(room, unreserved_room.get(kind, room))
         return limit_room, unreserved_room
+
+    def _plan(self, role: str, guarantees: bool) -> _Plan | tuple[()]:
+        """What `_room` needs that depends only on quota and unmet guarantees: the
+        limited roles of `role`'s chain, per kind still missed cluster-wide how
+        much of the free amount is held back from `role`, and in the guarantee
+        stage what its chain still misses (``()``: it misses nothing). Kept
+        (`_plans`) until quota or a need changes (`_guarantee_changed`)."""
+        chain, limited, top, _ = self._chain(role)
+        required, own = self._headroom(top)
+        offsets = [(kind, needed - own.get(kind, 0)) for kind, needed in required.items()
+                   if needed]
+        missing: list[tuple[str, int]] = []
+        if guarantees:
+            missing = list(self._missing(chain).items())
+            if not missing:
+                return ()
+        return limited, offsets, missing
 
     def _missing(self, chain: list[str]) -> dict[str, int]:
         """Per guaranteed kind, the most any quota role in `chain` still misses."""
@@ -169,6 +192,7 @@ class QuotaRooms:
     def _guarantee_changed(self) -> None:
         self._needs.clear()
         self._required = None
+        self._plans.clear()
 
     def _allocation_changed(self, role: str) -> None:
         """`role`'s allocation (so its ancestors') changed. A kept room stays
@@ -205,14 +229,32 @@ def _cut(resources: Resources, limit_room: Mapping[str, int],
     """`resources` with each scalar kind cut to fit: the unreserved part within
     `unreserved_room`, everything within `limit_room`. Reserved amounts are kept
     before unreserved ones (they are the role's own); both are cut deterministically."""
+    global _last_cut
     if not limit_room and not unreserved_room:
         return resources
     if totals is None:
         totals = resources.scalar_items()
-    if all(totals.get(kind, 0) <= room for kind, room in limit_room.items()) and \
-            all(totals.get(kind, 0) <= room for kind, room in unreserved_room.items()):
-        return resources  # it all fits: `_cut_entries` would cut nothing
-    return _cut_entries(resources, limit_room, unreserved_room)
+    for kind, room in limit_room.items():
+        if totals.get(kind, 0) > room:
+            break
+    else:
+        for kind, room in unreserved_room.items():
+            if totals.get(kind, 0) > room:
+                break
+        else:
+            return resources  # it all fits: `_cut_entries` would cut nothing
+    key = (resources, tuple(limit_room.items()), tuple(unreserved_room.items()))
+    if _last_cut[0] == key:
+        return _last_cut[1]
+    cut = _cut_entries(resources, limit_room, unreserved_room)
+    _last_cut = (key, cut)
+    return cut
+
+
+# The last `_cut_entries` asked of `_cut`, and its answer: once a room is used up,
+# a pass cuts agent after agent of the same free resources to the same room.
+_last_cut: tuple[tuple[Resources, tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]
+                 | None, Resources] = (None, Resources())
 
 
 def _cut_entries(resources: Resources, limit_room: Mapping[str, int],
