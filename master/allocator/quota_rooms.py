@@ -229,7 +229,6 @@ def _cut(resources: Resources, limit_room: Mapping[str, int],
     """`resources` with each scalar kind cut to fit: the unreserved part within
     `unreserved_room`, everything within `limit_room`. Reserved amounts are kept
     before unreserved ones (they are the role's own); both are cut deterministically."""
-    global _last_cut
     if not limit_room and not unreserved_room:
         return resources
     if totals is None:
@@ -244,17 +243,20 @@ def _cut(resources: Resources, limit_room: Mapping[str, int],
         else:
             return resources  # it all fits: `_cut_entries` would cut nothing
     key = (resources, tuple(limit_room.items()), tuple(unreserved_room.items()))
-    if _last_cut[0] == key:
-        return _last_cut[1]
-    cut = _cut_entries(resources, limit_room, unreserved_room)
-    _last_cut = (key, cut)
+    cut = _CUTS.get(key)
+    if cut is None:
+        if len(_CUTS) >= _CUTS_MAX:
+            _CUTS.clear()
+        cut = _CUTS[key] = _cut_entries(resources, limit_room, unreserved_room)
     return cut
 
 
-# The last `_cut_entries` asked of `_cut`, and its answer: once a room is used up,
-# a pass cuts agent after agent of the same free resources to the same room.
-_last_cut: tuple[tuple[Resources, tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]
-                 | None, Resources] = (None, Resources())
+# `_cut_entries` answers `_cut` asked for: once a room is used up, a pass cuts
+# agent after agent of the same free resources (whole, then what the cut left)
+# to the same room. A pure function's answers, bounded by clearing when full.
+_CUTS: dict[tuple[Resources, tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]],
+            Resources] = {}
+_CUTS_MAX = 256
 
 
 def _cut_entries(resources: Resources, limit_room: Mapping[str, int],
