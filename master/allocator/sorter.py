@@ -208,7 +208,8 @@ class _Tree:
         """Add `sign` x `scalars` and `count` to the leaf and its ancestors."""
         root = self._root
         node: _Node | None = leaf
-        items = [(kind, sign * milli) for kind, milli in scalars.items()]
+        items = (scalars.items() if sign == 1
+                 else [(kind, -milli) for kind, milli in scalars.items()])
         rekey = self._rekey
         while node is not None and node is not root:
             alloc = node.alloc
