@@ -565,11 +565,12 @@ class HierarchicalAllocator(QuotaRooms):
             agent.allocated[framework_id] = held + resources
         scalars = self._scalars(resources)
         free = self._free_unreserved
-        for kind, milli in _unreserved_scalars(agent, resources, scalars).items():
+        unreserved = _unreserved_scalars(agent, resources, scalars)
+        for kind, milli in unreserved.items():
             free[kind] -= milli
         self._role_sorter.allocated(role, scalars)
         self._roles[role].sorter.allocated(framework_id, scalars)
-        self._allocation_changed(role)
+        self._allocation_changed(role, scalars, unreserved)
 
     def _release(self, agent_id: str, agent: _Agent, framework_id: str,
                  resources: Resources, pending: dict[str, dict[str, int]] | None = None) -> None:

@@ -194,11 +194,14 @@ class QuotaRooms:
         self._required = None
         self._plans.clear()
 
-    def _allocation_changed(self, role: str) -> None:
+    def _allocation_changed(self, role: str, charged: Mapping[str, int] | None = None,
+                            unreserved: Mapping[str, int] | None = None) -> None:
         """`role`'s allocation (so its ancestors') changed. A kept room stays
         when nothing it depends on did: no guarantee is missing anything (so no
         room depends on the free amounts or on needs), `role` is under no
-        guarantee, and none of the room's limited roles is `role` or above it."""
+        guarantee, and none of the room's limited roles is `role` or above it.
+        `charged` (and its `unreserved` part), when given, is what was just
+        charged to `role`: see `_rooms_charged`."""
         chain, _, _, guarded = self._chain(role)
         if guarded:
             if self._needs:
@@ -212,7 +215,39 @@ class QuotaRooms:
                         break
             self._dirty_quota_blocked()
             return
+        elif charged is not None and unreserved is not None and self._required:
+            self._rooms_charged(chain, charged, unreserved)
+            self._dirty_quota_blocked()
+            return
         self._consumption_changed()
+
+    def _rooms_charged(self, chain: list[str], charged: Mapping[str, int],
+                       unreserved: Mapping[str, int]) -> None:
+        """Bring the kept rooms up to date after `charged` went to a role (with
+        quota chain `chain`) under no guarantee, while some guarantee misses
+        something, instead of recomputing them at the next pick (every charge
+        changes the free amounts then). No need changes, so a guarantee-stage
+        room that was None stays None. A room is ``max(0, x)`` for an amount
+        ``x`` that a charge only lowers, so it becomes ``max(0, room - amount)``
+        exactly (0 stays 0); so does a minimum of such rooms when the charge
+        lowers each of them. A room that is a minimum with an amount the charge
+        does not lower (a guarantee stage's unreserved room, limits of roles
+        outside `chain`) is dropped, to be recomputed."""
+        rooms = self._rooms
+        for key, kept in list(rooms.items()):
+            if kept is None:
+                continue
+            if key[1]:
+                del rooms[key]
+                continue
+            limit_room, unreserved_room = kept
+            limited = self._chain(key[0])[1]
+            if limited and any(ancestor in chain for ancestor, _ in limited):
+                if not all(ancestor in chain for ancestor, _ in limited):
+                    del rooms[key]
+                    continue
+                _lower(limit_room, charged)
+            _lower(unreserved_room, unreserved)
 
     def _consumption_changed(self) -> None:
         self._rooms.clear()
@@ -222,6 +257,14 @@ class QuotaRooms:
         if self._quota_blocked:
             self._dirty.update(self._quota_blocked)
             self._quota_blocked = {}
+
+def _lower(room: dict[str, int], amounts: Mapping[str, int]) -> None:
+    """Each kind of `room` lowered by its amount in `amounts`, not below 0."""
+    for kind, left in room.items():
+        milli = amounts.get(kind)
+        if milli and left:
+            room[kind] = max(0, left - milli)
+
 
 def _cut(resources: Resources, limit_room: Mapping[str, int],
          unreserved_room: Mapping[str, int], totals: Mapping[str, int] | None = None
