@@ -161,8 +161,8 @@ class Recover:
     """Event for `AgentState`: take over `saved`; `alive` holds the runs
     ``(framework_id, executor_id, run_id)`` whose process (or container) survived;
     `containers` the container of each such run from an image; `exits` how each
-    direct run that ended while the agent was away ended, as its shim wrote it
-    down (a direct run neither alive nor here left no status: `agent.host_runs`)."""
+    direct run that ended while the agent was away ended, as its holder told it
+    (a direct run neither alive nor here left no status: `agent.host_runs`)."""
 
     saved: SavedAgent
     alive: frozenset[tuple[str, str, str]] = frozenset()

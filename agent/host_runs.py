@@ -5,18 +5,19 @@ no `executor`, no `container`) gets no executor process: the agent plays its
 executor, as it does for a command task in a container (`agent.containers_core`),
 and as Borg's Borglet runs tasks. Its run (`AgentExecutor.host_direct`):
 
-- LAUNCHING: `TASK_STARTING`, and a `LaunchExecutor` of the task's own command
-  under the shim (`agent.shim`), which holds the exit status in the sandbox;
+- LAUNCHING: `TASK_STARTING`, and a `LaunchExecutor` of the task's own command,
+  `held`: the agent's holder (`agent.holder`) starts it, is its parent and keeps
+  its exit status for an agent that restarts;
 - `ExecutorStarted`: pid and process start time are checkpointed before
   `TASK_RUNNING` goes out (`ExecutorRuns._on_started`); health checks start;
 - a kill: `TASK_KILLING`, SIGTERM to the run's process group, SIGKILL after the
   task's kill grace period (`ExecutorRuns._stop_direct`);
-- `ExecutorProcessExited`: the command's status (the shim's file) is the task's
-  end: 0 `TASK_FINISHED`, else `TASK_FAILED`, `TASK_KILLED` once a kill began;
+- `ExecutorProcessExited`: the command's status (as the holder reaped it) is
+  the task's end: 0 `TASK_FINISHED`, else `TASK_FAILED`, `TASK_KILLED` once a kill began;
 - after an agent restart, a run whose process lives is watched again (the shell
   adopts it by pid and start time) and RUNNING; one that ended while the agent
-  was away ends by its status file (`Recover.exits`), or, with no file (the shim
-  was SIGKILLed), as killed if a kill had begun and failed otherwise.
+  was away ends by what its holder says (`Recover.exits`), or, when no holder
+  knows (it died), as killed if a kill had begun and failed otherwise.
 
 `--command-tasks executor` keeps the Python command executor, one per task
 (`frameworks.executors.command`): for frameworks that rely on its process.
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from agent import shim
 from agent.checkpoint import Recover
 from agent.containers_core import ContainerRuns
 from agent.model import (
@@ -38,8 +38,8 @@ from dyad.messages import Reason, Source, TaskInfo, TaskState
 if TYPE_CHECKING:
     from agent.state import Effect
 
-LOST_STATUS = ("Command ended while the agent was down, and left no exit status "
-               "(its shim was killed)")
+LOST_STATUS = ("Command ended while the agent was down, and its exit status is unknown "
+               "(the agent's holder died)")
 
 
 def host_ending(status: int, description: str, killed: bool) -> TaskEnd:
@@ -54,10 +54,6 @@ def host_ending(status: int, description: str, killed: bool) -> TaskEnd:
     return TaskEnd(TaskState.TASK_FAILED, "", description)
 
 
-def status_path(executor: AgentExecutor) -> str:
-    return f"{executor.directory}/{shim.STATUS_FILE}"
-
-
 class HostRuns(ContainerRuns):
     """Direct host runs' launch, end and recovery (their start, health checks and
     kills are the direct runs' shared ones, in `agent.runs`)."""
@@ -66,12 +62,11 @@ class HostRuns(ContainerRuns):
                      now: float) -> list[Effect]:
         assert task.command is not None
         record = executor.queued[task.task_id]
-        path = status_path(executor)
         start = LaunchExecutor(
             executor.framework_id, executor.executor_id, executor.run_id,
-            shim.wrap(task.command, path), self._task_env(executor, record),
+            task.command, self._task_env(executor, record),
             executor.directory, tuple(task.command.uris), executor.limits,
-            self._run_user(executor, task), status_file=path)
+            self._run_user(executor, task), held=True)
         return [start, *self._transition(executor, record, self._status_update(
             record.framework_id, task.task_id, executor.executor_id, TaskState.TASK_STARTING,
             "", "", now, source=Source.EXECUTOR), now)]

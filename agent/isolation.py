@@ -69,8 +69,14 @@ class Isolator(Protocol):
     def wrap(self, key: RunKey, argv: list[str]) -> list[str]: ...
 
     def join_files(self, key: RunKey) -> list[str] | None:
-        """Where a run's first process writes its pid to join the run's cgroups
-        (`agent.shim.join`); None: there is nothing to join, `wrap` it instead."""
+        """Where the holder writes its pid to join the run's cgroups before it
+        starts the run's process (`agent.holder`); None: there is nothing to
+        join, `wrap` it instead."""
+        ...
+
+    def home_files(self) -> list[str]:
+        """Where the holder goes back to after a start: cgroups of its own (a leaf,
+        as cgroups v2 wants), made on first use; [] when nothing is joined."""
         ...
 
     def update(self, key: RunKey, limits: Limits) -> None: ...
@@ -149,6 +155,9 @@ class PosixIsolator:
     def join_files(self, key: RunKey) -> list[str] | None:
         return None
 
+    def home_files(self) -> list[str]:
+        return []
+
     def update(self, key: RunKey, limits: Limits) -> None:
         pass
 
@@ -224,6 +233,9 @@ def _kill(pid: int) -> None:
         pass
 
 
+HOLDER_CGROUP = "holder"  # run ids are generated uuids: never this
+
+
 class _Cgroups:
     """What both cgroup versions share: a directory per run per hierarchy."""
 
@@ -249,6 +261,15 @@ class _Cgroups:
 
     def join_files(self, key: RunKey) -> list[str]:
         return [os.path.join(d, "cgroup.procs") for d in self._dirs(key)]
+
+    def home_files(self) -> list[str]:
+        homes = [os.path.join(base, HOLDER_CGROUP) for base in self._bases]
+        try:
+            for home in homes:
+                os.makedirs(home, exist_ok=True)
+        except OSError as exc:
+            raise IsolationError(f"cannot make the holder's cgroup: {exc}") from exc
+        return [os.path.join(home, "cgroup.procs") for home in homes]
 
     def update(self, key: RunKey, limits: Limits) -> None:
         try:

@@ -2,8 +2,8 @@
 pure functions of one executor record, used by `AgentState`.
 
 A run's limits are its executor's resources plus its live tasks'; the built-in
-command executor gets room for itself on top (`COMMAND_EXECUTOR_*`; a direct run's
-shim needs none worth a limit), and a run
+command executor gets room for itself on top (`COMMAND_EXECUTOR_*`; a direct run
+has no process but its command's), and a run
 that asked for no memory is not memory-limited. Under cgroups the kernel enforces
 and reports (`RunSample.oom`); under posix the agent compares the summed RSS of
 the process tree with the limit itself.

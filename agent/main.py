@@ -66,8 +66,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="executors shut themselves down when the agent stays away this long")
     p.add_argument("--command-tasks", choices=COMMAND_TASKS, default="direct",
                    help="how a plain command task runs: direct (default: by the agent itself "
-                   "under a /bin/sh shim, no process of its own) or executor (under a Python "
-                   "command executor of its own, ~50 MiB each); docs/agent.md")
+                   "through its holder process, no process of its own) or executor (under a "
+                   "Python command executor of its own, ~50 MiB each); docs/agent.md")
     p.add_argument("--isolation", choices=["cgroups", "posix"], default=None,
                    help="resource isolation (default: cgroups if writable, else posix)")
     p.add_argument("--cgroups-root", default="dyad", help="cgroup under which runs live")

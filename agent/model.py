@@ -36,8 +36,8 @@ MIB = 1024 * 1024
 UNKNOWN_EXIT = -256
 
 ISOLATIONS = ("posix", "cgroups")
-# How a plain command task runs (docs/agent.md): "direct", by the agent itself under
-# a /bin/sh shim (agent.host_runs), or under a Python command executor of its own.
+# How a plain command task runs (docs/agent.md): "direct", by the agent itself through
+# its holder process (agent.host_runs), or under a Python command executor of its own.
 COMMAND_TASKS = ("direct", "executor")
 CONTAINERIZERS = ("process", "docker")
 
@@ -84,7 +84,7 @@ class ExecutorStarted:
 class ExecutorProcessExited:
     """`status` is the exit code, minus the signal number that ended it, or
     `UNKNOWN_EXIT` for an adopted executor; for a direct run it is its command's,
-    as the shim wrote it down (agent.host_runs). `description` is how the shell names
+    as its holder reaped it (agent.host_runs). `description` is how the shell names
     the end ("Executor terminated by signal SIGKILL", see
     `agent.containerizer.describe_exit`): naming signals takes the OS, which the
     core does not touch."""
@@ -187,9 +187,9 @@ class LaunchExecutor:
     uris: tuple[URI, ...] = ()
     limits: Limits = Limits()
     user: str = ""  # the Unix user to run as (agent.users); "": the agent's own
-    # A direct run (agent.host_runs): `command` is the task's own under the shim,
-    # which writes its exit status here; the status reported is the file's.
-    status_file: str = ""
+    # A direct run (agent.host_runs): `command` is the task's own, started and
+    # reaped by the agent's holder (agent.holder); its status is the command's.
+    held: bool = False
 
 
 @attrs.frozen

@@ -29,9 +29,9 @@ import zmq
 from aiohttp import web
 
 import agent
-from agent import access, api_v1, checkpoint, checkpoint_file, gc, shim, volumes
+from agent import access, api_v1, checkpoint, checkpoint_file, gc, volumes
 from agent.checkpoint import CheckpointError, Recover, SavedAgent
-from agent.containerizer import Containerizer, LaunchError, ended, stop_unrecorded
+from agent.containerizer import Containerizer, LaunchError, stop_unrecorded
 from agent.containers_core import LaunchContainer, RemoveContainer
 from agent.docker import DEFAULT_PULL_TIMEOUT, DEFAULT_SOCKET
 from agent.docker_runner import DockerRunner, connect
@@ -163,7 +163,7 @@ class AgentServer:
         self._checkpoints = checkpoint_file.Writer(config.work_dir)
         isolator = isolator or detect(config.isolation, self.options.cgroups_root)
         self._containerizer = Containerizer(self._on_process_exit, self._base_env, isolator,
-                                            self.options.switch_user)
+                                            self.options.switch_user, config.work_dir)
         cache_dir = self.options.fetcher_cache_dir or os.path.join(config.work_dir, "cache")
         self.fetcher = Fetcher(FetcherCache(cache_dir, self.options.fetcher_cache_size),
                                self.options.fetch_timeout, self.options.fetcher_allowed_paths)
@@ -219,6 +219,8 @@ class AgentServer:
         self._loops.loop("disk", self._watch_disk)
         self._loops.loop("detector", self._leaders.run)
         self._started = True
+        if self.config.command_tasks == "direct":  # its holder, before any task
+            await self._containerizer.connect_holder()
         if saved is not None:
             await self._recover(saved)
         # Executors are heard only once `Recover` is queued: a surviving executor's
@@ -303,17 +305,16 @@ class AgentServer:
 
     async def _recover(self, saved: SavedAgent) -> None:
         keys = [(e.framework_id, e.info.executor_id, e.run_id) for e in saved.executors]
-        status_files = {key: f"{e.directory}/{shim.STATUS_FILE}" if e.host_direct else ""
-                        for key, e in zip(keys, saved.executors)}
+        await self._containerizer.connect_holder()  # what it knows of direct runs
         alive = frozenset(
             key for key, e in zip(keys, saved.executors)
             if e.pid is not None and e.started is not None
-            and self._containerizer.adopt(key, e.pid, e.started, status_files[key]))
-        # A direct run that ended while we were away: its shim wrote down how.
+            and self._containerizer.adopt(key, e.pid, e.started, e.host_direct))
+        # A direct run that ended while we were away: its holder knows how.
         exits: dict[RunKey, ExecutorProcessExited] = {}
         for key, e in zip(keys, saved.executors):
             if key not in alive and e.host_direct and e.pid is not None \
-                    and (found := await asyncio.to_thread(ended, status_files[key])):
+                    and (found := self._containerizer.ended(key)):
                 exits[key] = ExecutorProcessExited(*key, *found)
         # We died as we started these: nobody knows them, so they must go.
         unrecorded = [e.directory for e in saved.executors if e.host_direct and e.pid is None]
@@ -359,6 +360,7 @@ class AgentServer:
             await asyncio.wait_for(self._containerizer.wait_all(), 5)
         except asyncio.TimeoutError:
             log.error("executor processes %s did not die", self._containerizer.pids)
+        self._containerizer.close()
         tasks = [*self._loops.tasks, *self._jobs]
         for task in tasks:
             task.cancel()
@@ -544,7 +546,7 @@ class AgentServer:
         try:
             # A direct run with nothing to fetch skips a trip to a thread: the
             # containerizer makes its sandbox as it starts it.
-            if effect.uris or not effect.status_file:
+            if effect.uris or not effect.held:
                 await self.fetcher.fetch(effect.uris, effect.sandbox_dir)
         except FetchError as exc:
             log.warning("executor %s: %s", effect.executor_id, exc)
@@ -555,8 +557,8 @@ class AgentServer:
             return
         finally:
             self._fetching.pop(key, None)
-        # A direct run (status_file set) has no executor to connect: no keys to hand out.
-        if self._executor_keys is not None and not effect.status_file:
+        # A direct run (held) has no executor to connect: no keys to hand out.
+        if self._executor_keys is not None and not effect.held:
             try:
                 env = await asyncio.to_thread(self._executor_keys.issue, key, effect.sandbox_dir)
             except OSError as exc:
@@ -592,7 +594,9 @@ class AgentServer:
             if not self.v1_executors.deliver(effect.to, effect.message):
                 await self._router.send(bytes.fromhex(effect.to), effect.message)
         elif isinstance(effect, Checkpoint):
-            await asyncio.to_thread(self._checkpoints.write, self.state.saved())
+            saved = self.state.saved()
+            await asyncio.to_thread(self._checkpoints.write, saved)
+            self._containerizer.checkpointed(saved.executors)
             self.shell_counters["agent/checkpoints_written"] += 1
         elif isinstance(effect, ArmTimer | CancelTimer):
             self._timers.perform(effect)

@@ -24,9 +24,6 @@ import subprocess
 from collections.abc import Mapping, Sequence
 
 _devnull = -1  # one /dev/null for every run's stdin, opened on first use
-_boot_time = 0.0  # /proc/stat's btime, read once
-_TICKS = os.sysconf("SC_CLK_TCK")
-_STARTTIME = 19  # field 22 of /proc/PID/stat, counted from the 3rd (after the name)
 
 
 def _stdin() -> int:
@@ -43,24 +40,6 @@ def start(argv: Sequence[str], cwd: str, env: Mapping[str, str], stdout: int,
     `ValueError`) as `Popen` does when it cannot be started."""
     return subprocess.Popen(list(argv), cwd=cwd, env=dict(env), stdin=_stdin(),
                             stdout=stdout, stderr=stderr, start_new_session=True)
-
-
-def start_time(pid: int) -> float:
-    """When `pid` started, in seconds since the epoch: what psutil's
-    `Process.create_time` says (clock ticks since boot, from /proc/PID/stat, plus
-    the boot time), but with the boot time read once rather than on every call
-    (/proc/stat is long: psutil's way took 36 us a start, this 11). A wall-clock
-    step while the agent runs shifts the boot time as the kernel reports it;
-    psutil is fooled the same way by a step between a run's start and its
-    adoption. Raises `OSError` when `pid` is gone."""
-    global _boot_time
-    with open(f"/proc/{pid}/stat", "rb") as handle:
-        fields = handle.read().rpartition(b")")[2].split()
-    if not _boot_time:
-        with open("/proc/stat", "rb") as handle:
-            _boot_time = float(next(line.split()[1] for line in handle
-                                    if line.startswith(b"btime")))
-    return int(fields[_STARTTIME]) / _TICKS + _boot_time
 
 
 class Watcher:

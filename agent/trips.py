@@ -16,7 +16,7 @@ starts rely on (`agent.containerizer.START_LANES`).
 from __future__ import annotations
 
 import asyncio
-from typing import Callable, Generic, TypeVar
+from typing import Awaitable, Callable, Generic, TypeVar
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -68,3 +68,45 @@ class Batches(Generic[Item, Result]):
             except Exception as exc:  # its caller raises it; the others go on
                 results.append((None, exc))
         return results
+
+
+class Together:
+    """`await together.run(work)`: `work` awaited, but its caller goes on only once
+    no work run through here is still on its way, with all the others, or once
+    the first of those waiting has waited `longest` seconds (a steady stream of
+    work is never held for longer). Starts of a flood that are answered one by
+    one (the holder's) then reach the agent's core in one batch, as starts on
+    worker threads did: one checkpoint and one round of updates for all, not one
+    for every few (measured: 225-346 checkpoints for 500 tasks at once, against
+    16-30)."""
+
+    def __init__(self, longest: float) -> None:
+        self._longest = longest
+        self._busy = 0
+        self._waiting: list[asyncio.Future[None]] = []
+        self._timer: asyncio.TimerHandle | None = None
+
+    async def run(self, work: Awaitable[Result]) -> Result:
+        self._busy += 1
+        try:
+            return await work
+        finally:
+            self._busy -= 1
+            if self._busy:
+                loop = asyncio.get_running_loop()
+                held: asyncio.Future[None] = loop.create_future()
+                self._waiting.append(held)
+                if self._timer is None:
+                    self._timer = loop.call_later(self._longest, self._release)
+                await held
+            else:
+                self._release()
+
+    def _release(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        waiting, self._waiting = self._waiting, []
+        for held in waiting:
+            if not held.done():
+                held.set_result(None)

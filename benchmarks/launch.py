@@ -17,14 +17,15 @@ command tasks (`/bin/true`) as fast as offers allow -- by default all at once
   stops, and the ratio to the faster of the two, the stricter reference;
 - the per-task overhead beyond the task's own process: what the agents and the
   master spent per task (CPU seconds from /proc, and resident memory grown), and
-  what holds each task besides its command -- the shim of a direct run (its CPU
-  beyond bare `/bin/true` and its own peak RSS, mean of a few), or, with
+  what holds each task besides its command -- for direct runs the agent's holder
+  (`agent.holder`, one process per agent, started with it: its own CPU during
+  the run over the tasks, what a start of it costs, and its peak RSS), or, with
   ``--command-tasks executor``, one Python command executor (the CPU and peak RSS
   of a process that imports it, against a bare `python -c pass`) plus a second
   reference of bare executor-like process starts;
 - the median and p90 accept -> TASK_RUNNING latency, and the master's peak RSS.
 
-The agents' work dirs (sandboxes: three directories and four files a direct
+The agents' work dirs (sandboxes: three directories and two files a direct
 task; checkpoints) are made under $TMPDIR: ``TMPDIR=/dev/shm`` measures the same
 without the disk's inode allocation, which the fork/exec reference never pays.
 
@@ -46,7 +47,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent import shim
 from dyad.local import LocalCluster, http_get_json
 from dyad.resources import Resources
 from frameworks import (CommandInfo, ContainerInfo, Filters, FrameworkInfo, Scheduler,
@@ -153,29 +153,27 @@ def waited_cost(argv: list[str], runs: int = 20) -> tuple[float, float]:
     return cpu / runs, rss / runs
 
 
-def shim_cost(runs: int = 20) -> tuple[float, float]:
-    """What the shim of a direct run costs beyond its command: CPU seconds (mean
-    of `runs`), and its own peak RSS in MiB (read by a command it runs)."""
-    with tempfile.TemporaryDirectory(prefix="dyad-shim-") as work:
-        status = os.path.join(work, shim.STATUS_FILE)
-        wrapped = shim.wrap(CommandInfo(argv=COMMAND), status).argv
-        assert wrapped is not None
-        shim_cpu, _ = waited_cost(wrapped, runs)
-        bare_cpu, _ = waited_cost(COMMAND, runs)
-        reader = shim.wrap(CommandInfo(shell='grep VmHWM /proc/$PPID/status'), status).argv
-        assert reader is not None
-        text = subprocess.run(reader, capture_output=True, text=True, check=True).stdout
-    # The reader is `sh -c` under the shim: its parent is the shim.
-    return max(0.0, shim_cpu - bare_cpu), int(text.split()[1]) / 1024
+def holders(work: str) -> list[int]:
+    """The pids of the agents' holders (`agent.holder`) under the work dir `work`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"agent.holder" in argv and any(a.startswith(work.encode()) for a in argv):
+            found.append(int(entry.name))
+    return found
 
 
-def cpu_seconds(pid: int, thread: int | None = None) -> float:
+def cpu_seconds(pid: int, thread: int | None = None, children: bool = False) -> float:
     """User + system CPU seconds `pid` itself used so far: not its reaped children's
-    (the runs it reaped: their tasks and holders, counted apart). With `thread`,
-    that thread's only (the main thread's is `pid`)."""
+    (the runs it reaped: their tasks, counted apart). With `thread`, that thread's
+    only (the main thread's is `pid`); with `children`, its reaped children's only."""
     where = f"/proc/{pid}" if thread is None else f"/proc/{pid}/task/{thread}"
     fields = Path(f"{where}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(f) for f in fields[11:13]) / os.sysconf("SC_CLK_TCK")
+    first = 13 if children else 11
+    return sum(int(f) for f in fields[first:first + 2]) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mib(pid: int) -> float:
@@ -250,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
             cpu_before = [cpu_seconds(pid) for pid in pids]
             agent_loops_before = sum(cpu_seconds(pid, pid) for pid in pids[1:])
             rss_before = [rss_mib(pid) for pid in pids]
+            holder_pids = holders(work)  # started with the agents
+            holders_before = sum(cpu_seconds(pid) for pid in holder_pids)  # forked at start
+            tasks_before = sum(cpu_seconds(pid, children=True) for pid in holder_pids)
             framework_before = time.process_time()
             flood = asyncio.run(run_dyad(cluster, args.tasks))
             framework_cpu = (time.process_time() - framework_before) / args.tasks
@@ -259,6 +260,12 @@ def main(argv: list[str] | None = None) -> int:
             checkpoints = sum(http_get_json(f"{a.url}/metrics/snapshot")[
                 "agent/checkpoints_written"] for a in cluster.agent_children)
             master_rss = peak_rss_mib(cluster.master.process.pid)
+            # Their own CPU, not their reaped children's (the tasks' own).
+            holder_cpu = (sum(cpu_seconds(pid) for pid in holder_pids)
+                          - holders_before) / args.tasks
+            holder_rss = sum(peak_rss_mib(pid) for pid in holder_pids)
+            tasks_cpu = (sum(cpu_seconds(pid, children=True) for pid in holder_pids)
+                         - tasks_before) / args.tasks
     if flood.failed:
         print(f"{len(flood.failed)} tasks did not finish: {flood.failed[:3]}")
         return 1
@@ -289,9 +296,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{holder_rss:.1f} MiB peak RSS (bare python: {python_cpu * 1000:.0f} ms, "
               f"{python_rss:.1f} MiB)")
     else:
-        holder_cpu, holder_rss = shim_cost()
-        print(f"holder per task: the shim: {holder_cpu * 1000:.2f} ms CPU beyond bare "
-              f"{' '.join(COMMAND)}, {holder_rss:.1f} MiB peak RSS of its own")
+        start_cpu, _ = start_cost("import agent.holder")
+        print(f"holder: {len(holder_pids)} process(es), {holder_cpu * 1000:.2f} ms CPU a "
+              f"task ({start_cpu:.2f} s each to start), {holder_rss:.1f} MiB peak RSS in all, "
+              f"{holder_rss / args.tasks * 1024:.0f} KiB a task")
+        bare_cpu, _ = waited_cost(COMMAND)
+        print(f"tasks' own processes: {tasks_cpu * 1000:.2f} ms CPU a task (bare "
+              f"{' '.join(COMMAND)} alone: {bare_cpu * 1000:.2f} ms)")
+        holder_rss /= args.tasks
     loops_cpu = agent_loops / args.tasks
     print(f"agent per task: {agents_cpu * 1000:.1f} ms CPU (event loop {loops_cpu * 1000:.1f}, "
           f"its worker threads {(agents_cpu - loops_cpu) * 1000:.1f}), {agents_rss * 1024:.0f} "

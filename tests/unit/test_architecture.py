@@ -26,7 +26,7 @@ PURE_CORES = [
     "dyad/authz.py", "master/authorization.py", "dyad/containers.py",
     "agent/container_spec.py",
     "agent/container_runs.py", "agent/docker_wire.py", "agent/containers_core.py",
-    "agent/host_runs.py", "agent/shim.py", "agent/runs.py", "agent/launch.py",
+    "agent/host_runs.py", "agent/runs.py", "agent/launch.py",
     "frameworks/service/appdef.py", "frameworks/service/constraints.py",
     "frameworks/service/deployment.py", "frameworks/service/placement.py",
     "frameworks/service/records.py", "frameworks/service/views.py",

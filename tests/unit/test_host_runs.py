@@ -1,19 +1,15 @@
 """Command tasks the agent runs itself (`agent.host_runs`), event by event with a
-fake clock and `validate()` after every step; and the shim (`agent.shim`)."""
+fake clock and `validate()` after every step (the holder that runs them, with real
+processes: `tests/unit/test_holder.py`)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agent import shim
 from agent.checkpoint import Recover, decode, encode
-from agent.containerizer import describe_command_exit, ended, stop_unrecorded
+from agent.containerizer import describe_command_exit
 from agent.health import HealthCheckResult, RunHealthCheck
 from agent.host_runs import LOST_STATUS
 from agent.model import (
@@ -55,7 +51,7 @@ def told(agent: Agent, task_id: str = "t1") -> list[TaskStatus]:
 
 
 def started(agent: Agent, info: TaskInfo | None = None) -> list[Any]:
-    """Run it and let its shim start; the updates so far are acknowledged."""
+    """Run it and let its holder start it; the updates so far are acknowledged."""
     info = info or task()
     agent.run(info)
     effects = agent(ExecutorStarted(*KEY, 4242, 1000.5))
@@ -70,15 +66,14 @@ def run_dir(agent: Agent) -> str:
     return executor.directory
 
 
-def test_a_command_task_runs_under_the_shim_with_no_executor_and_no_timer() -> None:
+def test_a_command_task_is_held_with_no_executor_and_no_timer() -> None:
     agent = direct_agent()
     effects = agent.run(task())
     # Nothing will register: the only timer is the TASK_STARTING update's retry.
     assert not any(isinstance(t.key, RegistrationTimeout) for t in of_type(effects, ArmTimer))
     (launch,) = of_type(effects, LaunchExecutor)
-    path = f"{run_dir(agent)}/{shim.STATUS_FILE}"
-    assert launch.status_file == path
-    assert launch.command.argv == [shim.SHELL, "-c", shim.SCRIPT, path, "--", "/bin/sh", "-c", "./serve"]
+    assert launch.held and launch.sandbox_dir == run_dir(agent)
+    assert launch.command == task().command  # its own, under nothing
     assert launch.env["COLOR"] == "blue" and launch.env["MESOS_TASK_ID"] == "t1"
     assert launch.limits.mem_bytes == 64 * MIB and launch.limits.cpus == 0.5  # no executor's
     (executor,) = agent.state.records.executors()
@@ -91,7 +86,7 @@ def test_a_command_task_runs_under_the_shim_with_no_executor_and_no_timer() -> N
     other.register()
     (python,) = of_type(other.run(task()), LaunchExecutor)
     assert python.command.argv[1:] == ["-m", "frameworks.executors.command"]
-    assert not python.status_file and python.limits.mem_bytes == 128 * MIB
+    assert not python.held and python.limits.mem_bytes == 128 * MIB
 
 
 def test_the_pid_and_start_time_are_checkpointed_before_task_running() -> None:
@@ -169,7 +164,7 @@ def test_a_failing_health_check_kills_the_task_and_it_ends_unhealthy() -> None:
     assert states[-1] == (TaskState.TASK_FAILED, Reason.TASK_UNHEALTHY, Source.AGENT)
 
 
-def test_a_kill_before_the_shim_started_abandons_the_launch() -> None:
+def test_a_kill_before_the_command_started_abandons_the_launch() -> None:
     agent = direct_agent()
     agent.run(task())
     told(agent)  # TASK_STARTING
@@ -211,13 +206,13 @@ def test_a_live_run_is_running_again_with_its_health_checks_and_limits() -> None
     assert executor.phase == "RUNNING" and executor.pid == 4242
     assert of_type(back.effects, UpdateLimits)
     assert of_type(back.advance(0.5), RunHealthCheck)
-    # Its end later comes from the shim's file, through the adopted process.
+    # Its end later comes from its holder, which the restarted agent reconnected to.
     back(ExecutorProcessExited(*KEY, 7, "Command exited with status 7"))
     (end,) = told(back)
     assert (end.state, end.message) == (TaskState.TASK_FAILED, "Command exited with status 7")
 
 
-def test_a_run_that_ended_while_the_agent_was_away_ends_by_its_status_file() -> None:
+def test_a_run_that_ended_while_the_agent_was_away_ends_by_what_its_holder_said() -> None:
     back = recovered(checkpointed(), alive=False,
                      exits={KEY: ExecutorProcessExited(*KEY, 0, "Command exited with status 0")})
     (end,) = told(back)
@@ -238,81 +233,3 @@ def test_a_live_run_being_killed_is_killed_again() -> None:
     assert of_type(back.effects, KillExecutor) == [KillExecutor(*KEY, "TERM")]
     assert any(isinstance(t.key, KillDue) for t in of_type(back.effects, ArmTimer))
     assert not any(isinstance(k, RegistrationTimeout) for k in back.timers)
-
-
-# ----------------------------------------------------------------------- shim
-
-
-def shimmed(tmp_path: Path, argv: list[str]) -> subprocess.Popen[bytes]:
-    path = str(tmp_path / shim.STATUS_FILE)
-    command = shim.wrap(CommandInfo(argv=argv), path)
-    assert command.argv is not None
-    return subprocess.Popen(command.argv, cwd=tmp_path, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-
-
-@pytest.mark.parametrize("argv,status", [(["/bin/true"], 0), (["/bin/sh", "-c", "exit 3"], 3)])
-def test_the_shim_writes_the_commands_status(tmp_path: Path, argv: list[str],
-                                             status: int) -> None:
-    process = shimmed(tmp_path, argv)
-    assert process.wait(10) == status
-    assert process.stdout is not None
-    process.stdout.close()
-    assert ended(str(tmp_path / shim.STATUS_FILE)) == (status, describe_command_exit(status))
-
-
-def test_the_shim_joins_what_it_is_given_before_it_forks_the_command(tmp_path: Path) -> None:
-    """Under cgroups the shim writes its own pid to each run's `cgroup.procs`
-    (files here), so its command is born in them: no joining shell first."""
-    procs = [str(tmp_path / "memory.procs"), str(tmp_path / "cpu.procs")]
-    command = shim.wrap(CommandInfo(shell="echo $PPID"), str(tmp_path / shim.STATUS_FILE))
-    assert command.argv is not None
-    argv = shim.join(command.argv, procs)
-    process = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=10,
-                             check=False)
-    assert process.returncode == 0
-    # `sh -c "echo $PPID"` runs under the shim: its parent is the shim.
-    shim_pid = process.stdout.strip()
-    assert [Path(p).read_text().strip() for p in procs] == [shim_pid, shim_pid]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        ["memory.procs", "cpu.procs", shim.STATUS_FILE])  # no other file of its own
-    assert ended(str(tmp_path / shim.STATUS_FILE)) == (0, describe_command_exit(0))
-
-
-def test_a_shim_that_cannot_join_exits_126_before_the_command_runs(tmp_path: Path) -> None:
-    marker = tmp_path / "ran"
-    command = shim.wrap(CommandInfo(shell=f"touch {marker}"), str(tmp_path / shim.STATUS_FILE))
-    assert command.argv is not None
-    argv = shim.join(command.argv, [str(tmp_path / "no-such-dir" / "cgroup.procs")])
-    process = subprocess.run(argv, cwd=tmp_path, capture_output=True, timeout=10, check=False)
-    assert process.returncode == 126
-    assert not marker.exists() and not (tmp_path / shim.STATUS_FILE).exists()
-
-
-def test_sigterm_to_the_group_reaches_the_command_and_the_status_is_still_written(
-        tmp_path: Path) -> None:
-    process = shimmed(tmp_path, ["/bin/sh", "-c", "echo up; exec sleep 30"])
-    assert process.stdout is not None and process.stdout.readline() == b"up\n"
-    os.killpg(process.pid, signal.SIGTERM)  # what KillExecutor("TERM") does
-    assert process.wait(10) == 128 + signal.SIGTERM
-    assert ended(str(tmp_path / shim.STATUS_FILE)) == (143, describe_command_exit(143))
-    process.stdout.close()
-
-
-def test_a_run_whose_pid_was_never_checkpointed_is_found_in_its_sandbox_and_stopped(
-        tmp_path: Path) -> None:
-    process = shimmed(tmp_path, ["/bin/sh", "-c", "echo up; exec sleep 30"])
-    assert process.stdout is not None and process.stdout.readline() == b"up\n"
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    assert stop_unrecorded([str(elsewhere), str(tmp_path / "none")]) == set()
-    assert stop_unrecorded([]) == set()
-    assert stop_unrecorded([str(elsewhere), str(tmp_path)]) == {str(tmp_path)}
-    assert process.wait(10) == -signal.SIGKILL
-    process.stdout.close()
-
-
-def test_a_status_file_that_is_missing_or_damaged_says_nothing(tmp_path: Path) -> None:
-    assert ended(str(tmp_path / "none")) is None
-    for text in ("", "x", "300", "-1"):
-        assert shim.parse_status(text) is None

@@ -1,5 +1,6 @@
 """Runs started by `agent.spawn` and reaped through its `Watcher`, and the
-containerizer's batched ends, with real processes (each lives milliseconds)."""
+containerizer's batched ends of runs it started and of runs its holder held, with
+real processes (each lives milliseconds)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-from agent import shim, spawn
+from agent import holder, spawn
 from agent.containerizer import Containerizer
 from agent.isolation import PosixIsolator
 from agent.model import LaunchExecutor, RunKey, RunSample
@@ -19,7 +20,7 @@ from dyad.messages import CommandInfo
 
 def test_start_time_reads_what_psutil_reads() -> None:
     for pid in (1, os.getpid()):
-        assert abs(spawn.start_time(pid) - psutil.Process(pid).create_time()) < 0.01
+        assert abs(holder.start_time(pid) - psutil.Process(pid).create_time()) < 0.01
 
 
 async def test_one_watcher_reaps_many_runs_with_their_statuses(tmp_path: Path) -> None:
@@ -56,16 +57,18 @@ async def test_runs_ending_together_are_each_reported_once(tmp_path: Path) -> No
         if len(ended) == 30:
             all_ended.set()
 
-    containerizer = Containerizer(on_exit, {"PATH": os.environ["PATH"]}, PosixIsolator())
+    containerizer = Containerizer(on_exit, {"PATH": os.environ["PATH"]}, PosixIsolator(),
+                                  work_dir=str(tmp_path))
     launches = []
-    for n in range(30):
-        sandbox = str(tmp_path / f"run{n}")
-        status = f"{sandbox}/{shim.STATUS_FILE}"
+    for n in range(30):  # every third one held (a direct run), the others spawned here
         launches.append(LaunchExecutor(
-            "f", f"e{n}", f"r{n}", shim.wrap(CommandInfo(shell=f"exit {n % 3}"), status), {},
-            sandbox, status_file=status))
+            "f", f"e{n}", f"r{n}", CommandInfo(shell=f"exit {n % 3}"), {},
+            str(tmp_path / f"run{n}"), held=n % 3 == 0))
+    await containerizer.connect_holder()
     await asyncio.gather(*(containerizer.launch(launch) for launch in launches))
     await asyncio.wait_for(all_ended.wait(), 10)
-    assert ended == {("f", f"e{n}", f"r{n}"): (n % 3, f"Command exited with status {n % 3}")
-                     for n in range(30)}
+    said = {True: "Command", False: "Executor"}
+    assert ended == {("f", f"e{n}", f"r{n}"): (n % 3, f"{said[n % 3 == 0]} exited with status "
+                                                      f"{n % 3}") for n in range(30)}
     assert containerizer.pids == []
+    containerizer.close()

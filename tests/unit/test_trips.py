@@ -1,4 +1,5 @@
-"""`agent.trips.Batches`: blocking work in batched worker-thread trips."""
+"""`agent.trips`: blocking work in batched worker-thread trips (`Batches`), and
+work answered one by one whose callers go on together (`Together`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import threading
 
 import pytest
 
-from agent.trips import Batches
+from agent.trips import Batches, Together
 from tests.helpers import wait_for
 
 
@@ -81,3 +82,33 @@ async def test_a_cancelled_caller_leaves_the_rest_served() -> None:
     assert await asyncio.wait_for(second, 10) == 2
     with pytest.raises(asyncio.CancelledError):
         await first
+
+
+async def test_callers_go_on_together_once_no_work_is_on_its_way() -> None:
+    together = Together(longest=60)
+    answers = [asyncio.get_running_loop().create_future() for _ in range(3)]
+    went: list[int] = []
+
+    async def caller(n: int) -> None:
+        went.append(await together.run(answers[n]))
+
+    callers = [asyncio.ensure_future(caller(n)) for n in range(3)]
+    await asyncio.sleep(0)
+    answers[0].set_result(0)
+    answers[2].set_exception(OSError("refused"))  # a failure also waits for the rest
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not went and not any(c.done() for c in callers)
+    answers[1].set_result(1)
+    results = await asyncio.gather(*callers, return_exceptions=True)
+    assert sorted(went) == [0, 1] and isinstance(results[2], OSError)
+    # Nothing on its way: the next caller is not held.
+    assert await asyncio.wait_for(together.run(asyncio.sleep(0, 7)), 1) == 7
+
+
+async def test_a_steady_stream_of_work_is_never_held_longer_than_the_longest() -> None:
+    together = Together(longest=0.05)
+    never: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    stream = asyncio.ensure_future(together.run(never))  # always something on its way
+    assert await asyncio.wait_for(together.run(asyncio.sleep(0, 3)), 5) == 3
+    stream.cancel()
