@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT = 20.0  # a fresh holder is a Python start: well under a second
 START_TIMEOUT = 30.0
 LINE_LIMIT = 1 << 26  # a hello lists every run the holder knows
+# Where this agent's code lives: the holder must run the same code as its agent,
+# from a source tree as much as from an install (it starts in "/").
+CODE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(holder.__file__)))
 
 
 class HolderGone(Exception):
@@ -121,10 +124,12 @@ class HolderLink:
         """A holder of its own session (signals to the agent's group pass it by),
         its errors in the work dir; blocking (on a thread): it leaves us once it
         listens (`agent.holder`). Its starter's exit status."""
+        path = os.pathsep.join(filter(None, [CODE_ROOT, os.environ.get("PYTHONPATH")]))
         with open(os.path.join(self.work_dir, "holder.out"), "ab") as out:
             return subprocess.call(
                 [sys.executable, "-m", "agent.holder", self.work_dir], stdin=subprocess.DEVNULL,
-                stdout=out, stderr=out, start_new_session=True, cwd="/")
+                stdout=out, stderr=out, start_new_session=True, cwd="/",
+                env={**os.environ, "PYTHONPATH": path})
 
     def _hello(self, hello: dict[str, Any], writer: asyncio.StreamWriter) -> None:
         self.pid = hello["pid"]

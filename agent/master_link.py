@@ -2,10 +2,20 @@
 
 DETECTING -> REGISTERING (RegisterAgent retried with backoff, 1 s doubling to
 `register_backoff_max`) -> REGISTERED. Silence from the master for
-3 x ping_interval (any message counts: the master's pings are what keep it alive)
-sends the agent back to DETECTING, and the shell detects the master again. A
-successor named by ZooKeeper arrives as another `detected` in any phase: the agent
-moves to it at once, without waiting for the old one's silence.
+3 x ping_interval sends the agent back to DETECTING, and the shell detects the
+master again. While REGISTERED, any frame from the master counts as proof of life,
+not only a `Ping` (the agent says so as it registers, `LIVENESS_CAPABILITY`, and the
+master then skips the pings of agents it is busy talking to anyway). Frames count
+only once the master's `AgentRegistered` (by its id) has made the link REGISTERED:
+after a move to a successor the link is REGISTERING, so whatever the old master
+still had on its way is never taken as the new one's word. A successor named by
+ZooKeeper arrives as another `detected` in any phase: the agent moves to it at
+once, without waiting for the old one's silence.
+
+A frame only moves the deadline (`heard`); the silence timer, when it fires, looks
+at the deadline and re-arms itself if the master spoke since. So the deadline is
+exactly the last frame plus 3 x ping_interval, and a busy link costs no timer
+traffic per frame.
 
 The link knows phases, timers and backoff; what a registration says (the agent's
 executors and tasks) and what registering unlocks (status updates, queued exits)
@@ -43,7 +53,8 @@ class RegisterRetry(TimerKey):
 
 @attrs.frozen
 class MasterSilent(TimerKey):
-    """3 x ping_interval without a word from the master: detect it again."""
+    """3 x ping_interval since the last word from the master, perhaps: look at the
+    deadline, detect the master again if it has passed."""
 
     seq: int
 
@@ -59,6 +70,7 @@ class MasterLink:
         self._backoff = config.register_backoff
         self._retry: RegisterRetry | None = None
         self._silence: MasterSilent | None = None
+        self._heard_at = 0.0  # the last frame from the master (once armed)
         self._seq = itertools.count()
 
     @property
@@ -92,8 +104,17 @@ class MasterLink:
         """Is `key` the retry armed now (not a stale one)?"""
         return key == self._retry and self.phase == REGISTERING
 
-    def silence_due(self, key: MasterSilent) -> bool:
-        return key == self._silence
+    def silence(self, key: MasterSilent, now: float) -> list[Effect] | None:
+        """The silence timer `key` fired. None: the master has been silent for
+        3 x ping_interval (call `lost`); else the effects, none for a stale key,
+        or the timer re-armed for the deadline a frame since has moved."""
+        if key != self._silence:
+            return []
+        deadline = self._heard_at + 3 * self.ping_interval
+        if deadline <= now:
+            return None
+        self._silence = MasterSilent(next(self._seq))
+        return [ArmTimer(self._silence, deadline)]
 
     def answered(self, msg: AgentRegistered, now: float) -> tuple[list[Effect], bool]:
         """The master answered a registration. Returns the effects and whether this
@@ -115,9 +136,11 @@ class MasterLink:
         self.phase = REGISTERED
         return effects + self._cancel_retry(), True
 
-    def heard(self, now: float) -> list[Effect]:
-        """The master spoke (a ping): it is alive, restart the silence timer."""
-        return [] if self.phase == DETECTING else self._arm_silence(now)
+    def heard(self, now: float) -> None:
+        """A frame from the master: while REGISTERED (with the master whose
+        `AgentRegistered` made it so) it is alive, and the deadline moves."""
+        if self.phase == REGISTERED:
+            self._heard_at = now
 
     def lost(self) -> list[Effect]:
         """The master fell silent: detect it again."""
@@ -133,6 +156,7 @@ class MasterLink:
 
     def _arm_silence(self, now: float) -> list[Effect]:
         effects: list[Effect] = [] if self._silence is None else [CancelTimer(self._silence)]
+        self._heard_at = now
         self._silence = MasterSilent(next(self._seq))
         return effects + [ArmTimer(self._silence, now + 3 * self.ping_interval)]
 

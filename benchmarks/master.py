@@ -2,6 +2,7 @@
 
     python -m benchmarks.master [--agents 1000] [--frameworks 1] [--tasks N]
                                 [--workers 2] [--quick] [--pace TASKS_PER_S]
+                                [--single-frames] [--ping-all]
 
 Starts one real `dyad-master` (standalone), `--agents` simulated agents spread
 over `--workers` processes, and `--frameworks` frameworks on the public
@@ -10,6 +11,9 @@ protocol on its own ZMQ connection: it registers, answers pings, and for every
 `RunTask` queues TASK_RUNNING then TASK_FINISHED on the real status-update
 manager (`agent.status_updates`, the agent's retry schedule and all: each update
 is sent when the one before it is acknowledged), then reports its executor gone.
+Like the real agent it declares that any frame from the master proves the master
+alive, so the master skips the pings of agents it is busy talking to
+(`--ping-all`: it does not, and is pinged every interval).
 Each framework launches everything it is offered (as many tasks as fit in each
 offer) until it has launched its share of `--tasks`, and acknowledges every update.
 With `--pace`, the frameworks instead hold their offers and launch from them at
@@ -45,13 +49,14 @@ import zmq
 import zmq.asyncio
 
 from agent.status_updates import SendMaster, StatusUpdateManager
+from dyad import gc_pauses
 from dyad.effects import ArmTimer, CancelTimer
 from dyad.ids import new_uuid
 from dyad.local import LocalCluster, http_get_json
 from dyad.messages import (
-    BATCH_CAPABILITY, AgentInfo, AgentRegistered, Batch, ExecutorExited, Ping, Pong,
-    RegisterAgent, RunTask, Source, StatusUpdate, StatusUpdateAck, TaskState, TaskStatus, encode,
-    encode_batch)
+    BATCH_CAPABILITY, LIVENESS_CAPABILITY, AgentInfo, AgentRegistered, Batch, ExecutorExited,
+    Ping, Pong, RegisterAgent, RunTask, Source, StatusUpdate, StatusUpdateAck, TaskState,
+    TaskStatus, encode, encode_batch)
 from dyad.resources import Resources
 from dyad.timers import TimerTable
 from dyad.transport import Dealer
@@ -68,16 +73,21 @@ WINDOW = 64  # reference round trips in flight
 
 class SimAgent:
     """A stand-in agent: the real wire protocol and status-update manager, no
-    processes. It takes `Batch` frames (it says so as it registers) and sends
-    what one frame makes it say as one frame (a batch when it is more than one)."""
+    processes. Unless told otherwise it takes `Batch` frames and sends what one
+    frame makes it say as one frame (a batch when it is more than one), and it
+    declares `LIVENESS_CAPABILITY`, as the real agent does: the master then skips
+    the pings of agents it is busy talking to. (It never gives up on the master,
+    so it keeps no silence timer.)"""
 
-    def __init__(self, name: str, endpoint: str, batches: bool = True) -> None:
+    def __init__(self, name: str, endpoint: str,
+                 capabilities: tuple[str, ...] = (BATCH_CAPABILITY, LIVENESS_CAPABILITY)
+                 ) -> None:
         self.sock = Dealer()
         self.sock.connect(endpoint)
         self.info = AgentInfo(hostname=name, port=5051, ip="127.0.0.1",
                               resources=AGENT_RESOURCES)
-        self.capabilities = [BATCH_CAPABILITY] if batches else []
-        self.batches = batches
+        self.capabilities = list(capabilities)
+        self.batches = BATCH_CAPABILITY in capabilities
         self.agent_id: str | None = None
         self.updates = StatusUpdateManager(seed=name)
         self.timers = TimerTable(time.monotonic, self._retry_due)
@@ -157,20 +167,24 @@ class SimAgent:
             self.send_failures += 1  # like a frame lost on the network: retries cover it
 
 
-def agent_worker(endpoint: str, names: list[str], conn: Connection, batches: bool) -> None:
+def agent_worker(endpoint: str, names: list[str], conn: Connection,
+                 capabilities: tuple[str, ...]) -> None:
     """A process of simulated agents; says when all are registered, reports on "stop"."""
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    asyncio.run(_agents(endpoint, names, conn, batches))
+    gc_pauses.install()  # as the master does: 5,000 agents are a large heap too
+    asyncio.run(_agents(endpoint, names, conn, capabilities))
 
 
-async def _agents(endpoint: str, names: list[str], conn: Connection, batches: bool) -> None:
+async def _agents(endpoint: str, names: list[str], conn: Connection,
+                  capabilities: tuple[str, ...]) -> None:
     zmq.asyncio.Context.instance().set(zmq.MAX_SOCKETS, len(names) + 100)
-    agents = [SimAgent(name, endpoint, batches) for name in names]
+    agents = [SimAgent(name, endpoint, capabilities) for name in names]
     loops = [asyncio.ensure_future(a.serve()) for a in agents]
     loops += [asyncio.ensure_future(a.register()) for a in agents]
     while any(a.agent_id is None for a in agents):
         await asyncio.sleep(0.1)
+    gc_pauses.settle()  # the agents are built: as the real agent does once it is up
     conn.send("registered")
     await asyncio.get_running_loop().run_in_executor(None, conn.recv)
     conn.send({
@@ -406,11 +420,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--single-frames", action="store_true",
                         help="simulated agents neither take nor send Batch frames (as "
                              "the real agent does today)")
+    parser.add_argument("--ping-all", action="store_true",
+                        help="simulated agents do not declare ANY_FRAME_LIVENESS, so the "
+                             "master pings every one every interval (as before it could "
+                             "skip the pings of busy agents)")
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--master-arg", action="append", default=[], metavar="ARG",
                         help="passed to dyad-master (repeat: --master-arg=--usage-store "
                              "--master-arg=off)")
     args = parser.parse_args(argv)
+    gc_pauses.install()  # the drivers' process holds every task's times
     # Each simulated agent is a connection of its own: the master holds one
     # descriptor per agent, a worker two (its socket's TCP and mailbox).
     limit = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
@@ -449,11 +468,14 @@ def measure(args: argparse.Namespace, total: int, master_args: tuple[str, ...] =
             assert cluster.master is not None
             endpoint, url = cluster.master.zmq, cluster.master.url
             names = [f"sim{i:05d}" for i in range(args.agents)]
+            capabilities = tuple(
+                ([] if args.single_frames else [BATCH_CAPABILITY])
+                + ([] if args.ping_all else [LIVENESS_CAPABILITY]))
             for w in range(args.workers):
                 parent, child = ctx.Pipe()
                 process = ctx.Process(target=agent_worker, daemon=True,
                                       args=(endpoint, names[w::args.workers], child,
-                                            not args.single_frames))
+                                            capabilities))
                 process.start()
                 workers.append((process, parent))
             started = time.monotonic()
@@ -499,9 +521,12 @@ def report(args: argparse.Namespace, total: int, reference: float, launchers: li
     duplicates = sum(r["duplicates"] for r in reports)
     frames = after["master/messages_received"] - before["master/messages_received"]
     offers_frames = after.get("master/offers_frames", 0) - before.get("master/offers_frames", 0)
+    skipped = (after.get("master/agent_pings_skipped", 0)
+               - before.get("master/agent_pings_skipped", 0))
     print()
     print(f"agents={args.agents} frameworks={args.frameworks} tasks={total} "
           f"workers={args.workers} agent frames={'single' if args.single_frames else 'batch'}"
+          f"{' pinged every interval' if args.ping_all else ''}"
           f"{f' pace={args.pace:g}/s' if args.pace else ''}")
     print(f"tasks/s, first accept -> last TASK_FINISHED: {rate:,.0f} "
           f"({done} tasks in {span:.2f} s)")
@@ -528,7 +553,7 @@ def report(args: argparse.Namespace, total: int, reference: float, launchers: li
           f"(to a full queue {after.get('master/sends_full', 0):.0f}, to a peer gone "
           f"{after.get('master/sends_unroutable', 0):.0f}); resends coalesced by the master: "
           f"{after.get('master/resends_coalesced', 0):.0f}; "
-          f"offers frames: {offers_frames:.0f}")
+          f"offers frames: {offers_frames:.0f}; agent pings skipped: {skipped:.0f}")
     sent = after.get("master/frames_sent", 0) - before.get("master/frames_sent", 0)
     print(f"frames: master sent {sent / max(done, 1):.1f} per task; master batches sent "
           f"{after.get('master/batch_frames_sent', 0):.0f} "

@@ -251,6 +251,13 @@ class ExecutorToFramework(Message):
 
 # agent <-> master --------------------------------------------------------------------
 
+LIVENESS_CAPABILITY = "ANY_FRAME_LIVENESS"
+"""An agent (`RegisterAgent.capabilities`) with this capability counts any frame
+from the master it is registered with as proof of life (its silence timer), so the
+master may skip the ping of an agent it has both heard from and sent to since the
+last one (docs/protocol.md, "Liveness"); an agent without it is pinged as ever."""
+
+
 @message("register_agent")
 class RegisterAgent(Message):
     """First registration (agent.id None) or re-registration with what is running."""
@@ -261,7 +268,9 @@ class RegisterAgent(Message):
     executors: list[ExecutorInfo] = attrs.field(factory=list)
     frameworks: list[FrameworkInfo] = attrs.field(factory=list)
     dynamic: DynamicResources | None = None  # its checkpointed reservations and volumes
-    capabilities: list[str] = attrs.field(factory=list)  # BATCH_FRAMES: it takes `Batch`
+    # BATCH_FRAMES: it takes `Batch`; ANY_FRAME_LIVENESS: any frame from the master
+    # it is registered with proves the master alive to it, not only a `Ping`.
+    capabilities: list[str] = attrs.field(factory=list)
 
 
 @message("agent_registered")

@@ -14,9 +14,9 @@ from collections.abc import Iterable, Mapping
 import attrs
 
 from dyad.messages import (
-    AgentInfo, AgentRegistered, CheckpointResources, DrainAgent, ExecutorExited, ExecutorToFramework, Failure,
-    KillTask, Ping, Pong, Reason, RegisterAgent, ShutdownFramework, StatusUpdate,
-    StatusUpdateAck, TaskState, Update, UsageReport,
+    LIVENESS_CAPABILITY, AgentInfo, AgentRegistered, CheckpointResources, DrainAgent,
+    ExecutorExited, ExecutorToFramework, Failure, KillTask, Ping, Pong, Reason, RegisterAgent,
+    ShutdownFramework, StatusUpdate, StatusUpdateAck, TaskState, Update, UsageReport,
 )
 from dyad.volumes import DynamicResources
 from master import revocable
@@ -60,6 +60,7 @@ class AgentHandlers(MasterBooks):
         else:
             self._rebind_agent(agent, peer)
         agent.reregistered_time = self._now
+        agent.any_frame_liveness = LIVENESS_CAPABILITY in message.capabilities
         self._drop_missing(agent, plan)
         self._adopt(agent, plan, kill_lost=came_back)
         self._send(peer, AgentRegistered(agent_id=agent.id, master_info=self.info,
@@ -82,6 +83,7 @@ class AgentHandlers(MasterBooks):
             known = self._add_agent(peer, attrs.evolve(message.agent, id=self._ids.next("S"))).id
             self._request_allocation()
         # else: a retry whose answer crossed it on the wire; answer again.
+        self.agents[known].any_frame_liveness = LIVENESS_CAPABILITY in message.capabilities
         self._send(peer, AgentRegistered(agent_id=known, master_info=self.info,
                                          ping_interval=self.config.agent_ping_timeout))
 
@@ -187,16 +189,23 @@ class AgentHandlers(MasterBooks):
 
     def _on_pong(self, peer: str, message: Pong) -> None:
         agent = self._sending_agent(peer, message, message.agent_id)
-        if agent is not None:
-            agent.awaiting_pong = False
-            agent.missed_pongs = 0
-            if self._removals.forget(agent.id):
-                self.counters.inc("master/agent_removals_cancelled")
+        if agent is not None and agent.awaiting_pong:
+            self._answered(agent)
 
     def _ping_due(self, agent_id: str) -> None:
+        """The agent's tick, every `agent_ping_timeout`. A tick that finds the last
+        one unanswered counts a miss; `max_agent_ping_timeouts` in a row make the
+        agent unreachable. An agent with LIVENESS_CAPABILITY that spoke to us since
+        its last tick (answering it) and was sent something other than a ping (so
+        it knows we are alive) is not pinged: the tick stands for a ping all the
+        same, and the next tick counts a miss unless it says something meanwhile.
+        So a silent agent is declared gone as many intervals after its last frame
+        as with a ping every tick, and a busy one costs no pings."""
         agent = self.agents.get(agent_id)
         if agent is None:
             return
+        heard, told = agent.heard, agent.told
+        agent.heard = agent.told = False
         if agent.awaiting_pong:
             agent.missed_pongs += 1
             if (agent.missed_pongs >= self.config.max_agent_ping_timeouts
@@ -205,7 +214,11 @@ class AgentHandlers(MasterBooks):
                 return
             # else: waiting for a removal permit; a pong meanwhile cancels it
         agent.awaiting_pong = True
-        self._send(agent.peer, Ping(agent_id=agent.id))
+        if heard and told and agent.any_frame_liveness:
+            self.counters.inc("master/agent_pings_skipped")
+        else:
+            self._send(agent.peer, Ping(agent_id=agent.id))
+            agent.told = False  # a ping is not news that lets the next one go
         self._arm(PingDue(agent.id), self._now + self.config.agent_ping_timeout)
 
     def _agent_unreachable(self, agent: MasterAgent) -> None:

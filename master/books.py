@@ -96,6 +96,9 @@ class MasterBooks:
 
     def _send(self, peer: str, message: Message) -> None:
         self._out.append(Send(peer, message))
+        agent_id = self.agent_by_peer.get(peer)
+        if agent_id is not None:  # it hears from us: its next ping may be skipped
+            self.agents[agent_id].told = True
 
     def _arm(self, key: TimerKey, at: float) -> None:
         self._out.append(ArmTimer(key, at))
@@ -158,7 +161,18 @@ class MasterBooks:
             self._refuse(peer, message,
                          f"agent id {agent_id} does not match this connection's agent {known}")
             return None
-        return self.agents[known]
+        agent = self.agents[known]
+        agent.heard = True
+        if agent.awaiting_pong and agent.any_frame_liveness:
+            self._answered(agent)  # any frame from it is as good as a pong
+        return agent
+
+    def _answered(self, agent: MasterAgent) -> None:
+        """The agent answered its ping (with LIVENESS_CAPABILITY: said anything)."""
+        agent.awaiting_pong = False
+        agent.missed_pongs = 0
+        if self._removals.forget(agent.id):
+            self.counters.inc("master/agent_removals_cancelled")
 
     # ======================================================== frameworks
 

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import zmq
 
-from dyad import logs, security
+from dyad import gc_pauses, logs, security
 from dyad import argtypes
 from dyad.units import parse_duration
 from dyad.zk import ZkAddress, parse_zk_url
@@ -195,6 +195,7 @@ def config_from(args: argparse.Namespace,
 
 
 async def _serve(args: argparse.Namespace, secure: security.ServerSecurity) -> int:
+    gc_pauses.install()  # full collections of a large heap stall the loop (dyad/gc_pauses.py)
     server = MasterServer(ip=args.ip, hostname=args.hostname, port=args.port,
                           zmq_port=args.zmq_port, config=config_from(args, secure),
                           work_dir=args.work_dir, zk=args.zk,

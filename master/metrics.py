@@ -134,6 +134,8 @@ COUNTERS = {
     "master/agents_drained": "Agents that reported they are draining.",
     "master/agent_removals_deferred": "Agent removals queued by the removal rate limit.",
     "master/agent_removals_cancelled": "Queued agent removals cancelled because the agent answered.",
+    "master/agent_pings_skipped": "Pings not sent: the agent (ANY_FRAME_LIVENESS) and the master "
+                                  "had both spoken since its last tick (master/agents.py).",
     "master/recovery_agents_unreachable": "Registry agents that did not re-register in time after a failover.",
     "master/tasks_finished": "Tasks that ended TASK_FINISHED.",
     "master/tasks_failed": "Tasks that ended TASK_FAILED.",

@@ -220,6 +220,12 @@ class MasterAgent:
     executor_ids: dict[str, dict[str, None]] = attrs.field(factory=dict)
     awaiting_pong: bool = False
     missed_pongs: int = 0
+    # Liveness (master/agents.py): the agent declared LIVENESS_CAPABILITY (any frame
+    # from it is as good as a pong, and a frame from us proves us alive to it);
+    # whether it spoke to us, and we to it, since its last ping tick.
+    any_frame_liveness: bool = False
+    heard: bool = False
+    told: bool = False
     # What offer operations changed (dynamic reservations, persistent volumes);
     # the registry and the agent's checkpoint keep it too (dyad/volumes.py).
     dynamic: DynamicResources = attrs.field(factory=DynamicResources)

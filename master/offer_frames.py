@@ -69,17 +69,44 @@ def _resources_bytes(resources: Resources) -> int:
     return size
 
 
-def offer_bytes(offer: Offer) -> int:
-    """The size of `offer`'s JSON inside an `Offers` frame."""
-    attributes = offer.attributes
-    size = (_BLANK_BYTES + _text(offer.id) + _text(offer.framework_id)
-            + _text(offer.agent_id) + _text(offer.hostname)
-            + _resources_bytes(offer.resources) + _text(offer.url)
-            + _strings(offer.executor_ids) + _strings(offer.cached_uris)
-            + _resources_bytes(offer.revocable))
+# agent id -> (hostname, url, attributes, bytes of those and the id): an agent's
+# offers repeat them, and measuring them is most of `offer_bytes`. An entry is
+# used only while all three still equal the offer's (a re-registered agent may
+# change them); bounded like `_RESOURCES_BYTES`.
+_AGENT_BYTES: dict[str, tuple[str, str, dict[str, str], int]] = {}
+_AGENT_BYTES_MAX = 1 << 16
+_last_framework: tuple[str, int] = ("", 0)  # the last framework id measured
+
+
+def _agent_bytes(offer: Offer) -> int:
+    hostname, url, attributes = offer.hostname, offer.url, offer.attributes
+    known = _AGENT_BYTES.get(offer.agent_id)
+    if known is not None and known[0] == hostname and known[1] == url \
+            and known[2] == attributes:
+        return known[3]
+    size = _text(offer.agent_id) + _text(hostname) + _text(url)
     if attributes:
         size += (sum(_text(k) + _text(v) for k, v in attributes.items())
                  + 6 * len(attributes) - 1)  # "k":"v" and commas
+    if len(_AGENT_BYTES) >= _AGENT_BYTES_MAX:
+        _AGENT_BYTES.clear()
+    _AGENT_BYTES[offer.agent_id] = (hostname, url, dict(attributes), size)
+    return size
+
+
+def offer_bytes(offer: Offer) -> int:
+    """The size of `offer`'s JSON inside an `Offers` frame."""
+    global _last_framework
+    framework_id = offer.framework_id
+    if _last_framework[0] == framework_id:
+        framework_bytes = _last_framework[1]
+    else:
+        framework_bytes = _text(framework_id)
+        _last_framework = (framework_id, framework_bytes)
+    size = (_BLANK_BYTES + _text(offer.id) + framework_bytes + _agent_bytes(offer)
+            + _resources_bytes(offer.resources)
+            + _strings(offer.executor_ids) + _strings(offer.cached_uris)
+            + _resources_bytes(offer.revocable))
     if offer.volumes:  # rare, and small objects: measured as the codec writes them
         size += sum(len(dumps(v))
                     for v in offer.volumes) + len(offer.volumes) - 1

@@ -71,7 +71,7 @@ from typing import NamedTuple
 
 from dyad.resources import SHARE_KINDS, UNRESERVED, Resources, ResourcesError
 from master.allocator.policy import Quota
-from master.allocator.quota_rooms import QuotaRooms, _cut, _Rooms, allowed_roles
+from master.allocator.quota_rooms import QuotaRooms, _cut, _Plan, _Rooms, allowed_roles
 from master.allocator.quota_rooms import _cut_entries  # noqa: F401 (tests reach it here)
 from master.allocator.sorter import DRFSorter, Sorter
 
@@ -147,7 +147,10 @@ class HierarchicalAllocator(QuotaRooms):
         self._total: Counter[str] = Counter()  # scalar milli over every agent
         self._free_unreserved: Counter[str] = Counter()
         self._quota: dict[str, Quota] = {}
-        self._filter_expiry: list[tuple[float, str, str]] = []  # (until, framework, agent)
+        # Filter ends: a heap of times, and per time the (framework, agent) pairs
+        # filtered until then (a Decline of thousands of offers sets one time).
+        self._filter_expiry: list[float] = []
+        self._filters_until: dict[float, list[tuple[str, str]]] = {}
         self._dirty: dict[str, None] = {}  # ordered: deterministic passes
         self._all_dirty = False
         self._quota_blocked: dict[str, None] = {}
@@ -163,6 +166,7 @@ class HierarchicalAllocator(QuotaRooms):
         # allocation in a guaranteed subtree changes.
         self._needs: dict[str, dict[str, int]] = {}
         self._required: dict[str, int] | None = None  # only kinds still missed
+        self._plans: dict[tuple[str, bool], _Plan | tuple[()]] = {}  # `_plan`, until needs change
         self._memo: tuple[Resources | None, dict[str, int]] = (None, {})
         self.last_considered = 0  # agents looked at by the last pass
 
@@ -295,11 +299,16 @@ class HierarchicalAllocator(QuotaRooms):
         """`add_filter` for several agents (a Decline of hundreds of offers)."""
         framework = self._framework(framework_id)
         filters = framework.filters
+        ending = self._filters_until
         for agent_id in agent_ids:
             agent = self._agent(agent_id)
             at = max(until, filters.get(agent_id, until))
             filters[agent_id] = agent.filtered[framework_id] = at
-            heapq.heappush(self._filter_expiry, (at, framework_id, agent_id))
+            pairs = ending.get(at)
+            if pairs is None:
+                pairs = ending[at] = []
+                heapq.heappush(self._filter_expiry, at)
+            pairs.append((framework_id, agent_id))
 
     def _unfilter(self, framework_id: str, framework: _Framework) -> None:
         agents = self._agents
@@ -438,13 +447,15 @@ class HierarchicalAllocator(QuotaRooms):
 
     def _expire_filters(self, now: float) -> None:
         heap = self._filter_expiry
-        while heap and heap[0][0] <= now:
-            until, framework_id, agent_id = heapq.heappop(heap)
-            framework = self._frameworks.get(framework_id)
-            if framework is not None and framework.filters.get(agent_id) == until:
-                del framework.filters[agent_id]
-                del self._agents[agent_id].filtered[framework_id]  # known: it is filtered
-                self._dirty[agent_id] = None
+        while heap and heap[0] <= now:
+            until = heapq.heappop(heap)
+            # Sorted: filters ending together expire by framework, then agent.
+            for framework_id, agent_id in sorted(self._filters_until.pop(until)):
+                framework = self._frameworks.get(framework_id)
+                if framework is not None and framework.filters.get(agent_id) == until:
+                    del framework.filters[agent_id]
+                    del self._agents[agent_id].filtered[framework_id]  # known: filtered
+                    self._dirty[agent_id] = None
 
     def _fill(self, agent_id: str, now: float, result: list[Allocation], guarantees: bool) -> None:
         """Offer the agent's free resources until nobody (eligible) can take more."""
@@ -554,11 +565,12 @@ class HierarchicalAllocator(QuotaRooms):
             agent.allocated[framework_id] = held + resources
         scalars = self._scalars(resources)
         free = self._free_unreserved
-        for kind, milli in _unreserved_scalars(agent, resources, scalars).items():
+        unreserved = _unreserved_scalars(agent, resources, scalars)
+        for kind, milli in unreserved.items():
             free[kind] -= milli
         self._role_sorter.allocated(role, scalars)
         self._roles[role].sorter.allocated(framework_id, scalars)
-        self._allocation_changed(role)
+        self._allocation_changed(role, scalars, unreserved)
 
     def _release(self, agent_id: str, agent: _Agent, framework_id: str,
                  resources: Resources, pending: dict[str, dict[str, int]] | None = None) -> None:

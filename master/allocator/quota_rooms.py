@@ -36,6 +36,9 @@ def allowed_roles(role: str) -> list[str]:
 
 
 _Rooms = tuple[dict[str, int], dict[str, int]]  # limit room, unreserved room per kind
+# Limited roles of a chain, free amounts held back per kind, what the chain misses.
+_Plan = tuple[list[tuple[str, Mapping[str, int]]], list[tuple[str, int]],
+              list[tuple[str, int]]]
 
 
 class QuotaRooms:
@@ -52,6 +55,7 @@ class QuotaRooms:
     _chains: dict[str, tuple[list[str], list[tuple[str, Mapping[str, int]]], str | None, bool]]
     _needs: dict[str, dict[str, int]]
     _required: dict[str, int] | None
+    _plans: dict[tuple[str, bool], _Plan | tuple[()]]
 
     def _guarantees_unmet(self) -> bool:
         """Whether some guarantee still misses something. When none does, the
@@ -66,24 +70,43 @@ class QuotaRooms:
         amounts. It depends only on quota, role allocations and the cluster's free
         unreserved amounts, so it is kept (`_rooms`) until one of them changes:
         a pass over many agents where few offers are made computes it a few times,
-        not once per agent."""
-        chain, limited, top, _ = self._chain(role)
+        not once per agent. While a guarantee is unmet every charge changes the
+        free amounts, so what does not depend on them is kept apart (`_plan`)."""
+        key = (role, guarantees)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self._plan(role, guarantees)
+        if not plan:
+            return None
+        limited, offsets, missing = plan
         limit_room: dict[str, int] = {}
         for ancestor, limits in limited:
             used = self._role_sorter.allocation(ancestor)
             for kind, limit in limits.items():
                 room = max(0, limit - used.get(kind, 0))
                 limit_room[kind] = min(room, limit_room.get(kind, room))
-        required, own = self._headroom(top)
-        unreserved_room = {kind: max(0, self._free_unreserved[kind] - (needed - own.get(kind, 0)))
-                           for kind, needed in required.items() if needed}
-        if guarantees:
-            missing = self._missing(chain)
-            if not missing:
-                return None
-            for kind, room in missing.items():
-                unreserved_room[kind] = min(room, unreserved_room.get(kind, room))
+        free = self._free_unreserved
+        unreserved_room = {kind: max(0, free[kind] - offset) for kind, offset in offsets}
+        for kind, room in missing:
+            unreserved_room[kind] = min(room, unreserved_room.get(kind, room))
         return limit_room, unreserved_room
+
+    def _plan(self, role: str, guarantees: bool) -> _Plan | tuple[()]:
+        """What `_room` needs that depends only on quota and unmet guarantees: the
+        limited roles of `role`'s chain, per kind still missed cluster-wide how
+        much of the free amount is held back from `role`, and in the guarantee
+        stage what its chain still misses (``()``: it misses nothing). Kept
+        (`_plans`) until quota or a need changes (`_guarantee_changed`)."""
+        chain, limited, top, _ = self._chain(role)
+        required, own = self._headroom(top)
+        offsets = [(kind, needed - own.get(kind, 0)) for kind, needed in required.items()
+                   if needed]
+        missing: list[tuple[str, int]] = []
+        if guarantees:
+            missing = list(self._missing(chain).items())
+            if not missing:
+                return ()
+        return limited, offsets, missing
 
     def _missing(self, chain: list[str]) -> dict[str, int]:
         """Per guaranteed kind, the most any quota role in `chain` still misses."""
@@ -169,12 +192,16 @@ class QuotaRooms:
     def _guarantee_changed(self) -> None:
         self._needs.clear()
         self._required = None
+        self._plans.clear()
 
-    def _allocation_changed(self, role: str) -> None:
+    def _allocation_changed(self, role: str, charged: Mapping[str, int] | None = None,
+                            unreserved: Mapping[str, int] | None = None) -> None:
         """`role`'s allocation (so its ancestors') changed. A kept room stays
         when nothing it depends on did: no guarantee is missing anything (so no
         room depends on the free amounts or on needs), `role` is under no
-        guarantee, and none of the room's limited roles is `role` or above it."""
+        guarantee, and none of the room's limited roles is `role` or above it.
+        `charged` (and its `unreserved` part), when given, is what was just
+        charged to `role`: see `_rooms_charged`."""
         chain, _, _, guarded = self._chain(role)
         if guarded:
             if self._needs:
@@ -188,7 +215,39 @@ class QuotaRooms:
                         break
             self._dirty_quota_blocked()
             return
+        elif charged is not None and unreserved is not None and self._required:
+            self._rooms_charged(chain, charged, unreserved)
+            self._dirty_quota_blocked()
+            return
         self._consumption_changed()
+
+    def _rooms_charged(self, chain: list[str], charged: Mapping[str, int],
+                       unreserved: Mapping[str, int]) -> None:
+        """Bring the kept rooms up to date after `charged` went to a role (with
+        quota chain `chain`) under no guarantee, while some guarantee misses
+        something, instead of recomputing them at the next pick (every charge
+        changes the free amounts then). No need changes, so a guarantee-stage
+        room that was None stays None. A room is ``max(0, x)`` for an amount
+        ``x`` that a charge only lowers, so it becomes ``max(0, room - amount)``
+        exactly (0 stays 0); so does a minimum of such rooms when the charge
+        lowers each of them. A room that is a minimum with an amount the charge
+        does not lower (a guarantee stage's unreserved room, limits of roles
+        outside `chain`) is dropped, to be recomputed."""
+        rooms = self._rooms
+        for key, kept in list(rooms.items()):
+            if kept is None:
+                continue
+            if key[1]:
+                del rooms[key]
+                continue
+            limit_room, unreserved_room = kept
+            limited = self._chain(key[0])[1]
+            if limited and any(ancestor in chain for ancestor, _ in limited):
+                if not all(ancestor in chain for ancestor, _ in limited):
+                    del rooms[key]
+                    continue
+                _lower(limit_room, charged)
+            _lower(unreserved_room, unreserved)
 
     def _consumption_changed(self) -> None:
         self._rooms.clear()
@@ -198,6 +257,14 @@ class QuotaRooms:
         if self._quota_blocked:
             self._dirty.update(self._quota_blocked)
             self._quota_blocked = {}
+
+def _lower(room: dict[str, int], amounts: Mapping[str, int]) -> None:
+    """Each kind of `room` lowered by its amount in `amounts`, not below 0."""
+    for kind, left in room.items():
+        milli = amounts.get(kind)
+        if milli and left:
+            room[kind] = max(0, left - milli)
+
 
 def _cut(resources: Resources, limit_room: Mapping[str, int],
          unreserved_room: Mapping[str, int], totals: Mapping[str, int] | None = None
@@ -209,10 +276,30 @@ def _cut(resources: Resources, limit_room: Mapping[str, int],
         return resources
     if totals is None:
         totals = resources.scalar_items()
-    if all(totals.get(kind, 0) <= room for kind, room in limit_room.items()) and \
-            all(totals.get(kind, 0) <= room for kind, room in unreserved_room.items()):
-        return resources  # it all fits: `_cut_entries` would cut nothing
-    return _cut_entries(resources, limit_room, unreserved_room)
+    for kind, room in limit_room.items():
+        if totals.get(kind, 0) > room:
+            break
+    else:
+        for kind, room in unreserved_room.items():
+            if totals.get(kind, 0) > room:
+                break
+        else:
+            return resources  # it all fits: `_cut_entries` would cut nothing
+    key = (resources, tuple(limit_room.items()), tuple(unreserved_room.items()))
+    cut = _CUTS.get(key)
+    if cut is None:
+        if len(_CUTS) >= _CUTS_MAX:
+            _CUTS.clear()
+        cut = _CUTS[key] = _cut_entries(resources, limit_room, unreserved_room)
+    return cut
+
+
+# `_cut_entries` answers `_cut` asked for: once a room is used up, a pass cuts
+# agent after agent of the same free resources (whole, then what the cut left)
+# to the same room. A pure function's answers, bounded by clearing when full.
+_CUTS: dict[tuple[Resources, tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]],
+            Resources] = {}
+_CUTS_MAX = 256
 
 
 def _cut_entries(resources: Resources, limit_room: Mapping[str, int],

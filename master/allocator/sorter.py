@@ -208,7 +208,8 @@ class _Tree:
         """Add `sign` x `scalars` and `count` to the leaf and its ancestors."""
         root = self._root
         node: _Node | None = leaf
-        items = [(kind, sign * milli) for kind, milli in scalars.items()]
+        items = (scalars.items() if sign == 1
+                 else [(kind, -milli) for kind, milli in scalars.items()])
         rekey = self._rekey
         while node is not None and node is not root:
             alloc = node.alloc
@@ -219,8 +220,12 @@ class _Tree:
                 else:
                     alloc.pop(kind, None)
             node.count += count
-            rekey(node)
-            node = node.parent
+            parent = node.parent
+            # An only child's key is not kept (`DRFSorter._rekey`): most nodes an
+            # allocation reaches are such, and this runs per offer made and returned.
+            if len(parent.keys) != 1:  # type: ignore[union-attr]
+                rekey(node)
+            node = parent
 
     def allocation(self, path: str) -> dict[str, int]:
         """What is allocated to the subtree at `path` (empty if there is none)."""

@@ -54,6 +54,7 @@ class Reference(HierarchicalAllocator):
 
     def _capped(self, role: str, offerable: Resources, guarantees: bool) -> Resources | None:
         self._below.clear()
+        self._plans.clear()
         rooms = self._room(role, guarantees)
         return None if rooms is None else hierarchical._cut_entries(offerable, *rooms)
 

@@ -27,6 +27,7 @@ PURE_CORES = [
     "agent/container_spec.py",
     "agent/container_runs.py", "agent/docker_wire.py", "agent/containers_core.py",
     "agent/host_runs.py", "agent/runs.py", "agent/launch.py",
+    "agent/tasks.py",
     "frameworks/service/appdef.py", "frameworks/service/constraints.py",
     "frameworks/service/deployment.py", "frameworks/service/placement.py",
     "frameworks/service/records.py", "frameworks/service/views.py",
