@@ -327,12 +327,19 @@ async def one_round(http: aiohttp.ClientSession, cluster: LocalCluster, agents: 
                     filler: Filler, total: int, changes: list[float],
                     how: signal.Signals = signal.SIGKILL) -> Round:
     async def all_contending() -> bool:
-        """Every master is in the election: the leader, and standbys that know it."""
+        """Every master is in the election: the leader, and standbys that know it
+        and (the next in line) hold their connection to its liveness listener. A
+        leader killed before its restarted standby connected is replaced only by
+        session expiry: a refused first connect proves nothing (master/election.py)."""
+        watching = 0
         for child in cluster.master_children:
             health = await get_json(http, f"{child.url}/health")
             if not health or not (health["leader"] or health.get("leader_info")):
                 return False
-        return True
+            if not health["leader"]:
+                metrics = await get_json(http, f"{child.url}/metrics/snapshot")
+                watching += int(bool(metrics and metrics.get("master/election/watching")))
+        return watching >= 1 or len(cluster.master_children) < 2
     await wait_until(all_contending, 60, "every master to contend")
     old = await leading(http, cluster.master_children)
     assert old is not None, "no leader before the kill"
