@@ -3,8 +3,10 @@
 DETECTING -> REGISTERING (RegisterAgent retried with backoff, 1 s doubling to
 `register_backoff_max`) -> REGISTERED. Silence from the master for
 3 x ping_interval sends the agent back to DETECTING, and the shell detects the
-master again. While REGISTERED, any frame from the master counts as proof of life,
-not only a `Ping` (the agent says so as it registers, `LIVENESS_CAPABILITY`, and the
+master again. While REGISTERED, any frame from the master but a `Rejected` counts
+as proof of life, not only a `Ping` (a master restarted on the same address, which
+does not know the agent yet, answers its frames with refusals: those must not keep
+the agent from registering again) (the agent says so as it registers, `LIVENESS_CAPABILITY`, and the
 master then skips the pings of agents it is busy talking to anyway). Frames count
 only once the master's `AgentRegistered` (by its id) has made the link REGISTERED:
 after a move to a successor the link is REGISTERING, so whatever the old master

@@ -119,7 +119,8 @@ class AgentState(AgentTasks):
     def _dispatch(self, event: Event, now: float) -> list[Effect]:
         if isinstance(event, MasterMessage):
             self.counters["messages_received"] += 1
-            self.link.heard(now)  # any frame proves the master alive (agent.master_link)
+            if not isinstance(event.message, Rejected):  # a refusal proves nothing
+                self.link.heard(now)  # any other frame proves the master alive (master_link)
             return self._on_master_message(event.message, now)
         if isinstance(event, ExecutorMessage):
             self.counters["messages_received"] += 1

@@ -97,7 +97,9 @@ class MasterBooks:
     def _send(self, peer: str, message: Message) -> None:
         self._out.append(Send(peer, message))
         agent_id = self.agent_by_peer.get(peer)
-        if agent_id is not None:  # it hears from us: its next ping may be skipped
+        # It hears from us, so its next ping may be skipped; but not by a refusal,
+        # which an agent never takes for proof of life (agent/master_link.py).
+        if agent_id is not None and not isinstance(message, Rejected):
             self.agents[agent_id].told = True
 
     def _arm(self, key: TimerKey, at: float) -> None:

@@ -128,7 +128,7 @@ async def test_a_holder_that_dies_under_a_live_agent_is_noticed_and_replaced(
     first = holder_of(str(cluster.work_dir / "agent0"))
     assert first is not None and psutil.Process(pids["held"]).ppid() == first.pid
     first.kill()
-    first.wait(10)
+    await asyncio.to_thread(first.wait, 10)  # off the loop: the driver runs on it
     assert not gone(pids["held"])  # the task lives on (init's child now)
     (sandboxes["held"] / "go").touch()
     await wait_for(lambda: "TASK_FAILED" in recorder.states("held"), 20, "held's end")
@@ -166,7 +166,7 @@ async def test_a_status_the_holder_logged_survives_the_holder_and_the_agent(
     await wait_for(lambda: "logged" in (Path(work_dir) / "holder-exits.log").read_text(),
                    what="its status logged")
     the_holder.kill()
-    the_holder.wait(10)
+    await asyncio.to_thread(the_holder.wait, 10)
 
     agent = await asyncio.to_thread(cluster.start_agent, 0)
     assert agent.url == offer.url

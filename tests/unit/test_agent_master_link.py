@@ -21,8 +21,9 @@ SUCCESSOR = attrs.evolve(MASTER, id="m2", ip="10.0.0.2")
 FRAMES: list[Message] = [
     Ping(agent_id="A1"),
     StatusUpdateAck(agent_id="A1", framework_id="F1", task_id="t9", uuid="u9"),
-    Rejected(reason="no", message_type="usage_report"),
 ]
+REFUSAL = Rejected(reason="this connection has no registered agent; register first",
+                   message_type="usage_report")
 
 
 def test_the_agent_declares_that_any_frame_proves_the_master_alive() -> None:
@@ -80,3 +81,16 @@ def test_frames_count_again_once_the_successor_registered_the_agent() -> None:
         assert not of_type(agent.advance(2 * INTERVAL), DetectMaster)
         agent.master(FRAMES[1])
     assert of_type(agent.advance(3 * INTERVAL), DetectMaster) == [DetectMaster()]
+
+
+def test_refusals_never_prove_the_master_alive() -> None:
+    """A master restarted on the same address does not know the agent and answers
+    its usage reports with refusals: the agent still gives it up 3 intervals after
+    its last real frame, and registers again (found in CI: refusals every 5 s kept
+    an agent from ever re-registering with a restarted master)."""
+    agent = Agent()
+    agent.register(ping_interval=INTERVAL)
+    for _ in range(5):  # 2.5 intervals of refusals
+        assert not of_type(agent.advance(INTERVAL / 2), DetectMaster)
+        agent.master(REFUSAL)
+    assert of_type(agent.advance(INTERVAL / 2 + 1e-6), DetectMaster) == [DetectMaster()]

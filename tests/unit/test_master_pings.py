@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from dyad.messages import (
     LIVENESS_CAPABILITY, AgentInfo, AgentRegistered, FrameworkToExecutor, Ping, RegisterAgent,
-    UsageReport,
+    Rejected, UsageReport,
 )
 from dyad.resources import Resources
 from master.model import MasterConfig, PingDue
@@ -168,3 +168,17 @@ def test_frames_that_answer_nothing_still_prove_a_capable_agent_alive() -> None:
         for _ in range(20):
             run.step(10.0, True, False)
         assert run.alive is survives
+
+
+def test_refusals_are_not_news_so_the_agent_is_still_pinged() -> None:
+    """The master refuses every frame the agent sends (here: usage reports under
+    another agent's id): the agent hears only `Rejected`, which it never takes for
+    proof of life (agent/master_link.py), so the master must not skip its pings."""
+    run = Run.start(capable=True)
+    for _ in range(10):
+        tick = run.h.timers[PingDue(run.aid)]
+        run.step(tick - run.h.clock.now() + 0.1, False, False)
+        sends = run.h.recv("a1", UsageReport(agent_id="someone-else"))
+        assert [type(s.message) for s in sends] == [Rejected]
+    assert run.pings == run.ticks and len(run.ticks) >= 10
+    assert run.h.metric("master/agent_pings_skipped") == 0
