@@ -210,7 +210,7 @@ async def test_a_start_waiting_when_the_holder_dies_fails(tmp_path: Path, heard:
     os.kill(link.pid, signal.SIGSTOP)  # it will never answer
     starting = asyncio.ensure_future(link.start(("f", "e", "r"), ["true"],
                                                 sandbox(tmp_path, "r"), ENV, [], []))
-    await asyncio.sleep(0.05)
+    await wait_for(lambda: link._starts, 5, "the start sent and waiting")
     os.kill(link.pid, signal.SIGKILL)
     with pytest.raises(HolderGone):
         await asyncio.wait_for(starting, 10)
