@@ -76,21 +76,27 @@ def corrections(config: QosConfig, *, capacity: Amount, revocable: Amount,
     other run was measured to use."""
     if not config.enabled or not lent:
         return []
-    held = sum((t.held for t in lent), ZERO)
-    used = owners_used + sum((t.used for t in lent), ZERO)
     mem_limit = config.mem_watermark * capacity.mem
     cpu_limit = config.cpu_watermark * capacity.cpus
-    excess = _need(held - revocable)  # rule 1, in held amounts
-    pressure = _need(Amount(cpus=used.cpus - cpu_limit if capacity.cpus else 0.0,
-                            mem=used.mem - mem_limit if capacity.mem else 0.0))  # rule 2
+
+    def wrong(left: Sequence[Lent]) -> tuple[Amount, Amount, Amount]:
+        """What is still wrong with `left` kept, summed afresh each time (taking
+        victims off a running deficit drifts by float error past EPSILON): rule
+        1's excess in held amounts, rule 2's pressure, and what is used."""
+        used = owners_used + sum((t.used for t in left), ZERO)
+        excess = _need(sum((t.held for t in left), ZERO) - revocable)
+        pressure = _need(Amount(cpus=used.cpus - cpu_limit if capacity.cpus else 0.0,
+                                mem=used.mem - mem_limit if capacity.mem else 0.0))
+        return excess, pressure, used
+
+    order = victim_order(lent)
+    excess, pressure, used = wrong(order)
     evictions: list[Eviction] = []
-    for task in victim_order(lent):
+    for done, task in enumerate(order, 1):
         if excess.is_zero() and pressure.is_zero():
             break
-        why = _why(excess, pressure, revocable, used, capacity)
-        excess = _need(excess - task.held)
-        pressure = _need(pressure - task.used)
-        evictions.append(Eviction(task.key, why))
+        evictions.append(Eviction(task.key, _why(excess, pressure, revocable, used, capacity)))
+        excess, pressure, _ = wrong(order[done:])
     return evictions
 
 
