@@ -9,9 +9,9 @@ name, version, every field's type, unknown fields, frame size) and raises
 else on bad input, so shells can catch exactly one exception.
 
 Who sends what (see DESIGN.md §3):
-- scheduler driver -> master: Subscribe, Accept, Decline, Revive, Suppress, Kill,
-  Acknowledge, Reconcile, FrameworkToExecutor, Teardown, Unsubscribe,
-  SchedulerHeartbeat, Preempt
+- scheduler driver -> master: Subscribe, Accept, Decline, Revive, Suppress,
+  RequestResources, Kill, Acknowledge, Reconcile, FrameworkToExecutor, Teardown,
+  Unsubscribe, SchedulerHeartbeat, Preempt
 - master -> scheduler driver: Subscribed, Offers, Rescind, Update,
   ExecutorToFramework, Failure, Error, Heartbeat, Rejected
 - agent -> master: RegisterAgent, StatusUpdate, ExecutorToFramework,
@@ -136,6 +136,25 @@ class Revive(Message):
 @message("suppress")
 class Suppress(Message):
     framework_id: str
+
+
+@attrs.frozen(kw_only=True)
+class ResourceRequest:
+    """`count` tasks of shape `resources` (Mesos' Request, with a count so that a
+    job of thousands of like tasks is one entry)."""
+
+    resources: Resources
+    count: int = attrs.field(default=1, validator=nonnegative)
+
+
+@message("request")
+class RequestResources(Message):
+    """What the framework wants now (Mesos' REQUEST call, which Dyad's allocator
+    honours): offers to it stop once they cover this with headroom. Replaces
+    what it declared before; empty clears it (docs/protocol.md)."""
+
+    framework_id: str
+    requests: list[ResourceRequest] = attrs.field(factory=list)
 
 
 @message("kill")

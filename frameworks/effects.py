@@ -16,7 +16,8 @@ from typing import Any
 
 import attrs
 
-from dyad.messages import Filters, Operation, TaskInfo
+from dyad.messages import Filters, Operation, ResourceRequest, TaskInfo
+from dyad.resources import Resources
 
 
 @attrs.frozen
@@ -58,6 +59,14 @@ class ReviveOffers:
 
 
 @attrs.frozen
+class RequestResources:
+    """Declare what we want now: `requests` are (task shape, how many) pairs;
+    none clears the declaration (`SchedulerDriver.request_resources`)."""
+
+    requests: tuple[tuple[Resources, int], ...]
+
+
+@attrs.frozen
 class RequestKill:
     """Ask the master to kill a task; ``grace_period`` None keeps the executor's
     default SIGTERM-to-SIGKILL wait."""
@@ -74,8 +83,8 @@ class ReconcileTasks:
     tasks: tuple[tuple[str, str], ...] = ()
 
 
-DriverEffect = (LaunchTasks | AcceptOffer | DeclineOffers | SuppressOffers | ReviveOffers | RequestKill
-                | ReconcileTasks)
+DriverEffect = (LaunchTasks | AcceptOffer | DeclineOffers | SuppressOffers | ReviveOffers
+                | RequestResources | RequestKill | ReconcileTasks)
 
 
 def perform(effect: DriverEffect, driver: Any) -> None:
@@ -93,6 +102,9 @@ def perform(effect: DriverEffect, driver: Any) -> None:
             driver.suppress_offers()
         case ReviveOffers():
             driver.revive_offers()
+        case RequestResources(requests):
+            driver.request_resources([ResourceRequest(resources=resources, count=count)
+                                      for resources, count in requests])
         case RequestKill(task_id, grace_period):
             driver.kill_task(task_id, grace_period)
         case ReconcileTasks(tasks):

@@ -30,13 +30,13 @@ from dyad.detector import LeaderFollower, make_detector
 from dyad.effects import Send
 from dyad.messages import (
     BATCH_CAPABILITY, Filters, FrameworkInfo, MasterInfo, Message, Offer, Operation,
-    OperationType, ReconcileTask, TaskInfo, TaskStatus)
+    OperationType, ReconcileTask, ResourceRequest, TaskInfo, TaskStatus)
 from frameworks._callbacks import DriverRuntime
 from frameworks._security import client_from_env
 from frameworks.driver_core import Callback, DriverStatus
 from frameworks.scheduler_core import (
     AcceptCall, AcknowledgeCall, DeclineCall, Detect,
-    KillCall, MasterDetected, ReconcileCall, ReviveCall, SchedulerCore, SchedulerTimings,
+    KillCall, MasterDetected, ReconcileCall, RequestCall, ReviveCall, SchedulerCore, SchedulerTimings,
     SendToExecutorCall, StopCall, SuppressCall)
 
 log = logging.getLogger(__name__)
@@ -198,6 +198,13 @@ class SchedulerDriver(DriverRuntime[SchedulerCore]):
     def suppress_offers(self) -> None:
         """Stop receiving offers until `revive_offers`; restated after reconnection."""
         self._on_loop("suppress_offers", lambda: self._handle(SuppressCall()))
+
+    def request_resources(self, requests: Sequence[ResourceRequest]) -> None:
+        """Declare what we want now (Mesos' `requestResources`): offers to us stop
+        once they cover it with headroom. Replaces the last declaration; empty
+        clears it, as does `suppress_offers`; restated after reconnection."""
+        reqs = list(requests)
+        self._on_loop("request_resources", lambda: self._handle(RequestCall(reqs)))
 
     def kill_task(self, task_id: str, kill_grace_period: float | None = None) -> None:
         """Ask the master to kill the task; its terminal update arrives as usual.

@@ -24,7 +24,8 @@ from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired, TimerKey, Unkn
 from dyad.messages import (
     Accept, Acknowledge, Decline, Error, ExecutorToFramework, Failure, Filters,
     FrameworkInfo, FrameworkToExecutor, Heartbeat, Kill, MasterInfo, Message, Offers,
-    Operation, OperationType, Reconcile, ReconcileTask, Rejected, Rescind, Revive,
+    Operation, OperationType, Reconcile, ReconcileTask, Rejected, RequestResources, Rescind,
+    ResourceRequest, Revive,
     SchedulerHeartbeat, Source, Subscribe, Subscribed, Suppress, TaskInfo, TaskState,
     TaskStatus, Teardown, Unsubscribe, Update)
 from frameworks.driver_core import Callback, DriverStatus, Finish, Received, Started
@@ -83,6 +84,13 @@ class ReviveCall:
 
 
 @attrs.frozen
+class RequestCall:
+    """Declare what we want now (replacing what we declared; empty clears it)."""
+
+    requests: list[ResourceRequest]
+
+
+@attrs.frozen
 class KillCall:
     task_id: str
     kill_grace_period: float | None
@@ -114,7 +122,7 @@ class StopCall:
 
 
 Event = (Started | MasterDetected | Received | TimerFired | AcceptCall | DeclineCall
-         | SuppressCall | ReviveCall | KillCall | AcknowledgeCall | ReconcileCall
+         | SuppressCall | ReviveCall | RequestCall | KillCall | AcknowledgeCall | ReconcileCall
          | SendToExecutorCall | StopCall)
 
 # ------------------------------------------------------------------ effects
@@ -172,6 +180,7 @@ class SchedulerCore:
         self._ever_registered = False
         self._suppressed = False
         self._revive_pending = False
+        self._requests: list[ResourceRequest] = []  # declared demand, cleared by suppress
         # Where each live task runs, so a kill can name the agent.
         self._task_agents: dict[str, str] = {}
         # Kill/Reconcile/Acknowledge made while disconnected; sent once subscribed.
@@ -204,6 +213,8 @@ class SchedulerCore:
                 return self._suppress()
             case ReviveCall():
                 return self._revive()
+            case RequestCall(requests):
+                return self._request(requests)
             case KillCall(task_id, grace):
                 return self._send_or_queue(Kill(
                     framework_id=self.framework_id or "", task_id=task_id,
@@ -334,7 +345,11 @@ class SchedulerCore:
                                     (message.framework_id, message.master_info)))
         queued, self._queued = self._queued, []
         effects += [_send(attrs.evolve(m, framework_id=self.framework_id)) for m in queued]
-        # A new leader does not know our offer preference; restate it.
+        # A new leader does not know our offer preference; restate it (demand
+        # first, so the revive's pass is bounded by it).
+        if self._requests and not self._suppressed:
+            effects.append(_send(RequestResources(framework_id=self.framework_id,
+                                                  requests=self._requests)))
         if self._suppressed:
             effects.append(_send(Suppress(framework_id=self.framework_id)))
         elif self._revive_pending:
@@ -386,6 +401,7 @@ class SchedulerCore:
 
     def _suppress(self) -> list[Effect]:
         self._suppressed, self._revive_pending = True, False
+        self._requests = []  # the master clears declared demand on suppress too
         if not self.subscribed:
             log.info("suppress noted; sent once subscribed")
             return []
@@ -400,6 +416,15 @@ class SchedulerCore:
             return []
         assert self.framework_id is not None
         return [_send(Revive(framework_id=self.framework_id))]
+
+    def _request(self, requests: list[ResourceRequest]) -> list[Effect]:
+        self._requests = list(requests)
+        if not self.subscribed:
+            log.info("resource request noted; sent once subscribed")
+            return []
+        assert self.framework_id is not None
+        return [_send(RequestResources(framework_id=self.framework_id,
+                                       requests=self._requests))]
 
     def _acknowledge(self, status: TaskStatus) -> list[Effect]:
         if not status.uuid:

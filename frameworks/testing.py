@@ -153,6 +153,7 @@ class FakeSchedulerDriver:
         self.messages: list[tuple[str, str, bytes]] = []
         self.suppressed = 0
         self.revived = 0
+        self.requested: list[list[Any]] = []  # each `request_resources` call's requests
         self.stopped = False
         self.failover: bool | None = None
         self.aborted = False
@@ -228,6 +229,10 @@ class FakeSchedulerDriver:
     def suppress_offers(self) -> None:
         self._record("suppress_offers")
         self.suppressed += 1
+
+    def request_resources(self, requests: Sequence[Any]) -> None:
+        self._record("request_resources", list(requests))
+        self.requested.append(list(requests))
 
     def kill_task(self, task_id: str, kill_grace_period: float | None = None) -> None:
         self._record("kill_task", task_id, kill_grace_period)

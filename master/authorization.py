@@ -41,6 +41,7 @@ from dyad.messages import (
     OperationType,
     Reconcile,
     RegisterAgent,
+    RequestResources,
     Revive,
     SchedulerHeartbeat,
     Subscribe,
@@ -69,8 +70,8 @@ _OWNER_ACTIONS: dict[type, Action] = {
     Kill: Action.KILL_TASK, Acknowledge: Action.ACKNOWLEDGE, Reconcile: Action.RECONCILE,
     Teardown: Action.TEARDOWN_FRAMEWORK,
 }
-_FRAMEWORK_MESSAGES = (Accept, Decline, Revive, Suppress, SchedulerHeartbeat, Unsubscribe,
-                       FrameworkToExecutor, *_OWNER_ACTIONS)
+_FRAMEWORK_MESSAGES = (Accept, Decline, Revive, Suppress, RequestResources, SchedulerHeartbeat,
+                       Unsubscribe, FrameworkToExecutor, *_OWNER_ACTIONS)
 
 
 class Authorizer:

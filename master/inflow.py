@@ -61,8 +61,8 @@ import attrs
 
 from dyad.messages import (
     Accept, Acknowledge, Decline, FrameworkToExecutor, Kill, Message, Preempt, Reconcile,
-    RegisterAgent, Revive, SchedulerHeartbeat, StatusUpdate, Subscribe, Suppress, Teardown,
-    Unsubscribe, encode_batch)
+    RegisterAgent, RequestResources, Revive, SchedulerHeartbeat, StatusUpdate, Subscribe,
+    Suppress, Teardown, Unsubscribe, encode_batch)
 from dyad.effects import TimerFired
 from master.model import Event, FailoverTimeout, HeartbeatDue, Received
 
@@ -70,8 +70,8 @@ DEFAULT_LIMIT = 100_000
 FRAMEWORK_TURNS = 4
 
 FRAMEWORK_MESSAGES: tuple[type[Message], ...] = (
-    Subscribe, Unsubscribe, Teardown, Accept, Decline, Revive, Suppress, Kill, Acknowledge,
-    Reconcile, SchedulerHeartbeat, Preempt, FrameworkToExecutor)
+    Subscribe, Unsubscribe, Teardown, Accept, Decline, Revive, Suppress, RequestResources, Kill,
+    Acknowledge, Reconcile, SchedulerHeartbeat, Preempt, FrameworkToExecutor)
 """What only a scheduler sends: the frames of the framework lane."""
 FRAMEWORK_TIMERS = (HeartbeatDue, FailoverTimeout)
 """Timers that check on frameworks: they wait in the framework lane (or the

@@ -62,7 +62,7 @@ from dyad.messages import (
     Accept, Acknowledge, Decline, DrainAgent, Error, ExecutorExited, ExecutorToFramework,
     FrameworkInfo, FrameworkToExecutor, Heartbeat, Kill, KillTask, MasterInfo, Message,
     Offer, Offers, OperationType, Pong, Preempt, Reason, Reconcile, RegisterAgent, Rejected,
-    Revive, RunTask, SchedulerHeartbeat, StatusUpdate, StatusUpdateAck, Subscribe, Subscribed,
+    RequestResources, Revive, RunTask, SchedulerHeartbeat, StatusUpdate, StatusUpdateAck, Subscribe, Subscribed,
     Suppress, TaskInfo, TaskState, TaskStatus, Teardown, Unsubscribe, Update, UsageReport,
 )
 from dyad.resources import Resources
@@ -102,6 +102,7 @@ class MasterState(PreemptionHandlers, AgentHandlers):
             Decline: self._on_decline,
             Revive: self._on_revive,
             Suppress: self._on_suppress,
+            RequestResources: self._on_request,
             Kill: self._on_kill,
             Acknowledge: self._on_acknowledge,
             Reconcile: self._on_reconcile,
@@ -282,6 +283,12 @@ class MasterState(PreemptionHandlers, AgentHandlers):
         if framework is not None:
             framework.suppressed = True
             self.allocator.suppress(framework.id)
+
+    def _on_request(self, peer: str, message: RequestResources) -> None:
+        framework = self._owned_framework(peer, message)
+        if framework is not None:
+            self.allocator.request(framework.id, [(r.resources, r.count) for r in message.requests])
+            self._request_allocation()
 
     # ==================================================== operator calls
 

@@ -21,13 +21,14 @@ from typing import Any
 
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired
 from dyad.messages import (
-    Filters, FrameworkInfo, MasterInfo, Message, Operation, OperationType, TaskInfo, TaskStatus,
+    Filters, FrameworkInfo, MasterInfo, Message, Operation, OperationType, ResourceRequest,
+    TaskInfo, TaskStatus,
 )
 from frameworks.driver_core import Callback, Finish, Received as DriverReceived, Started
 from frameworks.scheduler import Scheduler, reconcile_list
 from frameworks.scheduler_core import (
     AcceptCall, AcknowledgeCall, DeclineCall, Detect, KillCall, MasterDetected, ReconcileCall,
-    ReviveCall, SchedulerCore, SendToExecutorCall, StopCall, SuppressCall,
+    RequestCall, ReviveCall, SchedulerCore, SendToExecutorCall, StopCall, SuppressCall,
 )
 from master.operator import OperatorCall, Reply, Request
 from master.state import MasterState, Received
@@ -183,6 +184,9 @@ class SimDriver(_Shell):
 
     def suppress_offers(self) -> None:
         self._call(SuppressCall())
+
+    def request_resources(self, requests: Sequence[ResourceRequest]) -> None:
+        self._call(RequestCall(list(requests)))
 
     def kill_task(self, task_id: str, kill_grace_period: float | None = None) -> None:
         self._call(KillCall(task_id, kill_grace_period))

@@ -30,7 +30,13 @@ nothing fits or nothing is pending (the job revives when that changes).
 
 **Offer interest.** With nothing eligible to launch the job suppresses offers;
 when something becomes eligible, or one of its attempts ends (a slot is free
-again on an agent it may have filtered), it revives.
+again on an agent it may have filtered), it revives. Before it revives, and
+whenever what is eligible changes (a launch, a task pending again), it
+declares its demand (`RequestResources`: the eligible tasks' shape, executor
+included, and how many), so the master offers it about twice that rather than
+the whole free cell (`master.allocator.demand`). A job whose pending maps
+prefer hosts (data locality) declares nothing: delay scheduling needs to
+hear of the preferred hosts, and the allocator knows nothing of them.
 
 **Faults.** A failed or lost attempt makes the task pending again, to run on
 another agent if there is one, until it has failed `max_attempts` times, which
@@ -81,8 +87,8 @@ from frameworks.batch.placement import Placement, Why
 from frameworks.batch.tasks import Attempt, MapOutput, Progress, Task, TaskPhase
 from frameworks.batch.wire import MAP, REDUCE, parse_fetch_failures, parse_result, task_data
 from frameworks.effects import (
-    DeclineOffers, DriverEffect, LaunchTasks, ReconcileTasks, RequestKill, ReviveOffers,
-    SuppressOffers)
+    DeclineOffers, DriverEffect, LaunchTasks, ReconcileTasks, RequestKill, RequestResources,
+    ReviveOffers, SuppressOffers)
 
 TICK_INTERVAL = 0.5
 _NONE = Resources()
@@ -181,6 +187,10 @@ class BatchCore:
         self._maps_done = 0
         self._attempts: dict[str, Attempt] = {}
         self._suppressed = False
+        self._declared: tuple[tuple[Resources, int], ...] = ()  # last demand declared
+        self._shapes = {kind: self._resources(kind) + config.executor.resources
+                        for kind in (MAP, REDUCE)}
+        self._prefers_hosts = any(split.hosts for split in config.splits)
         self._new_work = False  # something became eligible since `_interest` last ran
         self._started = False
         self._tick_at: float | None = None  # when the armed `Tick` fires
@@ -586,14 +596,32 @@ class BatchCore:
         slot was freed or before this work appeared."""
         new_work, self._new_work = self._new_work, False
         if self._eligible():
+            effects: list[Effect] = []
+            demand = self._demand()
+            if demand != self._declared:
+                self._declared = demand
+                effects.append(RequestResources(demand))
             if self._suppressed or freed or new_work:
                 self._suppressed = False
-                return [ReviveOffers()]
-            return []
+                effects.append(ReviveOffers())
+            return effects
         if not self._suppressed:
             self._suppressed = True
+            self._declared = ()  # suppressing clears the declaration
             return [SuppressOffers()]
         return []
+
+    def _demand(self) -> tuple[tuple[Resources, int], ...]:
+        """What the eligible tasks need, each with an executor of its own (a
+        task on a new agent needs one); nothing while a pending map prefers hosts."""
+        kind = REDUCE if self._all_maps_done() else MAP
+        if kind == MAP and self._prefers_hosts and any(
+                self._splits[i].hosts for i in self._pending[MAP]):
+            return ()
+        counts = {kind: len(self._pending[kind])}
+        for copy_kind, _ in self._copies:
+            counts[copy_kind] = counts.get(copy_kind, 0) + 1
+        return tuple((self._shapes[k], n) for k, n in sorted(counts.items()) if n)
 
     def _eligible(self) -> bool:
         if self._copies:

@@ -70,6 +70,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
 
 from dyad.resources import SHARE_KINDS, UNRESERVED, Resources, ResourcesError
+from master.allocator.demand import Demands
 from master.allocator.policy import Quota
 from master.allocator.quota_rooms import QuotaRooms, _cut, _Plan, _Rooms, allowed_roles
 from master.allocator.quota_rooms import _cut_entries  # noqa: F401 (tests reach it here)
@@ -168,6 +169,7 @@ class HierarchicalAllocator(QuotaRooms):
         self._required: dict[str, int] | None = None  # only kinds still missed
         self._plans: dict[tuple[str, bool], _Plan | tuple[()]] = {}  # `_plan`, until needs change
         self._memo: tuple[Resources | None, dict[str, int]] = (None, {})
+        self._demands = Demands()  # declared demand bounds offers (`request`)
         self.last_considered = 0  # agents looked at by the last pass
 
     # ------------------------------------------------------------------ agents
@@ -199,6 +201,7 @@ class HierarchicalAllocator(QuotaRooms):
             role.sorter.remove_total(scalars)
         self._free_unreserved.subtract(_unreserved_scalars(agent, agent.free))
         del self._agents[agent_id]
+        self._dirty.update(dict.fromkeys(self._demands.agent_removed(agent_id)))
         self._dirty.pop(agent_id, None)
         self._quota_blocked.pop(agent_id, None)
         self._consumption_changed()
@@ -265,6 +268,7 @@ class HierarchicalAllocator(QuotaRooms):
         for role in framework.roles:
             self._forget_client(role, framework_id, leaving=True)
         del self._frameworks[framework_id]
+        self._demands.clear(framework_id)
 
     def activate(self, framework_id: str) -> None:
         framework = self._framework(framework_id)
@@ -276,10 +280,19 @@ class HierarchicalAllocator(QuotaRooms):
     def deactivate(self, framework_id: str) -> None:
         self._framework(framework_id).active = False
         self._sync(framework_id)
+        self._demands.clear(framework_id)
 
     def suppress(self, framework_id: str) -> None:
         self._framework(framework_id).suppressed = True
         self._sync(framework_id)
+        self._demands.clear(framework_id)
+
+    def request(self, framework_id: str, requests: Iterable[tuple[Resources, int]]) -> None:
+        """Declare what the framework wants now (task shapes and how many of
+        each; none: no bound), replacing what it declared before: offers to it
+        stop once they cover it with headroom (`master.allocator.demand`)."""
+        self._framework(framework_id)
+        self._dirty.update(dict.fromkeys(self._demands.declare(framework_id, requests)))
 
     def revive(self, framework_id: str) -> None:
         """Resume offers and drop every filter the framework set."""
@@ -369,6 +382,7 @@ class HierarchicalAllocator(QuotaRooms):
         `returned` is the part it did not use."""
         agent = self._agent(agent_id)
         agent.offered_to.discard(framework_id)
+        self._dirty.update(dict.fromkeys(self._demands.closed(framework_id, agent_id)))
         self.release(agent_id, framework_id, returned)
         self._dirty[agent_id] = None  # the framework may be offered here again
 
@@ -377,11 +391,14 @@ class HierarchicalAllocator(QuotaRooms):
         hundreds), with the same outcome; the sorters hear once per role, not once
         per offer, because nothing reads them in between."""
         self._framework(framework_id)
+        demands = self._demands
         pending: dict[str, dict[str, int]] = {}
         try:
             for agent_id, resources in returned:
                 agent = self._agent(agent_id)
                 agent.offered_to.discard(framework_id)
+                if framework_id in demands:
+                    self._dirty.update(dict.fromkeys(demands.closed(framework_id, agent_id)))
                 if not resources.is_empty():
                     held = agent.allocated.get(framework_id, EMPTY)
                     if held is not resources and not resources <= held:
@@ -468,12 +485,15 @@ class HierarchicalAllocator(QuotaRooms):
             self._charge(agent_id, agent, framework_id, role, resources)
             agent.offered_to.add(framework_id)
             result.append(Allocation(framework_id, agent_id, resources))
+            if framework_id in self._demands:
+                self._demands.offered(framework_id, agent_id, self._scalars(resources))
 
     def _pick(self, agent_id: str, agent: _Agent, now: float,
               guarantees: bool) -> tuple[str, str, Resources] | None:
         """The first (framework, role) in sort order that may take something here,
         and what it is offered."""
         filtered, offered_to, role_of = agent.filtered, agent.offered_to, agent.role_of
+        covered = self._demands.covered
         for role in self._role_sorter.iter_sorted():
             offerable = agent.free.allocatable_for(role) if agent.reserved else agent.free
             if self._quota:
@@ -494,6 +514,9 @@ class HierarchicalAllocator(QuotaRooms):
                     continue
                 charged = role_of.get(framework_id)
                 if charged is not None and charged != role:
+                    continue
+                if framework_id in covered:  # its offers cover what it declared
+                    self._demands.blocked[agent_id] = None
                     continue
                 return framework_id, role, offerable
         return None
