@@ -95,10 +95,22 @@ class Message:
 
 # scheduler -> master ----------------------------------------------------------------
 
+@attrs.frozen(kw_only=True)
+class ResourceRequest:
+    """`count` tasks of shape `resources` (Mesos' Request, with a count so that a
+    job of thousands of like tasks is one entry)."""
+
+    resources: Resources
+    count: int = attrs.field(default=1, validator=nonnegative)
+
+
 @message("subscribe")
 class Subscribe(Message):
     framework: FrameworkInfo
     force: bool = False
+    # Demand declared with the subscription (as `RequestResources`), so that the
+    # pass the subscription triggers is bounded by it too.
+    requests: list[ResourceRequest] = attrs.field(factory=list)
 
 
 @message("unsubscribe")
@@ -136,15 +148,6 @@ class Revive(Message):
 @message("suppress")
 class Suppress(Message):
     framework_id: str
-
-
-@attrs.frozen(kw_only=True)
-class ResourceRequest:
-    """`count` tasks of shape `resources` (Mesos' Request, with a count so that a
-    job of thousands of like tasks is one entry)."""
-
-    resources: Resources
-    count: int = attrs.field(default=1, validator=nonnegative)
 
 
 @message("request")

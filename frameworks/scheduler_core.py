@@ -181,6 +181,7 @@ class SchedulerCore:
         self._suppressed = False
         self._revive_pending = False
         self._requests: list[ResourceRequest] = []  # declared demand, cleared by suppress
+        self._subscribed_with: list[ResourceRequest] = []  # the demand the last Subscribe held
         # Where each live task runs, so a kill can name the agent.
         self._task_agents: dict[str, str] = {}
         # Kill/Reconcile/Acknowledge made while disconnected; sent once subscribed.
@@ -252,7 +253,8 @@ class SchedulerCore:
     def _subscribe(self, now: float) -> list[Effect]:
         self._attempts += 1
         framework = attrs.evolve(self.framework, id=self.framework_id)
-        return [_send(Subscribe(framework=framework)),
+        self._subscribed_with = [] if self._suppressed else self._requests
+        return [_send(Subscribe(framework=framework, requests=self._subscribed_with)),
                 ArmTimer(SubscribeRetry(), now + self.timings.subscribe_retry)]
 
     def _on_timer(self, key: Hashable, now: float) -> list[Effect]:
@@ -345,9 +347,9 @@ class SchedulerCore:
                                     (message.framework_id, message.master_info)))
         queued, self._queued = self._queued, []
         effects += [_send(attrs.evolve(m, framework_id=self.framework_id)) for m in queued]
-        # A new leader does not know our offer preference; restate it (demand
-        # first, so the revive's pass is bounded by it).
-        if self._requests and not self._suppressed:
+        # A new leader does not know our offer preference; restate it (the
+        # Subscribe carried the demand: restate it only if it changed since).
+        if self._requests != self._subscribed_with and not self._suppressed:
             effects.append(_send(RequestResources(framework_id=self.framework_id,
                                                   requests=self._requests)))
         if self._suppressed:

@@ -194,6 +194,7 @@ class MasterState(PreemptionHandlers, AgentHandlers):
             else:
                 self._resubscribe(framework, peer, info)
         self._connect(framework, peer)
+        self.allocator.request(framework.id, [(r.resources, r.count) for r in message.requests])
         self.events.record(self._now, "framework_subscribed", framework_id=framework.id,
                            name=info.name, roles=list(info.roles), reregistered=reregistered)
         self._send(peer, Subscribed(framework_id=framework.id,

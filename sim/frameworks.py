@@ -326,6 +326,10 @@ class BatchFramework(SimFramework):
             return progress.maps_total - progress.maps_done - progress.maps_running
         return progress.reduces_total - progress.reduces_done - progress.reduces_running
 
+    def start(self, now: float) -> None:
+        self._perform(self.core.declare())  # carried by the driver's Subscribe
+        super().start(now)
+
     def registered(self, driver: Any, framework_id: str, master_info: MasterInfo) -> None:
         self._handle(batch.Started())
 

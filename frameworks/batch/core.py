@@ -611,6 +611,12 @@ class BatchCore:
             return [SuppressOffers()]
         return []
 
+    def declare(self) -> list[Effect]:
+        """The demand to declare before subscribing (a shell performs it before
+        it starts its driver), so the first offers are bounded by it too."""
+        self._declared = self._demand()
+        return [RequestResources(self._declared)] if self._declared else []
+
     def _demand(self) -> tuple[tuple[Resources, int], ...]:
         """What the eligible tasks need, each with an executor of its own (a
         task on a new agent needs one); nothing while a pending map prefers hosts."""

@@ -193,6 +193,8 @@ async def run_job_async(job: Job, master: str, *, timeout: float | None = None,
     driver = SchedulerDriver(scheduler, FrameworkInfo(name=f"dyad-batch:{prepared.name}",
                                                       capabilities=capabilities),
                              master=master)
+    for effect in core.declare():  # carried by the driver's Subscribe
+        perform(effect, driver)
     running = asyncio.ensure_future(driver.run_async())
     try:
         error = await _supervise(running, driver, scheduler, master, timeout, connect_timeout)
