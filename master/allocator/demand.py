@@ -7,14 +7,17 @@ offering to it once the offers it holds cover that demand with headroom; the
 agents it is skipped on go on in DRF order to the others. A framework that
 never declares demand is offered exactly as before.
 
-Covered means: the scalar amounts of its outstanding offers made since the
-declaration reach `HEADROOM` times the declared total in every kind the
-demand names, *and* those offers are on at least `min(MIN_AGENTS, tasks)`
-agents (`tasks`: the number of task shapes declared, counts included). The
-headroom leaves placement (locality, constraints, fragmentation) a choice of
-agents; the agent floor matters for small demands, which one agent's offer
-would otherwise cover. Coverage is checked before each offer, so a pass
-overshoots the headroom by at most one agent's offer.
+A declaration is a list of task shapes, each with a count. An offer counts
+for how many tasks of each shape it could hold (each shape on its own). The
+framework is *covered* when its outstanding offers made since the
+declaration could hold `HEADROOM` times the declared count of every shape,
+and at least `min(MIN_AGENTS, tasks)` of them hold a task. The headroom
+leaves placement (constraints, spreading, fragmentation) a choice of agents;
+the agent floor matters for small demands, which one big agent would
+otherwise cover. Coverage is checked before each offer, so a pass overshoots
+by at most one agent's offer. While a framework has demand it is also not
+offered resources that hold no task of any declared shape (a fragment it
+would decline): the agent goes on to the next framework in DRF order.
 
 A declaration replaces the previous one; an empty one clears it. Demand is
 also cleared when the framework suppresses offers, is deactivated
@@ -24,10 +27,11 @@ not cleared by a launch: a framework that launched re-declares what is left
 would offer the whole cell at the next pass, before the new declaration
 arrives. Revive keeps it (a framework reviving for new work declares first).
 
-Agents a covered framework was skipped on are remembered (`blocked`) and made
-dirty again when its coverage falls (one of its offers closed, or a new
-declaration), so the pass that could offer to it looks at them: the
-allocator's rule that a pass leaves its agents clean holds.
+Agents a framework was skipped on (covered, or nothing there fits) are
+remembered (`blocked`) and made dirty again when its coverage falls (one of
+its offers closed) or it declares anew, so the pass that could offer to it
+looks at them: the allocator's rule that a pass leaves its agents clean
+holds. (An agent where more is freed is dirty anyway.)
 
 Pure: no clock, no I/O.
 """
@@ -47,85 +51,91 @@ MIN_AGENTS = 8
 
 
 class _Demand:
-    __slots__ = ("need", "agents", "offers", "held")
+    __slots__ = ("shapes", "wanted", "agents", "offers", "held", "fitting", "covered")
 
-    def __init__(self, need: dict[str, int], agents: int) -> None:
-        self.need = need  # kind -> milli to cover (HEADROOM x declared)
-        self.agents = agents  # agents the offers must span
-        self.offers: dict[str, Mapping[str, int]] = {}  # agent -> scalars offered there
-        self.held: dict[str, int] = dict.fromkeys(need, 0)  # kind -> milli offered
+    def __init__(self, shapes: list[dict[str, int]], wanted: list[int], agents: int) -> None:
+        self.shapes = shapes  # each declared shape's scalar milli (kinds it needs)
+        self.wanted = wanted  # per shape: HEADROOM x its count, in tasks
+        self.agents = agents  # offers holding a task that must be made
+        # agent -> the offer's scalars, and how many tasks of each shape it holds
+        self.offers: dict[str, tuple[Mapping[str, int], list[int]]] = {}
+        self.held = [0] * len(shapes)  # per shape: tasks the counted offers hold
+        self.fitting = 0  # counted offers that hold at least one task
+        self.covered = False
 
-    def covered(self) -> bool:
-        if len(self.offers) < self.agents:
+    def fits(self, scalars: Mapping[str, int]) -> bool:
+        """Whether resources with these scalars hold one task of some shape."""
+        return any(all(scalars.get(kind, 0) >= milli for kind, milli in shape.items())
+                   for shape in self.shapes)
+
+    def count(self, agent_id: str, scalars: Mapping[str, int]) -> None:
+        holds = [min((scalars.get(kind, 0) // milli for kind, milli in shape.items()), default=0)
+                 for shape in self.shapes]
+        self.offers[agent_id] = (scalars, holds)
+        self._add(holds, 1)
+
+    def uncount(self, agent_id: str) -> bool:
+        """Forget the offer on the agent; whether there was one."""
+        offer = self.offers.pop(agent_id, None)
+        if offer is None:
             return False
+        self._add(offer[1], -1)
+        return True
+
+    def _add(self, holds: list[int], sign: int) -> None:
         held = self.held
-        return all(held[kind] >= milli for kind, milli in self.need.items())
+        for index, tasks in enumerate(holds):
+            held[index] += sign * tasks
+        if any(holds):
+            self.fitting += sign
+        self.covered = self.fitting >= self.agents and all(
+            have >= want for have, want in zip(held, self.wanted))
 
 
 class Demands:
     """Every framework's declared demand and the offers counted against it.
-    `covered` (framework ids) and `blocked` (agent ids) are read by the
-    allocator's pick; both are mutated in place, never replaced."""
+    `wanting` (framework id -> its demand) and `blocked` (agent ids) are read
+    and written by the allocator's pick; both are mutated in place, never
+    replaced."""
 
     def __init__(self) -> None:
-        self._demands: dict[str, _Demand] = {}
-        self.covered: set[str] = set()
+        self.wanting: dict[str, _Demand] = {}
         self.blocked: dict[str, None] = {}  # ordered: deterministic passes
 
     def __contains__(self, framework_id: str) -> bool:
-        return framework_id in self._demands
+        return framework_id in self.wanting
 
     def declare(self, framework_id: str, requests: Iterable[tuple[Resources, int]]) -> list[str]:
         """Replace the framework's demand with `requests` (each a task shape and
         how many of it); none clears it. Returns agents to make dirty."""
-        need: dict[str, int] = {}
-        tasks = 0
+        shapes: dict[tuple[tuple[str, int], ...], int] = {}
         for resources, count in requests:
-            if count <= 0:
-                continue
-            tasks += count
-            for kind, milli in resources.scalar_items().items():
-                need[kind] = need.get(kind, 0) + HEADROOM * count * milli
-        need = {kind: milli for kind, milli in need.items() if milli > 0}
-        old = self._demands.pop(framework_id, None)
-        self.covered.discard(framework_id)
-        if not tasks:
+            shape = tuple(sorted((k, m) for k, m in resources.scalar_items().items() if m > 0))
+            if count > 0 and shape:
+                shapes[shape] = shapes.get(shape, 0) + count
+        old = self.wanting.pop(framework_id, None)
+        if not shapes:
             return self._release_blocked() if old is not None else []
-        demand = self._demands[framework_id] = _Demand(need, min(MIN_AGENTS, tasks))
+        demand = self.wanting[framework_id] = _Demand(
+            [dict(shape) for shape in shapes], [HEADROOM * n for n in shapes.values()],
+            min(MIN_AGENTS, sum(shapes.values())))
         if old is not None:  # its outstanding offers still count
-            for agent_id, scalars in old.offers.items():
-                self._count(demand, agent_id, scalars)
-        if demand.covered():
-            self.covered.add(framework_id)
-            return []
+            for agent_id, (scalars, _) in old.offers.items():
+                demand.count(agent_id, scalars)
         return self._release_blocked()
 
     def clear(self, framework_id: str) -> None:
         """Suppressed, deactivated or removed: back to offers without a bound.
         Nothing to make dirty: the framework takes no offers now."""
-        if self._demands.pop(framework_id, None) is not None:
-            self.covered.discard(framework_id)
-
-    def offered(self, framework_id: str, agent_id: str, scalars: Mapping[str, int]) -> None:
-        """An offer was made to a framework with demand (`in` says which)."""
-        demand = self._demands[framework_id]
-        self._count(demand, agent_id, scalars)
-        if demand.covered():
-            self.covered.add(framework_id)
+        self.wanting.pop(framework_id, None)
 
     def closed(self, framework_id: str, agent_id: str) -> list[str]:
         """The framework's offer on the agent ended. Returns agents to make dirty."""
-        demand = self._demands.get(framework_id)
+        demand = self.wanting.get(framework_id)
         if demand is None:
             return []
-        scalars = demand.offers.pop(agent_id, None)
-        if scalars is None:
-            return []  # made before the declaration: never counted
-        held = demand.held
-        for kind in held:
-            held[kind] -= scalars.get(kind, 0)
-        if framework_id in self.covered and not demand.covered():
-            self.covered.discard(framework_id)
+        was = demand.covered
+        if demand.uncount(agent_id) and was and not demand.covered:
             return self._release_blocked()
         return []
 
@@ -133,15 +143,9 @@ class Demands:
         """Its offers are gone. Returns agents to make dirty."""
         self.blocked.pop(agent_id, None)
         dirty: list[str] = []
-        for framework_id in [f for f, d in self._demands.items() if agent_id in d.offers]:
+        for framework_id in [f for f, d in self.wanting.items() if agent_id in d.offers]:
             dirty += self.closed(framework_id, agent_id)
         return dirty
-
-    def _count(self, demand: _Demand, agent_id: str, scalars: Mapping[str, int]) -> None:
-        demand.offers[agent_id] = scalars
-        held = demand.held
-        for kind in held:
-            held[kind] += scalars.get(kind, 0)
 
     def _release_blocked(self) -> list[str]:
         agents = list(self.blocked)

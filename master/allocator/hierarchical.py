@@ -485,15 +485,16 @@ class HierarchicalAllocator(QuotaRooms):
             self._charge(agent_id, agent, framework_id, role, resources)
             agent.offered_to.add(framework_id)
             result.append(Allocation(framework_id, agent_id, resources))
-            if framework_id in self._demands:
-                self._demands.offered(framework_id, agent_id, self._scalars(resources))
+            demand = self._demands.wanting.get(framework_id)
+            if demand is not None:
+                demand.count(agent_id, self._scalars(resources))
 
     def _pick(self, agent_id: str, agent: _Agent, now: float,
               guarantees: bool) -> tuple[str, str, Resources] | None:
         """The first (framework, role) in sort order that may take something here,
         and what it is offered."""
         filtered, offered_to, role_of = agent.filtered, agent.offered_to, agent.role_of
-        covered = self._demands.covered
+        wanting = self._demands.wanting
         for role in self._role_sorter.iter_sorted():
             offerable = agent.free.allocatable_for(role) if agent.reserved else agent.free
             if self._quota:
@@ -515,7 +516,10 @@ class HierarchicalAllocator(QuotaRooms):
                 charged = role_of.get(framework_id)
                 if charged is not None and charged != role:
                     continue
-                if framework_id in covered:  # its offers cover what it declared
+                demand = wanting.get(framework_id)
+                if demand is not None and (demand.covered or not demand.fits(
+                        self._scalars(offerable))):
+                    # Its offers cover what it declared, or this holds none of it.
                     self._demands.blocked[agent_id] = None
                     continue
                 return framework_id, role, offerable
