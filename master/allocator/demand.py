@@ -28,10 +28,15 @@ would offer the whole cell at the next pass, before the new declaration
 arrives. Revive keeps it (a framework reviving for new work declares first).
 
 Agents a framework was skipped on (covered, or nothing there fits) are
-remembered (`blocked`) and made dirty again when its coverage falls (one of
-its offers closed) or it declares anew, so the pass that could offer to it
-looks at them: the allocator's rule that a pass leaves its agents clean
-holds. (An agent where more is freed is dirty anyway.)
+remembered with its demand (`blocked`). When its coverage falls (one of its
+offers closed) or it declares anew, the framework is *reopened*: the next
+pass, after its dirty agents, looks at its blocked agents again in order,
+only until it is covered again; the rest stay blocked. Everyone else had
+its turn on them when they were skipped, and anything that changed that
+(resources freed there, a filter expiring, a revive) makes them dirty
+anyway, so the allocator's rule that a pass leaves its agents clean holds.
+This keeps a job's answer to its offers from making the whole cell dirty.
+An empty declaration makes its blocked agents dirty (it is unbounded now).
 
 Pure: no clock, no I/O.
 """
@@ -51,7 +56,7 @@ MIN_AGENTS = 8
 
 
 class _Demand:
-    __slots__ = ("shapes", "wanted", "agents", "offers", "held", "fitting", "covered")
+    __slots__ = ("shapes", "wanted", "agents", "offers", "held", "fitting", "covered", "blocked")
 
     def __init__(self, shapes: list[dict[str, int]], wanted: list[int], agents: int) -> None:
         self.shapes = shapes  # each declared shape's scalar milli (kinds it needs)
@@ -62,6 +67,7 @@ class _Demand:
         self.held = [0] * len(shapes)  # per shape: tasks the counted offers hold
         self.fitting = 0  # counted offers that hold at least one task
         self.covered = False
+        self.blocked: dict[str, None] = {}  # agents it was skipped on; ordered
 
     def fits(self, scalars: Mapping[str, int]) -> bool:
         """Whether resources with these scalars hold one task of some shape."""
@@ -94,13 +100,13 @@ class _Demand:
 
 class Demands:
     """Every framework's declared demand and the offers counted against it.
-    `wanting` (framework id -> its demand) and `blocked` (agent ids) are read
-    and written by the allocator's pick; both are mutated in place, never
-    replaced."""
+    `wanting` (framework id -> its demand) is read by the allocator's pick,
+    which adds to a demand's `blocked`; `reopened` lists the frameworks whose
+    blocked agents the next pass must look at again."""
 
     def __init__(self) -> None:
         self.wanting: dict[str, _Demand] = {}
-        self.blocked: dict[str, None] = {}  # ordered: deterministic passes
+        self.reopened: dict[str, None] = {}  # ordered: deterministic passes
 
     def __contains__(self, framework_id: str) -> bool:
         return framework_id in self.wanting
@@ -114,40 +120,39 @@ class Demands:
             if count > 0 and shape:
                 shapes[shape] = shapes.get(shape, 0) + count
         old = self.wanting.pop(framework_id, None)
-        if not shapes:
-            return self._release_blocked() if old is not None else []
+        if not shapes:  # unbounded now: where it was skipped it may take offers
+            return list(old.blocked) if old is not None else []
         demand = self.wanting[framework_id] = _Demand(
             [dict(shape) for shape in shapes], [HEADROOM * n for n in shapes.values()],
             min(MIN_AGENTS, sum(shapes.values())))
         if old is not None:  # its outstanding offers still count
             for agent_id, (scalars, _) in old.offers.items():
                 demand.count(agent_id, scalars)
-        return self._release_blocked()
+            demand.blocked = old.blocked
+            self.reopened[framework_id] = None  # other shapes may fit where it was skipped
+        return []
 
     def clear(self, framework_id: str) -> None:
         """Suppressed, deactivated or removed: back to offers without a bound.
         Nothing to make dirty: the framework takes no offers now."""
         self.wanting.pop(framework_id, None)
 
-    def closed(self, framework_id: str, agent_id: str) -> list[str]:
-        """The framework's offer on the agent ended. Returns agents to make dirty."""
+    def closed(self, framework_id: str, agent_id: str) -> None:
+        """The framework's offer on the agent ended."""
         demand = self.wanting.get(framework_id)
         if demand is None:
-            return []
+            return
         was = demand.covered
         if demand.uncount(agent_id) and was and not demand.covered:
-            return self._release_blocked()
-        return []
+            self.reopened[framework_id] = None
 
-    def agent_removed(self, agent_id: str) -> list[str]:
-        """Its offers are gone. Returns agents to make dirty."""
-        self.blocked.pop(agent_id, None)
-        dirty: list[str] = []
-        for framework_id in [f for f, d in self.wanting.items() if agent_id in d.offers]:
-            dirty += self.closed(framework_id, agent_id)
-        return dirty
+    def agent_removed(self, agent_id: str) -> None:
+        """Its offers are gone, and it is no longer skipped for anyone."""
+        for framework_id, demand in self.wanting.items():
+            demand.blocked.pop(agent_id, None)
+            self.closed(framework_id, agent_id)
 
-    def _release_blocked(self) -> list[str]:
-        agents = list(self.blocked)
-        self.blocked.clear()
-        return agents
+    def take_reopened(self) -> list[str]:
+        frameworks = list(self.reopened)
+        self.reopened.clear()
+        return frameworks

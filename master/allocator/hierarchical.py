@@ -201,7 +201,7 @@ class HierarchicalAllocator(QuotaRooms):
             role.sorter.remove_total(scalars)
         self._free_unreserved.subtract(_unreserved_scalars(agent, agent.free))
         del self._agents[agent_id]
-        self._dirty.update(dict.fromkeys(self._demands.agent_removed(agent_id)))
+        self._demands.agent_removed(agent_id)
         self._dirty.pop(agent_id, None)
         self._quota_blocked.pop(agent_id, None)
         self._consumption_changed()
@@ -382,7 +382,7 @@ class HierarchicalAllocator(QuotaRooms):
         `returned` is the part it did not use."""
         agent = self._agent(agent_id)
         agent.offered_to.discard(framework_id)
-        self._dirty.update(dict.fromkeys(self._demands.closed(framework_id, agent_id)))
+        self._demands.closed(framework_id, agent_id)
         self.release(agent_id, framework_id, returned)
         self._dirty[agent_id] = None  # the framework may be offered here again
 
@@ -398,7 +398,7 @@ class HierarchicalAllocator(QuotaRooms):
                 agent = self._agent(agent_id)
                 agent.offered_to.discard(framework_id)
                 if framework_id in demands:
-                    self._dirty.update(dict.fromkeys(demands.closed(framework_id, agent_id)))
+                    demands.closed(framework_id, agent_id)
                 if not resources.is_empty():
                     held = agent.allocated.get(framework_id, EMPTY)
                     if held is not resources and not resources <= held:
@@ -453,14 +453,35 @@ class HierarchicalAllocator(QuotaRooms):
         self._all_dirty = False
         self.last_considered = len(candidates)
         result: list[Allocation] = []
-        if not candidates or not self._role_sorter.any_active():
+        reopened = self._demands.take_reopened()
+        if not (candidates or reopened) or not self._role_sorter.any_active():
             return result  # nobody would be offered anything (all suppressed or away)
-        if self._guarantees_unmet() and self._guarantee_takers():
+        guarantees = self._guarantees_unmet() and self._guarantee_takers()
+        if guarantees:
             for agent_id in candidates:
                 self._fill(agent_id, now, result, guarantees=True)
         for agent_id in candidates:
             self._fill(agent_id, now, result, guarantees=False)
+        for framework_id in reopened:
+            self._refill(framework_id, now, result, guarantees)
         return result
+
+    def _refill(self, framework_id: str, now: float, result: list[Allocation],
+                guarantees: bool) -> None:
+        """Look again at the agents skipped for the framework's declared demand,
+        now that its offers no longer cover it, until they do again (the rest
+        stay skipped: nothing else about them changed, or they would be dirty)."""
+        demand = self._demands.wanting.get(framework_id)
+        if demand is None:
+            return
+        for agent_id in list(demand.blocked):
+            if demand.covered:
+                return
+            del demand.blocked[agent_id]
+            self.last_considered += 1
+            if guarantees:
+                self._fill(agent_id, now, result, guarantees=True)
+            self._fill(agent_id, now, result, guarantees=False)
 
     def _expire_filters(self, now: float) -> None:
         heap = self._filter_expiry
@@ -520,7 +541,7 @@ class HierarchicalAllocator(QuotaRooms):
                 if demand is not None and (demand.covered or not demand.fits(
                         self._scalars(offerable))):
                     # Its offers cover what it declared, or this holds none of it.
-                    self._demands.blocked[agent_id] = None
+                    demand.blocked[agent_id] = None
                     continue
                 return framework_id, role, offerable
         return None
