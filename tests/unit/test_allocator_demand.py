@@ -20,6 +20,9 @@ from frameworks.scheduler_core import MasterDetected, RequestCall, SchedulerCore
 from master.allocator import Allocation, HierarchicalAllocator
 from master.allocator.demand import HEADROOM, MIN_AGENTS
 from frameworks.testing import make_master_info
+from frameworks.batch.core import OffersMade
+from frameworks.effects import LaunchTasks, RequestResources as Declare, SuppressOffers
+from tests.unit.test_batch_core import EXECUTOR, TASK as SHAPE, Run, config
 from tests.unit.test_master_state import Harness, messages
 
 AGENT = Resources.parse("cpus:4;mem:4096")
@@ -338,3 +341,21 @@ def test_the_master_bounds_offers_by_the_demand_subscribed_with_and_requested() 
 
 def sent(effects: list[Any]) -> list[Any]:
     return [e.message for e in effects if isinstance(e, Send)]
+
+
+# ------------------------------------------------------------------ batch core
+
+
+def test_the_batch_core_declares_its_eligible_tasks_and_redeclares_as_they_launch() -> None:
+    run = Run(config([()] * 4))  # four maps without preferred hosts, two reduces
+    need = SHAPE + EXECUTOR.resources
+    assert run.core.declare() == [Declare(((need, 4),))]  # before subscribing
+    effects = run.do(OffersMade((run.make_offer("a", "cpus:1.1;mem:4096"),)))  # two maps fit
+    assert len([t for e in effects if isinstance(e, LaunchTasks) for t in e.tasks]) == 2
+    assert Declare(((need, 2),)) in effects  # what is left
+    effects = run.do(OffersMade((run.make_offer("b"),)))  # the rest launch: nothing eligible
+    assert SuppressOffers() in effects and not [e for e in effects if isinstance(e, Declare)]
+
+
+def test_the_batch_core_declares_nothing_while_maps_prefer_hosts() -> None:
+    assert Run(config([("h1",), ()])).core.declare() == []
