@@ -15,9 +15,12 @@ and at least `min(MIN_AGENTS, tasks)` of them hold a task. The headroom
 leaves placement (constraints, spreading, fragmentation) a choice of agents;
 the agent floor matters for small demands, which one big agent would
 otherwise cover. Coverage is checked before each offer, so a pass overshoots
-by at most one agent's offer. While a framework has demand it is also not
-offered resources that hold no task of any declared shape (a fragment it
-would decline): the agent goes on to the next framework in DRF order.
+by at most one agent's offer. An offer that holds no declared task (a
+fragment) does not count, but is still made, as without demand: a framework
+sees what is free (the batch core's starvation timeout reports the biggest
+offer it saw; a borrower runs on an offer's revocable part, which demand
+does not count). In a full cell a framework with demand is so offered every
+fragment, as before: only room it could use bounds the offers.
 
 A declaration replaces the previous one; an empty one clears it. Demand is
 also cleared when the framework suppresses offers, is deactivated
@@ -27,7 +30,7 @@ not cleared by a launch: a framework that launched re-declares what is left
 would offer the whole cell at the next pass, before the new declaration
 arrives. Revive keeps it (a framework reviving for new work declares first).
 
-Agents a framework was skipped on (covered, or nothing there fits) are
+Agents a framework was skipped on because it was covered are
 remembered with its demand (`blocked`). When its coverage falls (one of its
 offers closed) or it declares anew, the framework is *reopened*: the next
 pass, after its dirty agents, looks at its blocked agents again in order,
@@ -68,11 +71,6 @@ class _Demand:
         self.fitting = 0  # counted offers that hold at least one task
         self.covered = False
         self.blocked: dict[str, None] = {}  # agents it was skipped on; ordered
-
-    def fits(self, scalars: Mapping[str, int]) -> bool:
-        """Whether resources with these scalars hold one task of some shape."""
-        return any(all(scalars.get(kind, 0) >= milli for kind, milli in shape.items())
-                   for shape in self.shapes)
 
     def count(self, agent_id: str, scalars: Mapping[str, int]) -> None:
         holds = [min((scalars.get(kind, 0) // milli for kind, milli in shape.items()), default=0)

@@ -538,9 +538,7 @@ class HierarchicalAllocator(QuotaRooms):
                 if charged is not None and charged != role:
                     continue
                 demand = wanting.get(framework_id)
-                if demand is not None and (demand.covered or not demand.fits(
-                        self._scalars(offerable))):
-                    # Its offers cover what it declared, or this holds none of it.
+                if demand is not None and demand.covered:  # its offers hold what it declared
                     demand.blocked[agent_id] = None
                     continue
                 return framework_id, role, offerable

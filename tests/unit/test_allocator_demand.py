@@ -103,22 +103,21 @@ def test_suppress_clears_the_demand() -> None:
     assert len(allocator.allocate(1.0)) == 19
 
 
-def test_what_holds_no_declared_task_goes_to_the_next_framework() -> None:
-    allocator = make(4, ("a", "b"))
-    for index in range(3):  # 3 of 4 agents keep only a fragment free
+def test_fragments_are_offered_but_do_not_count() -> None:
+    allocator = make(12, ("a", "b"))
+    for index in range(8):  # 8 of 12 agents keep only a fragment free
         allocator.update_used(f"s{index:02d}", "b", Resources.parse("cpus:3.5;mem:3000"))
-    allocator.request("a", [(TASK, 5)])
+    allocator.request("a", [(TASK, 2)])  # 4 tasks' room on 2 agents
     allocations = allocator.allocate(0.0)
-    assert offered_to(allocations, "a") == ["s03"]  # the one agent that holds a task
-    assert offered_to(allocations, "b") == ["s00", "s01", "s02"]
+    # s00-s07 hold no task: offered, not counted; s08 and s09 cover it.
+    assert offered_to(allocations, "a") == [f"s{index:02d}" for index in range(10)]
+    assert offered_to(allocations, "b") == ["s10", "s11"]
 
 
-def test_a_demand_no_agent_holds_is_offered_nothing() -> None:
+def test_a_demand_no_agent_holds_is_never_covered() -> None:
     allocator = make(10)
     allocator.request("a", [(Resources.parse("cpus:1;gpus:1"), 1)])
-    assert allocator.allocate(0.0) == []
-    allocator.request("a", [(TASK, 1)])  # declared anew: the agents are looked at again
-    assert len(allocator.allocate(1.0)) == 1
+    assert len(allocator.allocate(0.0)) == 10  # offered as without demand
 
 
 def test_a_removed_agent_takes_its_offer_out_of_the_count() -> None:
@@ -254,26 +253,22 @@ def test_offers_never_pass_demand_and_headroom_by_more_than_one_agent_and_nobody
         for allocation in allocations:
             framework_id = allocation.framework_id
             # Before each offer its framework was not yet covered: the offers in a
-            # pass pass demand + headroom by one agent's offer at most; and what it
-            # is offered holds a task it declared.
+            # pass pass demand + headroom by one agent's offer at most.
             assert not model.covered(framework_id, model.counted[framework_id]), allocation
-            assert model.fits(framework_id, allocation.resources), allocation
             model.offers[framework_id][allocation.agent_id] = allocation.resources
             if model.need[framework_id] is not None:
                 model.counted[framework_id][allocation.agent_id] = allocation.resources
         if step[0] != "allocate":
             continue
         # No starvation: a framework that may take offers and is not covered has
-        # been offered every agent with anything worth offering it (that holds a
-        # task it declared) that it could take.
+        # been offered every agent with anything worth offering that it could take.
         for framework_id in FRAMEWORKS:
             if framework_id in model.suppressed or model.covered(
                     framework_id, model.counted[framework_id]):
                 continue
             for agent_id in agents:
                 free = allocator.free(agent_id)
-                worth = (free.get("cpus") >= 0.01 or free.get("mem") >= 32) and model.fits(
-                    framework_id, free)
+                worth = free.get("cpus") >= 0.01 or free.get("mem") >= 32
                 filtered = allocator._agents[agent_id].filtered.get(framework_id, -1.0)
                 assert not (worth and agent_id not in model.offers[framework_id]
                             and filtered <= model.now), (framework_id, agent_id, free)
