@@ -53,9 +53,9 @@ from dyad.resources import Resources
 __all__ = ["HEADROOM", "MIN_AGENTS", "Demands"]
 
 HEADROOM = 2
-"""Offers may cover this multiple of the declared amounts before they stop."""
+"""Offers stop once they could hold this multiple of each declared count..."""
 MIN_AGENTS = 8
-"""...and are spread over at least this many agents (fewer if fewer tasks)."""
+"""...on at least this many agents (fewer if fewer tasks)."""
 
 
 class _Demand:

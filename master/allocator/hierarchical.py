@@ -23,7 +23,9 @@ In both stages an offer holds the agent's free resources that are unreserved or
 reserved to the role or one of its ancestors, never beyond any quota limit on
 the role or its ancestors, and only for a framework that is active, not
 suppressed, not filtered for the agent (decline/accept `refuse_seconds`) and
-holds no outstanding offer there. Each offer is recorded immediately, so the
+holds no outstanding offer there (and, if it declared demand with `request`,
+whose offers do not yet cover it: `master.allocator.demand`). Each offer is
+recorded immediately, so the
 sorters' order changes as the pass goes on (progressive filling). An agent is
 worth offering when its free resources hold any of `min_allocatable`.
 
