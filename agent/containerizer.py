@@ -43,7 +43,7 @@ import psutil
 from dyad.processes import describe_exit as describe_process_exit
 from dyad.processes import signal_group
 
-from agent import holder, spawn, users
+from agent import holder, sandbox_dirs, spawn, users
 from agent.held import HolderGone, HolderLink, run_key
 from agent.checkpoint import SavedExecutor
 from agent.isolation import Isolator, IsolationError, PosixIsolator, processes
@@ -253,7 +253,7 @@ class Containerizer:
         one run after another."""
         key, effect, argv, _, run_as = start
         try:
-            os.makedirs(effect.sandbox_dir, exist_ok=True)
+            sandbox_dirs.make(effect.sandbox_dir)
             for name in ("stdout", "stderr"):
                 os.close(os.open(os.path.join(effect.sandbox_dir, name),
                                  holder.OPEN_FLAGS | os.O_CLOEXEC, 0o644))
@@ -308,7 +308,7 @@ class Containerizer:
         """Start the run's process (blocking: off the loop); its start time."""
         key, effect, argv, env, run_as = start
         try:
-            os.makedirs(effect.sandbox_dir, exist_ok=True)
+            sandbox_dirs.make(effect.sandbox_dir)
             self.isolator.prepare(key, self._starting[key])
             with open(os.path.join(effect.sandbox_dir, "stdout"), "ab") as out, \
                     open(os.path.join(effect.sandbox_dir, "stderr"), "ab") as err:
