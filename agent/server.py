@@ -49,6 +49,7 @@ from agent.model import (
 from agent.probes import probe, probe_host
 from agent.state import AgentState, Event
 from agent.status_updates import SendMaster
+from agent.unique_ids import UniqueIds
 from dyad import security
 from dyad.auth import (
     DYAD_CURVE_KEY, DYAD_MASTER_KEY, TOKEN_ENV, TOKEN_FILE_ENV, ClientCredentials,
@@ -135,7 +136,8 @@ class AgentServer:
         self._master_watch: HandshakeWatch | None = None
         self._detector = detector or make_detector(master, self.client)
         self._clock = clock or SystemClock()
-        self.state = AgentState(config)
+        self._new_id = UniqueIds()
+        self.state = AgentState(config, self._new_id)
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self._timers = TimerTable(self._clock.now, self._timer_due)
         self.shell_counters: Counter[str] = Counter({
@@ -204,7 +206,7 @@ class AgentServer:
                 raise CheckpointError(problem)
         await self._bind(saved)
         await self._connect_docker()
-        self.state = AgentState(self.config)
+        self.state = AgentState(self.config, self._new_id)
         await asyncio.to_thread(self.fetcher.cache.load)
         pinned = self.client.master_keys[0] if self.client.master_keys else None
         self._dealer = Dealer(curve=self.client.keys, server_key=pinned)
