@@ -20,6 +20,14 @@ def _messages(frames: list[bytes]) -> list[object]:
     return out
 
 
+def _batching() -> tuple[list[bytes], MasterOutbox]:
+    """An outbox whose master has sent a batch, and what it sends."""
+    sent: list[bytes] = []
+    outbox = MasterOutbox(lambda frame: sent.append(frame) or True)
+    outbox.batching = True
+    return sent, outbox
+
+
 def test_until_the_master_batches_every_send_is_a_frame_of_its_own_at_once() -> None:
     sent: list[bytes] = []
     outbox = MasterOutbox(lambda frame: sent.append(frame) or True)
@@ -31,9 +39,7 @@ def test_until_the_master_batches_every_send_is_a_frame_of_its_own_at_once() -> 
 
 
 def test_once_it_does_a_core_batch_goes_in_one_frame_in_order() -> None:
-    sent: list[bytes] = []
-    outbox = MasterOutbox(lambda frame: sent.append(frame) or True)
-    outbox.batching = True
+    sent, outbox = _batching()
     for pong in _pongs(5):
         outbox.send(pong)
     assert sent == []  # held to the end of the core batch
@@ -48,9 +54,7 @@ def test_once_it_does_a_core_batch_goes_in_one_frame_in_order() -> None:
 
 
 def test_a_batch_is_closed_at_about_the_size_limit() -> None:
-    sent: list[bytes] = []
-    outbox = MasterOutbox(lambda frame: sent.append(frame) or True)
-    outbox.batching = True
+    sent, outbox = _batching()
     pongs = _pongs(40, size=MAX_BATCH_BYTES // 16)
     for pong in pongs:
         outbox.send(pong)
@@ -61,9 +65,7 @@ def test_a_batch_is_closed_at_about_the_size_limit() -> None:
 
 
 def test_a_new_master_gets_what_was_held_then_single_frames() -> None:
-    sent: list[bytes] = []
-    outbox = MasterOutbox(lambda frame: sent.append(frame) or True)
-    outbox.batching = True
+    sent, outbox = _batching()
     for pong in _pongs(2):
         outbox.send(pong)
     outbox.new_master()
@@ -75,9 +77,7 @@ def test_a_new_master_gets_what_was_held_then_single_frames() -> None:
 def test_registering_again_goes_alone_and_ends_the_batching() -> None:
     # A master restarted on the same address is not "detected" anew, but the agent
     # registers with it again: it may be an older one.
-    sent: list[bytes] = []
-    outbox = MasterOutbox(lambda frame: sent.append(frame) or True)
-    outbox.batching = True
+    sent, outbox = _batching()
     outbox.send(_pongs(1)[0])
     register = RegisterAgent(agent=AgentInfo(hostname="h", port=1, resources=Resources.parse("cpus:1")))
     outbox.send(register)
