@@ -7,7 +7,7 @@ next to the sandboxes deleted before it. Without a journal (a configuration run
 for speed, and this project's VM), ext4 passes over every free inode deleted in
 the last 5-300 s, one inode-table look-up each, before it takes one: a group full
 of recent deletions makes each new inode cost a walk over them. Measured on this
-VM's `/tmp`, 500 sandboxes in a row: 1.7-2.4 ms of CPU a sandbox, against
+VM's `/tmp`, 500 sandboxes in a row: 1.2-2.4 ms of CPU a sandbox, against
 0.15-0.30 ms with the mark below (`/dev/shm`: 0.05 ms).
 
 The mark is ext4's "top of directory hierarchies" flag (``chattr +T``) on each
