@@ -82,7 +82,7 @@ class SimAgent:
     def __init__(self, name: str, endpoint: str,
                  capabilities: tuple[str, ...] = (BATCH_CAPABILITY, LIVENESS_CAPABILITY)
                  ) -> None:
-        self.sock = Dealer()
+        self.sock = Dealer(private=True)  # only this class calls it: no rechecks needed
         self.sock.connect(endpoint)
         self.info = AgentInfo(hostname=name, port=5051, ip="127.0.0.1",
                               resources=AGENT_RESOURCES)

@@ -87,10 +87,12 @@ class _Window:
         self.weights: dict[Hashable, float] = {}
         self.opened: dict[Hashable, float] = {}
         self.total = 0.0
+        self.changes = 0  # opens and closes so far: `total` may differ only if this does
         self._order: deque[tuple[float, Hashable]] = deque()
 
     def open(self, key: Hashable, weight: float, now: float) -> None:
         self.close(key)
+        self.changes += 1
         self.weights[key] = weight
         self.opened[key] = now
         self.total += weight
@@ -101,6 +103,7 @@ class _Window:
         weight = self.weights.pop(key, None)
         if weight is None:
             return None
+        self.changes += 1
         self.total -= weight
         if not self.weights:
             self.total = 0.0  # no float drift survives an empty window
@@ -114,6 +117,10 @@ class _Window:
                 self.close(key)
         if not self.weights:
             order.clear()
+
+    def lapses_at(self) -> float:
+        """The earliest time a weight may lapse (never before it)."""
+        return self._order[0][0] + self.seconds if self._order else math.inf
 
 
 class Admission:
@@ -142,6 +149,11 @@ class Admission:
         self._late_after = target
         self._fastest = math.inf  # the round's fastest launch
         self._bound = False  # offers waited for room since the last look
+        # The last look that let nothing out, and until when it holds: nothing
+        # opened, closed or lapsed and `allowed` unchanged means the same answer
+        # (the core asks after every event while offers wait).
+        self._full_mark: tuple[int, int, float] | None = None
+        self._full_until = -math.inf
         self.held = 0
         """Offers that did not go out when made (a counter)."""
         self.cuts = 0
@@ -182,9 +194,14 @@ class Admission:
             self._waiting.clear()
             self._waiting_ids.clear()
             return out
+        if not fill and now < self._full_until and self._full_mark == self._mark():
+            self._bound = True
+            return []
         flight = self.in_flight(now)
         if not fill and flight > self.allowed * 0.75:
             self._bound = True
+            self._full_mark = self._mark()
+            self._full_until = min(self._launches.lapses_at(), self._offers.lapses_at())
             return []
         out = []
         while self._waiting and flight < self.allowed:
@@ -197,6 +214,9 @@ class Admission:
                 out.append(offer)
         self._bound = bool(self._waiting_ids)
         return out
+
+    def _mark(self) -> tuple[int, int, float]:
+        return (self._launches.changes, self._offers.changes, self.allowed)
 
     def _expected(self, offer: Offer) -> float:
         mean = self._per_offer.get(offer.framework_id)

@@ -36,7 +36,7 @@ from master.model import (
     UnreachableAgent, task_counter,
 )
 from master.removals import RemovalLimiter
-from master.usage_rows import RecordUsage, task_event
+from master.usage_rows import DimensionsCache, RecordUsage, task_event
 
 
 class MasterBooks:
@@ -91,6 +91,7 @@ class MasterBooks:
         self.allocation_seconds = Histogram(LATENCY_BOUNDS)
         self._now = start_time
         self._out: list[Effect] = []
+        self._dimensions = DimensionsCache()  # of the usage store's rows
 
     # ============================================== effects and refusals
 
@@ -334,10 +335,14 @@ class MasterBooks:
                       task: MasterTask | None, state: TaskState, source: str, reason: str,
                       message: str, agent_id: str) -> None:
         self.counters.inc("master/usage_events")
+        agent, role = self.agents.get(agent_id), self._role_of(framework, agent_id)
+        who = self._dimensions.of(task_id, framework, agent, task, role)
+        if state.is_terminal:
+            self._dimensions.forget(framework.id, task_id)
         self._out.append(RecordUsage(events=(task_event(
-            task_id, framework, self.agents.get(agent_id), task,
-            self._role_of(framework, agent_id), state.name, self._now, reason=reason,
-            message=message, source=source, healthy=task.healthy if task else None),)))
+            task_id, framework, agent, task, role, state.name, self._now, reason=reason,
+            message=message, source=source, healthy=task.healthy if task else None,
+            who=who),)))
 
     def _role_of(self, framework: MasterFramework, agent_id: str) -> str:
         """The role the framework's resources on the agent are charged to (its

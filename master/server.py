@@ -656,26 +656,29 @@ class MasterServer:
         if isinstance(event, Received) and isinstance(event.message, RegisterAgent):
             # An agent says whether it takes batches each time it registers.
             self._batching[event.peer] = BATCH_CAPABILITY in event.message.capabilities
-        started = time.perf_counter()
-        effects = self.state.handle(event, self._clock.now())
         if isinstance(event, TimerFired) and isinstance(event.key, Allocate):
+            started = time.perf_counter()
+            effects = self.state.handle(event, self._clock.now())
             self.submit(AllocationTimed(time.perf_counter() - started))
+        else:
+            effects = self.state.handle(event, self._clock.now())
         for effect in effects:
             await self._perform(effect)
 
     async def _perform(self, effect: Effect) -> None:
-        if isinstance(effect, PersistRegistry):
-            self._registry_dirty.set()  # no registry (tests): nothing persists
-        elif isinstance(effect, Reply):
-            self._answer(effect)
-        elif isinstance(effect, RecordUsage):
-            if self.usage is not None:  # None only while stopping
-                self.usage.store.submit(effect.samples, effect.events)
-        elif isinstance(effect, Send):
+        # Sends first: under a flood they are nearly every effect.
+        if isinstance(effect, Send):
             if self._acting.is_set():
                 await self._send(effect)
             else:
                 self._held.append(effect)
+        elif isinstance(effect, RecordUsage):
+            if self.usage is not None:  # None only while stopping
+                self.usage.store.submit(effect.samples, effect.events)
+        elif isinstance(effect, PersistRegistry):
+            self._registry_dirty.set()  # no registry (tests): nothing persists
+        elif isinstance(effect, Reply):
+            self._answer(effect)
         else:
             self._timers.perform(effect)
 

@@ -41,6 +41,10 @@ MIB = 2 ** 20
 # The events log's short names for who made a status; the store keeps the wire's.
 _SOURCES = {"master": Source.MASTER, "agent": Source.AGENT, "executor": Source.EXECUTOR}
 
+DIMENSIONS_KEPT = 100_000
+"""Tasks whose dimensions `DimensionsCache` keeps at most (a task's are dropped
+once its terminal state is recorded)."""
+
 RoleOf = Callable[["MasterFramework", str], str]
 """The role a framework's resources on an agent (by id) are charged to."""
 
@@ -78,6 +82,38 @@ def dimensions(task_id: str, framework: MasterFramework, agent: MasterAgent | No
         hostname=agent.info.hostname if agent is not None else "",
         agent_attributes=agent.info.attributes if agent is not None else {},
         labels=labels)
+
+
+class DimensionsCache:
+    """The dimensions of tasks recently recorded, so a task's events after its
+    first reuse one value (issue 19: building them was most of what the usage
+    rows cost the master under a launch flood, three events a task). A kept
+    value is used only while what it was built from is the very same: the
+    agent's info, the task record and the role; anything else builds afresh,
+    so the rows are exactly those `dimensions` gives."""
+
+    def __init__(self, most: int = DIMENSIONS_KEPT) -> None:
+        self.most = most
+        self._kept: dict[tuple[str, str], tuple[object, object, str, Dimensions]] = {}
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def of(self, task_id: str, framework: MasterFramework, agent: MasterAgent | None,
+           task: MasterTask | None, role: str) -> Dimensions:
+        key = (framework.id, task_id)
+        info = agent.info if agent is not None else None
+        kept = self._kept.get(key)
+        if kept is not None and kept[0] is info and kept[1] is task and kept[2] == role:
+            return kept[3]
+        who = dimensions(task_id, framework, agent, task, role)
+        if len(self._kept) >= self.most:
+            self._kept.clear()  # rebuilt as tasks speak again: a bound, not a policy
+        self._kept[key] = (info, task, role, who)
+        return who
+
+    def forget(self, framework_id: str, task_id: str) -> None:
+        self._kept.pop((framework_id, task_id), None)
 
 
 def usage_samples(report: UsageReport, agent: MasterAgent,
@@ -130,13 +166,15 @@ def _throttled_delta(task: MasterTask, usage: ExecutorUsage) -> float:
 def task_event(task_id: str, framework: MasterFramework, agent: MasterAgent | None,
                task: MasterTask | None, role: str, state: str, now: float, *,
                reason: str = "", message: str = "", source: str = "",
-               healthy: bool | None = None) -> TaskEvent:
+               healthy: bool | None = None, who: Dimensions | None = None) -> TaskEvent:
     """A state change as a row; `task` is None for a launch refused before the
-    master made a record of it."""
+    master made a record of it. `who`: its dimensions, if the caller has them."""
     cpus = task.resources.get("cpus") if task is not None else 0.0
     mem = task.resources.get("mem") if task is not None else 0.0
+    if who is None:
+        who = dimensions(task_id, framework, agent, task, role)
     return TaskEvent(
-        at=now, who=dimensions(task_id, framework, agent, task, role), state=state,
+        at=now, who=who, state=state,
         reason=reason, message=message, source=_SOURCES.get(source, source),
         healthy=healthy, cpus=cpus,
         mem_bytes=int(mem * MIB))

@@ -156,3 +156,28 @@ async def test_a_waiting_receive_survives_a_signal_someone_else_consumed() -> No
     finally:
         client.close()
         server.close()
+
+
+async def test_a_private_dealer_needs_no_rechecks_and_misses_nothing() -> None:
+    """A `private` Dealer is never looked at by the rechecks (a process of
+    thousands of them paid a fifth of its CPU for that); with only its own
+    calls on the socket, every frame still arrives, sent before or while it
+    waits and while it sends itself."""
+    server = Router()
+    port = server.bind("127.0.0.1", 0)
+    client = Dealer(private=True)
+    client.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        assert await client.send(m.Heartbeat())
+        identity = (await server.recv()).identity
+        for round_ in range(20):
+            waiting = asyncio.ensure_future(client.recv())
+            await asyncio.sleep(0.005 * (round_ % 3))  # asleep on the FD, or not yet
+            assert client._ready not in transport._rechecks(asyncio.get_running_loop())._waiters
+            assert await server.send(identity, m.Heartbeat())
+            if round_ % 2:
+                assert client.send_frame(m.encode(m.Heartbeat()))  # our own call, meanwhile
+            assert (await asyncio.wait_for(waiting, 1.0)).message == m.Heartbeat()
+    finally:
+        client.close()
+        server.close()

@@ -3,8 +3,11 @@ how much may be is learnt from how long launches take. Pure: a fake clock."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from hypothesis.stateful import invariant
 
 from dyad.messages import (
@@ -228,3 +231,50 @@ AdmittingMachine.TestCase.settings = settings(
     max_examples=60, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 test_admitting_master_state_machine = AdmittingMachine.TestCase
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["admit", "launch", "start", "close", "release",
+                                           "look", "accept"]),
+                          st.integers(0, 30), st.sampled_from([0.0, 0.0, 0.01, 0.3, 1.5])), max_size=80))
+def test_a_look_remembered_full_answers_as_a_fresh_look_would(steps) -> None:
+    """`release` skips its sums while nothing changed since a look that let
+    nothing out; a twin that forgets that look each time must agree throughout."""
+    fast, fresh = Admission(limit=64), Admission(limit=64)
+    now, made = 0.0, 0
+    for op, n, dt in steps:
+        now += dt
+        outs = []
+        for admission in (fast, fresh):
+            if admission is fresh:
+                admission._full_until = -math.inf
+            if op == "admit":
+                outs.append([o.id for o in admission.admit(
+                    [[offer(made + i) for i in range(n)]], now)])
+            elif op == "launch":
+                admission.launched(("F1", n), now)
+            elif op == "start":
+                admission.started(("F1", n), now)
+            elif op == "close":
+                admission.closed(f"O-F1-{n}")
+            elif op == "accept":
+                admission.accepted("F1", 1 + n % 3, n % 9)
+            elif op == "look":
+                outs.append(admission.in_flight(now))
+            else:
+                outs.append([o.id for o in admission.release(now)])
+        if op == "admit":
+            made += n
+        assert outs[:1] == outs[1:]
+        assert (fast.allowed, len(fast), fast.cuts) == (fresh.allowed, len(fresh), fresh.cuts)
+
+
+def test_room_made_right_after_a_full_look_is_seen_at_once() -> None:
+    admission = Admission(limit=64)
+    out = admission.admit([[offer(i) for i in range(30)]], 0.0)
+    assert len(out) == 16 and admission.release(0.0) == []  # full: remembered
+    for gone in out[:5]:
+        admission.closed(gone.id)
+    assert [o.id for o in admission.release(0.0)] == [offer(i).id for i in range(16, 21)]
+    assert admission.release(0.5) == []
+    assert len(admission.release(1.0)) == 9  # everything out so far lapsed

@@ -63,3 +63,19 @@ def test_settle_collects_and_freezes_once() -> None:
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+
+
+def test_install_collects_the_young_generation_less_often(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gc_pauses, "_installed", None)
+    monkeypatch.setattr(gc, "callbacks", [])  # the policy stays out of other tests
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, *before[1:])
+        gc_pauses.install()
+        assert gc.get_threshold() == (gc_pauses.YOUNG, *before[1:])
+        gc.set_threshold(50_000, *before[1:])
+        gc_pauses.install()  # a higher one is kept
+        assert gc.get_threshold()[0] == 50_000
+    finally:
+        gc.set_threshold(*before)

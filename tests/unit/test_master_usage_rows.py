@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import pytest
 
 from dyad.messages import ExecutorUsage, Reason, StatusUpdate, TaskState, UsageReport
 from master.model import MasterConfig
 from master.state import MasterState
-from master.usage_rows import RecordUsage
+from master.usage_rows import DimensionsCache, RecordUsage, dimensions
 from tests.unit.test_master_state import Harness, launch, status, task
 
 
@@ -133,3 +134,36 @@ def test_without_a_store_the_core_builds_no_rows() -> None:
     h.recv("a1", UsageReport(agent_id=aid, executors=[ExecutorUsage(
         framework_id=fid, executor_id="t1", task_ids=["t1"], cpus_used=0.1)]))
     assert h.records == []
+
+
+def test_kept_dimensions_are_what_building_them_gives_and_follow_what_changed() -> None:
+    """`DimensionsCache` reuses a task's dimensions only while the agent info,
+    task record and role are the very ones they were built from."""
+    h = Recording(MasterConfig(record_usage=True))
+    fid = h.subscribe("f1", roles=["eng"])
+    aid = h.register("a1", hostname="host-1", attributes={"rack": "r1"})
+    framework, agent = h.state.frameworks[fid], h.state.agents[aid]
+    cache = DimensionsCache(most=2)
+    first = cache.of("t1", framework, agent, None, "eng")
+    assert first == dimensions("t1", framework, agent, None, "eng")
+    assert cache.of("t1", framework, agent, None, "eng") is first
+    assert cache.of("t1", framework, agent, None, "web").role == "web"  # another role
+    agent.info = attrs.evolve(agent.info, hostname="host-2")  # re-registered, say
+    assert cache.of("t1", framework, agent, None, "web").hostname == "host-2"
+    cache.of("t2", framework, agent, None, "eng")
+    cache.of("t3", framework, agent, None, "eng")  # over `most`: starts afresh
+    assert len(cache) == 1
+    cache.forget(fid, "t3")
+    assert len(cache) == 0
+
+
+def test_a_tasks_events_share_its_dimensions_and_a_finished_task_is_forgotten(
+        h: Recording) -> None:
+    h.recv("a1", StatusUpdate(framework_id=h.fid, status=status("t1", TaskState.TASK_RUNNING,
+                                                                agent_id=h.aid)))
+    assert len(h.state._dimensions) == 1
+    h.recv("a1", StatusUpdate(framework_id=h.fid, status=status(
+        "t1", TaskState.TASK_FINISHED, agent_id=h.aid)))
+    staging, running, finished = h.events
+    assert staging.who is running.who is finished.who
+    assert len(h.state._dimensions) == 0
