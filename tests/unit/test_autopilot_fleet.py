@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import attrs
 import pytest
 from hypothesis import given, strategies as st
 
@@ -101,10 +100,8 @@ def test_the_autopilot_learns_from_the_apps_it_follows_and_forgets_removed_ones(
 
 def test_a_rise_barely_past_the_jitter_draws_no_prior() -> None:
     """The default draws the fleet's room only for a jump of at least 10%: a 7% rise
-    (a daily cycle's turn, noise) is no evidence of a spiky app. (Without the room
-    before a first jump, which would give a quiet app the prior here too: five of
-    six apps just jumped; that rule is tested below.)"""
-    variant = attrs.evolve(DEFAULT_MEMORY_VARIANTS[0], first_rate=0.0)
+    (a daily cycle's turn, noise) is no evidence of a spiky app."""
+    variant = DEFAULT_MEMORY_VARIANTS[0]
     assert variant.prior_from == 0.10
     fleet = FleetJumps()
     for i in range(PRIOR_APPS):
@@ -147,17 +144,3 @@ def test_room_for_apps_that_have_not_jumped_never_shrinks_as_the_threshold_falls
     eager, now = _quiet_and_jumpers(first_rate=low or 1e-9, jump=jump)
     wary, _ = _quiet_and_jumpers(first_rate=high or 1e-9, jump=jump)
     assert eager.value(now) >= wary.value(now) >= 100 * MIB * 0.99
-
-
-def test_the_default_gives_a_quiet_app_the_fleets_room_while_apps_like_it_first_jump() -> None:
-    """The default's room before a first jump: at 20 h, of the six apps (all of one
-    swing class) that had not jumped 12 h before, five first jumped since."""
-    variant = DEFAULT_MEMORY_VARIANTS[0]
-    assert variant.first_alike and variant.first_rate == 0.05
-    fleet = FleetJumps()
-    for i in range(PRIOR_APPS):
-        _feed(variant.build(fleet, f"/jumper{i}"), 0.4)
-    quiet = variant.build(fleet, "/quiet")
-    now = _feed(quiet, 0.0)
-    assert quiet.value(now) == pytest.approx(100 * MIB * 1.4 * 1.05, rel=0.02)
-    assert "not jumped yet" in quiet.explain(now)
