@@ -43,11 +43,12 @@ import psutil
 from dyad.processes import describe_exit as describe_process_exit
 from dyad.processes import signal_group
 
-from agent import holder, spawn, users
+from agent import holder, sandbox_dirs, spawn, users
 from agent.held import HolderGone, HolderLink, run_key
 from agent.checkpoint import SavedExecutor
 from agent.isolation import Isolator, IsolationError, PosixIsolator, processes
 from agent.model import UNKNOWN_EXIT, LaunchExecutor, Limits, RunKey, RunSample
+from agent.run_log import RunLog
 from agent.trips import Batches, Together
 
 log = logging.getLogger(__name__)
@@ -166,6 +167,8 @@ class Containerizer:
                                   self._holder_gone) if work_dir else None
         self._home: list[str] | None = None  # the holder's own cgroups, made once
         self._together = Together(HELD_LONGEST)  # held starts answered together
+        self.run_log = RunLog(log, lambda delay, callback:
+                              asyncio.get_running_loop().call_later(delay, callback))
 
     @property
     def pids(self) -> list[int]:
@@ -206,8 +209,7 @@ class Containerizer:
             pid = process.pid
             run = self._runs[key] = _Run(pid, started, process)
             run.waiter = asyncio.ensure_future(self._reap(key, run))
-        log.info("launched executor %s of framework %s: pid %d in %s (%s)", effect.executor_id,
-                 effect.framework_id, pid, effect.sandbox_dir, self.isolator.name)
+        self.run_log.launched(key, pid, effect.sandbox_dir, self.isolator.name)
         if key in self._doomed:
             self.kill(key, "KILL")
         return pid, started
@@ -253,7 +255,7 @@ class Containerizer:
         one run after another."""
         key, effect, argv, _, run_as = start
         try:
-            os.makedirs(effect.sandbox_dir, exist_ok=True)
+            sandbox_dirs.make(effect.sandbox_dir)
             for name in ("stdout", "stderr"):
                 os.close(os.open(os.path.join(effect.sandbox_dir, name),
                                  holder.OPEN_FLAGS | os.O_CLOEXEC, 0o644))
@@ -308,7 +310,7 @@ class Containerizer:
         """Start the run's process (blocking: off the loop); its start time."""
         key, effect, argv, env, run_as = start
         try:
-            os.makedirs(effect.sandbox_dir, exist_ok=True)
+            sandbox_dirs.make(effect.sandbox_dir)
             self.isolator.prepare(key, self._starting[key])
             with open(os.path.join(effect.sandbox_dir, "stdout"), "ab") as out, \
                     open(os.path.join(effect.sandbox_dir, "stderr"), "ab") as err:
@@ -418,6 +420,7 @@ class Containerizer:
 
     def close(self) -> None:
         """The agent stops (its runs are gone, or left to the holder for the next)."""
+        self.run_log.flush()
         if self._holder is not None:
             self._holder.close()
 
@@ -459,7 +462,7 @@ class Containerizer:
         final = await self._ends.run((key, run, status))
         del self._runs[key]
         description = describe_command_exit(status) if run.held else describe_exit(status)
-        log.info("executor %s (pid %d) ended with status %d", key[1], run.pid, status)
+        self.run_log.ended(key, run.pid, status)
         self._on_exit(key, status, final, description)
 
     def _final(self, ending: tuple[RunKey, _Run, int]) -> RunSample | None:

@@ -50,6 +50,8 @@ import attrs
 from dyad.beneath import NotBeneath, open_beneath
 from dyad.messages import URI
 
+from agent import sandbox_dirs
+
 log = logging.getLogger(__name__)
 
 CHUNK = 256 * 1024
@@ -167,7 +169,7 @@ class Fetcher:
 
     async def fetch(self, uris: Iterable[URI], sandbox: str) -> None:
         """Fetch every URI into `sandbox` (created); raises `FetchError`."""
-        await asyncio.to_thread(os.makedirs, sandbox, exist_ok=True)
+        await asyncio.to_thread(sandbox_dirs.make, sandbox)
         for uri in uris:
             try:
                 await self._fetch_one(uri, sandbox)

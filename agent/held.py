@@ -63,6 +63,8 @@ class HolderLink:
         self._writer: asyncio.StreamWriter | None = None
         self._connecting: asyncio.Future[None] | None = None
         self._starts: dict[str, asyncio.Future[tuple[int, float]]] = {}
+        self._outbox: list[bytes] = []  # for the holder, written by `_flush`
+        self._flushing: asyncio.Handle | None = None
         self._closed = False
         self._answered = 0  # answers to starts so far: progress, for `_check`
         self._check_timer: asyncio.TimerHandle | None = None
@@ -148,6 +150,10 @@ class HolderLink:
         finally:
             writer.close()
             self._writer = None
+            if self._flushing is not None:  # what was queued was for this connection
+                self._flushing.cancel()
+                self._flushing = None
+            self._outbox = []
             gone = HolderGone(f"the holder (pid {self.pid}) is gone")
             for waiting in self._starts.values():
                 if not waiting.done():
@@ -177,9 +183,20 @@ class HolderLink:
             waiting.set_exception(OSError(message["error"]))
 
     def _send(self, message: dict[str, Any]) -> None:
+        """Queued, and written with the others sent in this turn of the loop: the
+        starts of a trip's runs go in one write (and reach the holder in one read),
+        not a system call each."""
         if self._writer is None:
             raise HolderGone("not connected to the holder")
-        self._writer.write(holder.encode(message) + b"\n")
+        self._outbox.append(holder.encode(message))
+        if self._flushing is None:
+            self._flushing = asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flushing = None
+        outbox, self._outbox = self._outbox, []
+        if outbox and self._writer is not None:
+            self._writer.write(b"\n".join(outbox) + b"\n")
 
     async def start(self, key: RunKey, argv: list[str], cwd: str, env: dict[str, str],
                     join: list[str], home: list[str]) -> tuple[int, float]:
@@ -226,6 +243,9 @@ class HolderLink:
         self._closed = True
         if self._check_timer is not None:
             self._check_timer.cancel()
+        if self._flushing is not None:  # the last forgets go before the end
+            self._flushing.cancel()
+            self._flush()
         if self._writer is not None:
             self._writer.close()
 

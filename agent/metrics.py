@@ -38,6 +38,8 @@ COUNTERS = {
     "agent/volume_errors": "Persistent volume directories or links that could not be made or removed.",
     "agent/logs_rotated": "Task stdout/stderr files rotated for size.",
     "agent/checkpoints_written": "Checkpoints written to the work dir.",
+    "agent/batch_frames_sent": "Batch frames sent to the master (the sends of one core batch).",
+    "agent/messages_sent_batched": "Messages sent to the master inside batch frames.",
     "agent/receive_errors": "Frames that broke a receive loop's handling (bugs); the loop went on.",
     "agent/loop_errors": "Rounds of the usage or disk watcher that failed; the watcher went on.",
     "agent/loop_crashes": "Deaths of an agent loop (bugs, logged); each was restarted or fatal.",

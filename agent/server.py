@@ -48,7 +48,9 @@ from agent.model import (
 )
 from agent.probes import probe, probe_host
 from agent.state import AgentState, Event
+from agent.master_outbox import MasterOutbox
 from agent.status_updates import SendMaster
+from agent.unique_ids import UniqueIds
 from dyad import security
 from dyad.auth import (
     DYAD_CURVE_KEY, DYAD_MASTER_KEY, TOKEN_ENV, TOKEN_FILE_ENV, ClientCredentials,
@@ -135,7 +137,8 @@ class AgentServer:
         self._master_watch: HandshakeWatch | None = None
         self._detector = detector or make_detector(master, self.client)
         self._clock = clock or SystemClock()
-        self.state = AgentState(config)
+        self._new_id = UniqueIds()
+        self.state = AgentState(config, self._new_id)
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self._timers = TimerTable(self._clock.now, self._timer_due)
         self.shell_counters: Counter[str] = Counter({
@@ -155,6 +158,7 @@ class AgentServer:
         self._leaders = LeaderFollower(self._detector, self._master_detected)
         self._router: Router | None = None
         self._dealer: Dealer | None = None
+        self._outbox: MasterOutbox | None = None  # sends to the master, batched
         self._runner: web.AppRunner | None = None
         self._base_env = executor_base_env()
         self.v1_executors = api_v1.ExecutorStreams(
@@ -204,10 +208,11 @@ class AgentServer:
                 raise CheckpointError(problem)
         await self._bind(saved)
         await self._connect_docker()
-        self.state = AgentState(self.config)
+        self.state = AgentState(self.config, self._new_id)
         await asyncio.to_thread(self.fetcher.cache.load)
         pinned = self.client.master_keys[0] if self.client.master_keys else None
         self._dealer = Dealer(curve=self.client.keys, server_key=pinned)
+        self._outbox = MasterOutbox(self._dealer.send_frame)
         if self.client.keys is not None:  # say why the master does not answer, if it refuses us
             self._master_watch = HandshakeWatch(
                 self._dealer.socket, lambda where, why: self.refusals("by_master", where, why))
@@ -422,11 +427,23 @@ class AgentServer:
                 effects = [Checkpoint(), *(e for e in effects if not isinstance(e, Checkpoint))]
             for effect in effects:
                 try:
+                    if isinstance(effect, ConnectMaster | DetectMaster | Exit):
+                        self._flush_master_sends()  # to the master they were meant for
                     await self._perform(effect)
                 except Exception:
                     self.shell_counters["agent/effect_errors"] += 1
                     self._errors.exception(("effect", type(effect)), "performing %r failed",
                                            effect)
+            self._flush_master_sends()
+
+    def _flush_master_sends(self) -> None:
+        """The batch's sends to the master, in `Batch` frames (`agent.master_outbox`)."""
+        try:
+            if self._outbox is not None:
+                self._outbox.flush()
+        except Exception:
+            self.shell_counters["agent/effect_errors"] += 1
+            self._errors.exception("flush", "sending to the master failed")
 
     async def _receive(self, sock: Dealer | Router, source: str) -> None:
         """One frame at a time; whatever one frame throws (a decoder that raises
@@ -451,6 +468,8 @@ class AgentServer:
                             reason=refusal, message_type=inbound.message.TYPE))
                         continue
                 if source == "master" and isinstance(inbound.message, Batch):
+                    if self._outbox is not None:
+                        self._outbox.batching = True  # it takes batches: it sends them
                     for message in inbound.message.messages:  # as if each came alone
                         self._events.put_nowait(MasterMessage(message))
                 elif inbound.message is not None:
@@ -480,6 +499,8 @@ class AgentServer:
 
     def _master_detected(self, info: MasterInfo) -> None:
         log.info("master detected at %s", info.zmq_endpoint)
+        if self._outbox is not None:
+            self._outbox.new_master()
         if self._dealer is not None and self._dealer.curve:
             try:  # the advertised key, if we pin none or pin it (docs/security.md)
                 self._dealer.set_server_key(self.client.master_key(info.curve_key.encode() or None))
@@ -589,7 +610,8 @@ class AgentServer:
     async def _perform(self, effect: object) -> None:
         assert self._dealer is not None and self._router is not None
         if isinstance(effect, SendMaster):
-            await self._dealer.send(effect.message)
+            assert self._outbox is not None
+            self._outbox.send(effect.message)
         elif isinstance(effect, Send):
             if not self.v1_executors.deliver(effect.to, effect.message):
                 await self._router.send(bytes.fromhex(effect.to), effect.message)
@@ -650,7 +672,11 @@ class AgentServer:
     def metrics(self) -> dict[str, float]:
         principal_changes = {"agent/auth_failures/principal_changed":
                              self._router.principal_changes} if self._router else {}
+        batches = {} if self._outbox is None else {
+            "agent/batch_frames_sent": self._outbox.batch_frames_sent,
+            "agent/messages_sent_batched": self._outbox.messages_sent_batched}
         return {**self.state.metrics(), **self.fetcher.metrics(), **self.shell_counters,
+                **batches,
                 **self.v1_executors.metrics(),
                 **self.refusals.counts, **principal_changes}
 

@@ -93,6 +93,29 @@ async def test_runs_start_in_their_sandbox_and_session_and_their_statuses_are_to
     assert holder.read_log(str(tmp_path)) == {run_key(k): s for k, s in heard.exits.items()}
 
 
+async def test_a_flood_of_starts_is_answered_and_every_exit_is_logged_before_it_is_told(
+        tmp_path: Path, heard: Heard) -> None:
+    logged_when_told: list[bool] = []
+
+    def told(key: RunKey, status: int) -> None:
+        logged_when_told.append(holder.read_log(str(tmp_path)).get(run_key(key)) == status)
+
+    link = HolderLink(str(tmp_path), BASE, told, lambda live: None)
+    heard.links.append(link)  # its holder is killed at the end
+    keys = [("f", f"e{n}", "r") for n in range(60)]  # queued and written together
+    started = await asyncio.gather(*(link.start(key, ["sh", "-c", f"exit {n % 3}"],
+                                                sandbox(tmp_path, f"s{n}"), ENV, [], [])
+                                     for n, key in enumerate(keys)))
+    assert len({pid for pid, _ in started}) == 60
+    await wait_for(lambda: len(logged_when_told) == 60, what="sixty exits")
+    assert all(logged_when_told)
+    assert link.ended == {key: n % 3 for n, key in enumerate(keys)}
+    # What is queued when the agent stops still reaches the holder.
+    link.forget(keys)
+    link.close()
+    await wait_for(lambda: holder.read_log(str(tmp_path)) == {}, what="all forgotten")
+
+
 async def test_a_run_that_cannot_start_fails_with_the_reason_and_the_holder_goes_on(
         tmp_path: Path, heard: Heard) -> None:
     link = heard.link(tmp_path)
