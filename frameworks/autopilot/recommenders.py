@@ -312,7 +312,7 @@ DEFAULT_CPU_VARIANTS = (
 )
 DEFAULT_MEMORY_VARIANTS = (
     MemoryVariant("mem-fleet-7d", window=7 * 86400.0, margin=0.02, jitter=0.05, prior=0.75,
-                  prior_from=0.10, drift=86400.0, drift_cap=0.03, double=0.01, double_after=6),
+                  prior_from=0.10, drift=86400.0, drift_cap=0.03),
 )
 """Variants the meta-recommender chooses among by default: fast CPU decay follows
 change quickly (and pays more margin for it); slow decay is steadier. Memory has one
@@ -330,6 +330,6 @@ rise, at most 3% (the whole 3% until a day's trend is known: a growing app's lim
 may not move for `Config.min_interval`); with `Config.mem_min_cut` at 2% the limit
 comes down to it once an app is seen not to grow (1.6 points less slack on tuning
 seeds 1 and 7, no growth or leak killed; a flat 2-3% margin let 3-5 growth apps
-be killed). The apps with 6 jumps in the window that fit 1% of the fleet's calm
-peaks, cheapest first, get room for two jumps at once (on tuning seed 1, 0.6
-points of slack for its 2 apps killed by two spikes at once; docs/autopilot.md)."""
+be killed). Room for two jumps at once (`double`) and before a first jump
+(`first_rate`) are options: on held-out seeds each cost more slack than the kills
+it saved were worth to the goals (docs/autopilot.md)."""
