@@ -17,6 +17,8 @@ kills are judged at the same instants the policy sees):
   `DEFAULT_MEMORY_VARIANTS`, then `SPIKE`, `LEARNED` and `PEAK_ONLY` (earlier
   memory rules, not defaults now) in turn, through the full policy
   (`Autopilot` in `auto`: evidence, bounds, hysteresis, the OOM raise);
+- **meta+mem-double-7d, meta+mem-first-7d**: the meta-recommender's CPU variants
+  with the options `DOUBLE` and `FIRST` as the memory rule (not defaults);
 - **meta**: the policy with every variant, the meta-recommender choosing per app.
 
 Each starts from the user's limits. Rules of the simulated world, the same for all:
@@ -326,6 +328,16 @@ LEARNED = MemoryVariant("mem-learned-7d", window=7 * 86400.0, margin=0.05, spike
 jumps in the week), shown alone for comparison (docs/autopilot.md)."""
 
 
+DOUBLE = attrs.evolve(DEFAULT_MEMORY_VARIANTS[0], name="mem-double-7d", double=0.01,
+                      double_after=6)
+"""Not a default: the default with room for two jumps at once for the apps with 6
+jumps in the window that fit 1% of the fleet's calm peaks, cheapest first."""
+FIRST = attrs.evolve(DOUBLE, name="mem-first-7d", first_rate=0.05,
+                     first_horizon=12 * 3600.0, first_alike=True)
+"""Not a default: `DOUBLE` with room before a first jump while 5% of the apps of a
+swing class first jump per 12 h."""
+
+
 def approaches() -> dict[str, Config | None]:
     """The user's limits, each default CPU variant alone with a memory variant (the
     defaults, then `LEARNED` and `PEAK_ONLY`, in turn), and the meta-recommender over
@@ -337,6 +349,8 @@ def approaches() -> dict[str, Config | None]:
         mem = memory[k % len(memory)]
         out[f"{cpu.name}+{mem.name}"] = attrs.evolve(base, cpu_variants=(cpu,),
                                                      memory_variants=(mem,))
+    for mem in (DOUBLE, FIRST):  # the meta-recommender's CPU, another memory rule
+        out[f"meta+{mem.name}"] = attrs.evolve(base, memory_variants=(mem,))
     out["meta"] = base
     return out
 

@@ -35,6 +35,9 @@ class FleetJumps:
         self._class: dict[str, int] = {}  # per app: its latest swing class
         self._rates: dict[tuple[float, float, int | None], float] = {}  # at `_rates_at`
         self._rates_at: float | None = None
+        self._calm: dict[str, tuple[float, float]] = {}  # per app: calm peak, cover's room
+        self._covered: frozenset[str] = frozenset()  # the apps covered at `_covered_at`
+        self._covered_at: tuple[float, float] | None = None  # (now, budget)
 
     def seen(self, app: str, at: float, alike: int = 0) -> None:
         """A sample of the app at `at` (its first sets its age); `alike`: the class
@@ -80,6 +83,28 @@ class FleetJumps:
             rate = self._rates[key] = events / risk if risk >= PRIOR_APPS else 0.0
         return rate
 
+    def calm(self, app: str, peak: float, room: float = 0.0) -> None:
+        """The app's calm peak now and, if it is a candidate for cover (room for
+        two jumps at once), the room over that peak the cover would add (0: none)."""
+        self._calm[app] = (peak, room)
+
+    def covered(self, app: str, now: float, budget: float) -> bool:
+        """Whether the app is among the candidates that get cover: the cheapest
+        first (calm peak × room), while their rooms sum to at most `budget` of all
+        the apps' calm peaks. Room costs bytes and a kill costs an app, so the
+        cover goes where it is cheapest. Fixed for one `now`."""
+        if self._covered_at != (now, budget):
+            self._covered_at = (now, budget)
+            total = sum(peak for peak, _ in self._calm.values())
+            spent, names = 0.0, []
+            for cost, name in sorted((p * r, a) for a, (p, r) in self._calm.items() if r > 0):
+                spent += cost
+                if spent > budget * total:
+                    break
+                names.append(name)
+            self._covered = frozenset(names)
+        return app in self._covered
+
     def report(self, app: str, largest: float) -> None:
         """The app's largest jump in its window now (0: none)."""
         if self._largest.get(app, 0.0) == largest:
@@ -94,6 +119,8 @@ class FleetJumps:
         self._first_seen.pop(app, None)
         self._first_jump.pop(app, None)
         self._class.pop(app, None)
+        self._calm.pop(app, None)
+        self._covered_at = None
         self._rates.clear()
         if self._largest.pop(app, None) is not None:
             self._changed()

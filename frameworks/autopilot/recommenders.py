@@ -65,7 +65,10 @@ class MemoryVariant:
     the largest jump and the fleet's q quantile of apps' largest jumps; with
     `first_rate`, that quantile also for an app that has not jumped while the apps
     like it (`first_alike`: of its swing class) first jump at that rate or more per
-    `first_horizon`; with `drift`, the margin grows by the calm peak's rise over
+    `first_horizon`; with `double` b, room for two jumps at once, (1 + rise)² - 1,
+    for an app with `double_after` jumps in the window, if among the cheapest such
+    apps whose added room sums to at most b of the fleet's calm peaks; with `drift`,
+    the margin grows by the calm peak's rise over
     `drift` seconds, at most `drift_cap` (the cap until the rise is known)."""
 
     name: str
@@ -83,6 +86,9 @@ class MemoryVariant:
     drift: float = attrs.field(default=0.0, validator=_nonnegative)
     drift_cap: float = attrs.field(default=0.05, validator=_nonnegative)
     first_alike: bool = False
+    double: float = attrs.field(default=0.0, validator=[_nonnegative,
+                                                         attrs.validators.le(1.0)])
+    double_after: int = attrs.field(default=6, validator=attrs.validators.ge(1))
 
     def build(self, fleet: FleetJumps | None = None, app: str = "") -> MemoryRecommender:
         """`fleet`: the jumps of the other apps (`prior` needs one), `app` this one's
@@ -147,6 +153,8 @@ class MemoryRecommender:
                 self._fleet.seen(self._app, at, self._alike(at))
                 if top > 0 and top >= self.variant.prior_from:
                     self._fleet.jumped(self._app, at)
+                if self.variant.double > 0:
+                    self._report_cover(at, top)
             if self._swing is not None and not self._jumps.jumping:
                 self._swing.add(at, value)
         if self._drift is not None:
@@ -185,6 +193,9 @@ class MemoryRecommender:
             # A rise barely past the jitter (a cycle's turn, noise) is no evidence
             # of a spiky app: its own size only.
             rise = max(rise, top, self._prior() if top >= v.prior_from else 0.0)
+            if self._doubled(now):
+                # Room for two jumps at once: their factors multiply.
+                rise = (1 + rise) ** 2 - 1
         return rise, self._jumps.calm(now)
 
     def _unproven(self, now: float) -> bool:
@@ -198,6 +209,28 @@ class MemoryRecommender:
             now, now - self._first, v.first_horizon,
             None if self._swing is None else self._alike(now))
         return rate >= v.first_rate
+
+    def _report_cover(self, at: float, top: float) -> None:
+        """Tell the fleet this app's calm peak and, once it has jumped `double_after`
+        times in the window, what room for two jumps at once would add over it (sized
+        at the larger of its largest jump and the fleet's prior)."""
+        assert self._fleet is not None and self._jumps is not None
+        v, calm = self.variant, self._jumps.calm(at)
+        if self._jumps.count(at) >= v.double_after:
+            rise = max(top, self._prior())
+            self._fleet.calm(self._app, calm, rise * (1 + rise))
+        else:
+            self._fleet.calm(self._app, calm)
+
+    def _doubled(self, now: float) -> bool:
+        """Whether this app gets room for two jumps at once: it has jumped at least
+        `double_after` times in the window (one that spikes often is the one whose
+        spikes overlap) and is among the cheapest the fleet's `double` budget covers."""
+        v = self.variant
+        if v.double <= 0 or self._fleet is None or self._jumps is None:
+            return False
+        return (self._jumps.count(now) >= v.double_after and self._prior() > 0
+                and self._fleet.covered(self._app, now, v.double))
 
     def _margin(self) -> float:
         """The margin, plus, for an app setting new calm peaks (growth, a leak), how
@@ -258,6 +291,10 @@ class MemoryRecommender:
                     ways.append(f"the p{v.prior * 100:g} of the largest jumps of the "
                                 f"{fleet} apps that jumped, {self._prior():.0%}")
             how = ", or ".join(ways) + (", whichever is more" if len(ways) > 1 else "")
+            if self._doubled(now):
+                how += (f"; doubled for two jumps at once (at least {v.double_after} jumps "
+                        f"in the window; among the apps the fleet's {v.double:.0%} budget "
+                        f"covers, cheapest first)")
             text += (f", or the peak of calm use {calm / 2**20:.1f} MiB x (1 + {rise:.0%}: "
                      f"{how}), whichever is more")
         margin = f"; margin {v.margin:.0%}"
@@ -293,4 +330,6 @@ rise, at most 3% (the whole 3% until a day's trend is known: a growing app's lim
 may not move for `Config.min_interval`); with `Config.mem_min_cut` at 2% the limit
 comes down to it once an app is seen not to grow (1.6 points less slack on tuning
 seeds 1 and 7, no growth or leak killed; a flat 2-3% margin let 3-5 growth apps
-be killed)."""
+be killed). Room for two jumps at once (`double`) and before a first jump
+(`first_rate`) are options: on held-out seeds each cost more slack than the kills
+it saved were worth to the goals (docs/autopilot.md)."""
