@@ -42,6 +42,7 @@ CPU_SCALE = Scale(low=0.001, high=1024.0, ratio=1.05)
 """Cores: a thousandth of a core up to a large machine, within 5%."""
 _positive = attrs.validators.gt(0.0)
 _nonnegative = attrs.validators.ge(0.0)
+_fraction = [_nonnegative, attrs.validators.le(1.0)]
 
 
 @attrs.frozen
@@ -77,17 +78,14 @@ class MemoryVariant:
     spike: float = attrs.field(default=0.0, validator=_nonnegative)
     jitter: float = attrs.field(default=0.05, validator=_nonnegative)
     learned: bool = False
-    prior: float = attrs.field(default=0.0, validator=[_nonnegative,
-                                                        attrs.validators.le(1.0)])
+    prior: float = attrs.field(default=0.0, validator=_fraction)
     prior_from: float = attrs.field(default=0.0, validator=_nonnegative)
-    first_rate: float = attrs.field(default=0.0, validator=[_nonnegative,
-                                                             attrs.validators.le(1.0)])
+    first_rate: float = attrs.field(default=0.0, validator=_fraction)
     first_horizon: float = attrs.field(default=86400.0, validator=_positive)
     drift: float = attrs.field(default=0.0, validator=_nonnegative)
     drift_cap: float = attrs.field(default=0.05, validator=_nonnegative)
     first_alike: bool = False
-    double: float = attrs.field(default=0.0, validator=[_nonnegative,
-                                                         attrs.validators.le(1.0)])
+    double: float = attrs.field(default=0.0, validator=_fraction)
     double_after: int = attrs.field(default=6, validator=attrs.validators.ge(1))
 
     def build(self, fleet: FleetJumps | None = None, app: str = "") -> MemoryRecommender:
