@@ -54,11 +54,11 @@ from agent.tasks import AgentTasks
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired, UnknownTimer
 from dyad.ids import new_uuid
 from dyad.messages import (
-    BATCH_CAPABILITY, LIVENESS_CAPABILITY, AgentInfo, AgentRegistered, CheckpointResources,
-    DrainAgent, ExecutorExited, ExecutorInfo, ExecutorToFramework, FrameworkInfo,
+    ACK_BATCH_CAPABILITY, BATCH_CAPABILITY, LIVENESS_CAPABILITY, AgentInfo, AgentRegistered,
+    CheckpointResources, DrainAgent, ExecutorExited, ExecutorInfo, ExecutorToFramework, FrameworkInfo,
     FrameworkToExecutor, KillTask, MasterInfo, Message, Ping, Pong, Reason, RegisterAgent,
     RegisterExecutor, Rejected, ReregisterExecutor, RunTask, ShutdownFramework, StatusUpdate,
-    StatusUpdateAck, Task, UsageReport,
+    StatusUpdateAck, StatusUpdateAcks, Task, UsageReport,
 )
 from dyad.resources import Resources
 from dyad.volumes import DynamicResources
@@ -171,6 +171,8 @@ class AgentState(AgentTasks):
             return self._on_kill_task(msg, now)
         if isinstance(msg, StatusUpdateAck):
             return self._on_ack(msg, now)
+        if isinstance(msg, StatusUpdateAcks):  # as if each had come alone
+            return [effect for ack in msg.each() for effect in self._on_ack(ack, now)]
         if isinstance(msg, FrameworkToExecutor):
             return self._on_framework_message(msg)
         if isinstance(msg, ShutdownFramework):
@@ -259,12 +261,14 @@ class AgentState(AgentTasks):
         for framework in self.frameworks.values():
             frameworks.append(framework.info)
             for executor in framework.executors.values():
-                executors.append(executor.info)
+                if not executor.is_command:  # the agent's own, unknown to the master
+                    executors.append(executor.info)
                 tasks += [self._task_view(t) for t in executor.live_tasks()]
         return RegisterAgent(agent=self._agent_info(), version=self.config.version,
                              tasks=tasks, executors=executors, frameworks=frameworks,
                              dynamic=self.dynamic,
-                             capabilities=[BATCH_CAPABILITY, LIVENESS_CAPABILITY])
+                             capabilities=[BATCH_CAPABILITY, LIVENESS_CAPABILITY,
+                                           ACK_BATCH_CAPABILITY])
 
     def _agent_info(self) -> AgentInfo:
         c = self.config

@@ -2,7 +2,8 @@
 
     python -m benchmarks.master [--agents 1000] [--frameworks 1] [--tasks N]
                                 [--workers 2] [--quick] [--pace TASKS_PER_S]
-                                [--single-frames] [--ping-all]
+                                [--single-frames] [--ping-all] [--single-acks]
+                                [--executor-exits]
 
 Starts one real `dyad-master` (standalone), `--agents` simulated agents spread
 over `--workers` processes, and `--frameworks` frameworks on the public
@@ -10,10 +11,13 @@ over `--workers` processes, and `--frameworks` frameworks on the public
 protocol on its own ZMQ connection: it registers, answers pings, and for every
 `RunTask` queues TASK_RUNNING then TASK_FINISHED on the real status-update
 manager (`agent.status_updates`, the agent's retry schedule and all: each update
-is sent when the one before it is acknowledged), then reports its executor gone.
-Like the real agent it declares that any frame from the master proves the master
-alive, so the master skips the pings of agents it is busy talking to
-(`--ping-all`: it does not, and is pinged every interval).
+is sent when the one before it is acknowledged). Like the real agent it keeps a
+command task's executor to itself (`--executor-exits`: it reports each one gone,
+as the agent did before), takes acknowledgements together (`StatusUpdateAcks`;
+`--single-acks`: neither it nor the drivers carry them together), and declares
+that any frame from the master proves the master alive, so the master skips the
+pings of agents it is busy talking to (`--ping-all`: it does not, and is pinged
+every interval).
 Each framework launches everything it is offered (as many tasks as fit in each
 offer) until it has launched its share of `--tasks`, and acknowledges every update.
 With `--pace`, the frameworks instead hold their offers and launch from them at
@@ -23,7 +27,8 @@ Printed: tasks/s from the first accept to the last TASK_FINISHED; p50 and p99 of
 accept -> TASK_RUNNING as the framework sees it; tasks lost (never finished, or
 ended in another state) and duplicate launches (a `RunTask` an agent already ran),
 both must be 0; master frames per task, status updates resent, driver sends that
-waited for room. The reference, measured in the same run before the cluster
+waited for room, and the master's messages a task by type, as its peers counted
+them. The reference, measured in the same run before the cluster
 starts: round trips per second of bare pyzmq DEALER <-> ROUTER (one process each,
 64 in flight) with frames the size of a status update; the ratio tasks/s over
 round trips/s says how close the whole stack gets to its transport.
@@ -54,9 +59,10 @@ from dyad.effects import ArmTimer, CancelTimer
 from dyad.ids import new_uuid
 from dyad.local import LocalCluster, http_get_json
 from dyad.messages import (
-    BATCH_CAPABILITY, LIVENESS_CAPABILITY, AgentInfo, AgentRegistered, Batch, ExecutorExited,
-    Ping, Pong, RegisterAgent, RunTask, Source, StatusUpdate, StatusUpdateAck, TaskState,
-    TaskStatus, encode, encode_batch)
+    ACK_BATCH_CAPABILITY, BATCH_CAPABILITY, LIVENESS_CAPABILITY, AgentInfo, AgentRegistered,
+    Batch, ExecutorExited, MasterCapabilities, Message, Ping, Pong, RegisterAgent, RunTask,
+    Source, StatusUpdate, StatusUpdateAck, StatusUpdateAcks, TaskState, TaskStatus, encode,
+    encode_batch)
 from dyad.resources import Resources
 from dyad.timers import TimerTable
 from dyad.transport import Dealer
@@ -80,8 +86,9 @@ class SimAgent:
     so it keeps no silence timer.)"""
 
     def __init__(self, name: str, endpoint: str,
-                 capabilities: tuple[str, ...] = (BATCH_CAPABILITY, LIVENESS_CAPABILITY)
-                 ) -> None:
+                 capabilities: tuple[str, ...] = (BATCH_CAPABILITY, LIVENESS_CAPABILITY,
+                                                  ACK_BATCH_CAPABILITY),
+                 executor_exits: bool = False) -> None:
         self.sock = Dealer(private=True)  # only this class calls it: no rechecks needed
         self.sock.connect(endpoint)
         self.info = AgentInfo(hostname=name, port=5051, ip="127.0.0.1",
@@ -93,6 +100,9 @@ class SimAgent:
         self.timers = TimerTable(time.monotonic, self._retry_due)
         self.runs: Counter[str] = Counter()
         self.send_failures = 0
+        self.executor_exits = executor_exits
+        self.received: Counter[str] = Counter()  # messages by wire type, batches opened
+        self.sent: Counter[str] = Counter()
         self._outbox: list[bytes] = []
 
     async def register(self) -> None:
@@ -112,6 +122,7 @@ class SimAgent:
             self._flush()
 
     def _on(self, message: Any, now: float) -> None:
+        self.received[message.TYPE] += 1
         if isinstance(message, Ping):
             self._send(Pong(agent_id=message.agent_id))
         elif isinstance(message, AgentRegistered) and self.agent_id is None:
@@ -119,15 +130,23 @@ class SimAgent:
             self._apply(self.updates.resume(now))
         elif isinstance(message, RunTask):
             self._run(message, now)
+        elif isinstance(message, StatusUpdateAcks):  # as the real agent: one by one
+            for ack in message.each():
+                self._on_ack(ack, now)
         elif isinstance(message, StatusUpdateAck):
-            self._apply(self.updates.acknowledge(
-                message.framework_id, message.task_id, message.uuid, now))
-            if not self.updates.has_stream(message.framework_id, message.task_id):
-                # The terminal update is acknowledged: the executor is gone.
-                assert self.agent_id is not None
-                self._send(ExecutorExited(
-                    agent_id=self.agent_id, framework_id=message.framework_id,
-                    executor_id=message.task_id, status=0))
+            self._on_ack(message, now)
+
+    def _on_ack(self, message: StatusUpdateAck, now: float) -> None:
+        self._apply(self.updates.acknowledge(
+            message.framework_id, message.task_id, message.uuid, now))
+        if self.executor_exits and not self.updates.has_stream(message.framework_id,
+                                                                message.task_id):
+            # As the agent did before it kept a command task's executor to itself:
+            # the terminal update is acknowledged, the executor is gone.
+            assert self.agent_id is not None
+            self._send(ExecutorExited(
+                agent_id=self.agent_id, framework_id=message.framework_id,
+                executor_id=message.task_id, status=0))
 
     def _run(self, message: RunTask, now: float) -> None:
         task, framework_id = message.task, message.framework.id
@@ -154,6 +173,7 @@ class SimAgent:
         self._flush()
 
     def _send(self, message: Any) -> None:
+        self.sent[message.TYPE] += 1
         self._outbox.append(encode(message))
         if not self.batches:
             self._flush()
@@ -168,26 +188,31 @@ class SimAgent:
 
 
 def agent_worker(endpoint: str, names: list[str], conn: Connection,
-                 capabilities: tuple[str, ...]) -> None:
+                 capabilities: tuple[str, ...], executor_exits: bool) -> None:
     """A process of simulated agents; says when all are registered, reports on "stop"."""
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     gc_pauses.install()  # as the master does: 5,000 agents are a large heap too
-    asyncio.run(_agents(endpoint, names, conn, capabilities))
+    asyncio.run(_agents(endpoint, names, conn, capabilities, executor_exits))
 
 
 async def _agents(endpoint: str, names: list[str], conn: Connection,
-                  capabilities: tuple[str, ...]) -> None:
+                  capabilities: tuple[str, ...], executor_exits: bool) -> None:
     zmq.asyncio.Context.instance().set(zmq.MAX_SOCKETS, len(names) + 100)
-    agents = [SimAgent(name, endpoint, capabilities) for name in names]
+    agents = [SimAgent(name, endpoint, capabilities, executor_exits) for name in names]
     loops = [asyncio.ensure_future(a.serve()) for a in agents]
     loops += [asyncio.ensure_future(a.register()) for a in agents]
     while any(a.agent_id is None for a in agents):
         await asyncio.sleep(0.1)
     gc_pauses.settle()  # the agents are built: as the real agent does once it is up
+    for agent in agents:  # count the flood's messages, not the registrations'
+        agent.received.clear()
+        agent.sent.clear()
     conn.send("registered")
     await asyncio.get_running_loop().run_in_executor(None, conn.recv)
     conn.send({
+        "received": sum((a.received for a in agents), Counter()),
+        "sent": sum((a.sent for a in agents), Counter()),
         "launches": sum(sum(a.runs.values()) for a in agents),
         "duplicates": sum(n - 1 for a in agents for n in a.runs.values() if n > 1),
         "retried": sum(a.updates.retried for a in agents),
@@ -200,6 +225,22 @@ async def _agents(endpoint: str, names: list[str], conn: Connection,
 
 
 # ------------------------------------------------------------------ frameworks
+
+
+class CountingDriver(SchedulerDriver):
+    """The public driver, counting the messages it receives by wire type (what it
+    sends its outbox counts); with `single_acks` it never hears that the master
+    takes `Acknowledgements`, so it acknowledges one update a message, as before."""
+
+    def __init__(self, *args: Any, single_acks: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.single_acks = single_acks
+        self.received: Counter[str] = Counter()
+
+    def _received(self, message: Message) -> None:
+        self.received[message.TYPE] += 1
+        if not (self.single_acks and isinstance(message, MasterCapabilities)):
+            super()._received(message)
 
 
 HOLD_SECONDS = 5.0  # how long a paced framework keeps an offer before giving it back
@@ -380,10 +421,11 @@ LAG = LoopLag()
 
 
 async def launch_all(address: str, launchers: list[Launcher], total: int,
-                     deadline: float) -> tuple[list[SchedulerDriver], float]:
+                     deadline: float, single_acks: bool = False
+                     ) -> tuple[list[CountingDriver], float]:
     lag = asyncio.ensure_future(LAG.watch())
-    drivers = [SchedulerDriver(l, FrameworkInfo(name=l.name), master=address)
-               for l in launchers]
+    drivers = [CountingDriver(l, FrameworkInfo(name=l.name), master=address,
+                              single_acks=single_acks) for l in launchers]
     running = [asyncio.ensure_future(d.run_async()) for d in drivers]
     pacers = [asyncio.ensure_future(l.paced()) for l in launchers if l.pace]
     while sum(len(l.finished_at) + len(l.failed) for l in launchers) < total:
@@ -424,6 +466,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="simulated agents do not declare ANY_FRAME_LIVENESS, so the "
                              "master pings every one every interval (as before it could "
                              "skip the pings of busy agents)")
+    parser.add_argument("--single-acks", action="store_true",
+                        help="acknowledgements one a message both ways (drivers send "
+                             "Acknowledge, agents get StatusUpdateAck), as before "
+                             "ACKNOWLEDGEMENT_BATCHES")
+    parser.add_argument("--executor-exits", action="store_true",
+                        help="simulated agents report each command task's executor gone "
+                             "(ExecutorExited), as the agent did before")
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--master-arg", action="append", default=[], metavar="ARG",
                         help="passed to dyad-master (repeat: --master-arg=--usage-store "
@@ -454,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def measure(args: argparse.Namespace, total: int, master_args: tuple[str, ...] = ()
-            ) -> tuple[list[Launcher], list[SchedulerDriver], list[dict[str, int]],
+            ) -> tuple[list[Launcher], list[CountingDriver], list[dict[str, Any]],
                        dict[str, float], dict[str, float], dict[str, float]]:
     """One cluster: a master (with `master_args`), `args.agents` simulated agents in
     `args.workers` processes, `args.frameworks` frameworks launching `total` tasks."""
@@ -470,12 +519,13 @@ def measure(args: argparse.Namespace, total: int, master_args: tuple[str, ...] =
             names = [f"sim{i:05d}" for i in range(args.agents)]
             capabilities = tuple(
                 ([] if args.single_frames else [BATCH_CAPABILITY])
-                + ([] if args.ping_all else [LIVENESS_CAPABILITY]))
+                + ([] if args.ping_all else [LIVENESS_CAPABILITY])
+                + ([] if args.single_acks else [ACK_BATCH_CAPABILITY]))
             for w in range(args.workers):
                 parent, child = ctx.Pipe()
                 process = ctx.Process(target=agent_worker, daemon=True,
                                       args=(endpoint, names[w::args.workers], child,
-                                            capabilities))
+                                            capabilities, args.executor_exits))
                 process.start()
                 workers.append((process, parent))
             started = time.monotonic()
@@ -493,7 +543,8 @@ def measure(args: argparse.Namespace, total: int, master_args: tuple[str, ...] =
             launchers = [Launcher(f"fw{i}", n, args.pace / args.frameworks)
                          for i, n in enumerate(per)]
             drivers, _ = asyncio.run(launch_all(cluster.master_address, launchers, total,
-                                                time.monotonic() + args.timeout))
+                                                time.monotonic() + args.timeout,
+                                                args.single_acks))
             after = master_metrics(url)
             cpu = {k: v - cpu_before[k] for k, v in cpu_of(pids).items()}
             reports = []
@@ -508,7 +559,7 @@ def measure(args: argparse.Namespace, total: int, master_args: tuple[str, ...] =
 
 
 def report(args: argparse.Namespace, total: int, reference: float, launchers: list[Launcher],
-           drivers: list[SchedulerDriver], reports: list[dict[str, int]],
+           drivers: list[CountingDriver], reports: list[dict[str, Any]],
            before: dict[str, float], after: dict[str, float], cpu: dict[str, float]) -> int:
     accepted = [t for l in launchers for t in l.accepted_at.values()]
     finished = [t for l in launchers for t in l.finished_at.values()]
@@ -570,9 +621,26 @@ def report(args: argparse.Namespace, total: int, reference: float, launchers: li
           + f" (sum {sum(cpu.values()) * 1000 / max(done, 1):.2f})"
           + f"; allocation passes {runs:.0f}, p50 {after['allocator/allocation_run_ms_p50']:.1f}"
           f" ms, p99 {after['allocator/allocation_run_ms_p99']:.1f} ms")
+    print_messages(reports, drivers, done)
     print(f"reference: {reference:,.0f} bare pyzmq round trips/s; "
           f"dyad tasks/s / reference: {rate / reference:.3f}")
     return 0 if lost == 0 and duplicates == 0 else 1
+
+
+def print_messages(reports: list[dict[str, Any]], drivers: list[CountingDriver],
+                   done: int) -> None:
+    """The master's messages a task by wire type, as its peers counted them: what
+    the agents and drivers sent it, and what they received from it (messages,
+    not frames: a batch's elements count one by one, the batch not at all)."""
+    received = sum((r["sent"] for r in reports), Counter())
+    received += sum((d._outbox.framed for d in drivers), Counter())
+    sent = sum((r["received"] for r in reports), Counter())
+    sent += sum((d.received for d in drivers), Counter())
+    for what, counts in (("received", received), ("sent", sent)):
+        total = sum(counts.values()) / max(done, 1)
+        print(f"master messages {what} per task: {total:.2f} ("
+              + ", ".join(f"{name} {n / max(done, 1):.2f}" for name, n in counts.most_common())
+              + ")")
 
 
 if __name__ == "__main__":

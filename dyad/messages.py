@@ -10,14 +10,14 @@ else on bad input, so shells can catch exactly one exception.
 
 Who sends what (see DESIGN.md §3):
 - scheduler driver -> master: Subscribe, Accept, Decline, Revive, Suppress,
-  RequestResources, Kill, Acknowledge, Reconcile, FrameworkToExecutor, Teardown,
-  Unsubscribe, SchedulerHeartbeat, Preempt
-- master -> scheduler driver: Subscribed, Offers, Rescind, Update,
+  RequestResources, Kill, Acknowledge, Acknowledgements, Reconcile,
+  FrameworkToExecutor, Teardown, Unsubscribe, SchedulerHeartbeat, Preempt
+- master -> scheduler driver: MasterCapabilities, Subscribed, Offers, Rescind, Update,
   ExecutorToFramework, Failure, Error, Heartbeat, Rejected
 - agent -> master: RegisterAgent, StatusUpdate, ExecutorToFramework,
   ExecutorExited, Pong, UsageReport, DrainAgent
 - master -> agent: AgentRegistered, Ping, RunTask, KillTask, StatusUpdateAck,
-  FrameworkToExecutor, ShutdownFramework, CheckpointResources, Rejected
+  StatusUpdateAcks, FrameworkToExecutor, ShutdownFramework, CheckpointResources, Rejected
 - executor -> agent: RegisterExecutor, ReregisterExecutor, StatusUpdate,
   ExecutorToFramework
 - agent -> executor: ExecutorRegistered, LaunchTask, KillTask, StatusUpdateAck,
@@ -176,6 +176,38 @@ class Acknowledge(Message):
     uuid: str
 
 
+ACK_BATCH_CAPABILITY = "ACKNOWLEDGEMENT_BATCHES"
+"""Acknowledgements carried together (docs/protocol.md, "Acknowledgements
+together"). A framework (`FrameworkInfo.capabilities`) with it is told by a master
+that honours it, in `MasterCapabilities`, and may then send `Acknowledgements`;
+an agent (`RegisterAgent.capabilities`) with it may be sent `StatusUpdateAcks`.
+A peer that does not say so sees only `Acknowledge` and `StatusUpdateAck`."""
+
+
+@attrs.frozen(kw_only=True)
+class AckedUpdate:
+    """One status update a framework acknowledges (an `Acknowledge` without its
+    framework id)."""
+
+    agent_id: str
+    task_id: str
+    uuid: str
+
+
+@message("acknowledgements")
+class Acknowledgements(Message):
+    """Several `Acknowledge`s of one framework in one message, handled in order
+    exactly as if each had come alone (each refused or forwarded on its own)."""
+
+    framework_id: str
+    acks: list[AckedUpdate]
+
+    def each(self) -> list[Acknowledge]:
+        """The acknowledgements as the single messages they stand for."""
+        return [Acknowledge(framework_id=self.framework_id, agent_id=ack.agent_id,
+                            task_id=ack.task_id, uuid=ack.uuid) for ack in self.acks]
+
+
 @message("reconcile")
 class Reconcile(Message):
     framework_id: str
@@ -222,6 +254,17 @@ class Rescind(Message):
 @message("update")
 class Update(Message):
     status: TaskStatus
+
+
+@message("master_capabilities")
+class MasterCapabilities(Message):
+    """Master -> a framework that listed capabilities this master honours beyond
+    the protocol's first version (today only `ACK_BATCH_CAPABILITY`): which, sent
+    just before each `Subscribed`. `master_id` names the master that honours them,
+    so a word from a master the driver has left changes nothing."""
+
+    master_id: str
+    capabilities: list[str]
 
 
 @message("failure")
@@ -351,6 +394,30 @@ class StatusUpdateAck(Message):
     framework_id: str
     task_id: str
     uuid: str
+
+
+@attrs.frozen(kw_only=True)
+class AgentAck:
+    """One acknowledged update in `StatusUpdateAcks` (a `StatusUpdateAck` without
+    its agent id)."""
+
+    framework_id: str
+    task_id: str
+    uuid: str
+
+
+@message("status_update_acks")
+class StatusUpdateAcks(Message):
+    """Master -> an agent with `ACK_BATCH_CAPABILITY`: several `StatusUpdateAck`s
+    for it, handled in order exactly as if each had come alone."""
+
+    agent_id: str
+    acks: list[AgentAck]
+
+    def each(self) -> list[StatusUpdateAck]:
+        """The acknowledgements as the single messages they stand for."""
+        return [StatusUpdateAck(agent_id=self.agent_id, framework_id=ack.framework_id,
+                                task_id=ack.task_id, uuid=ack.uuid) for ack in self.acks]
 
 
 @message("executor_exited")

@@ -46,7 +46,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from dyad.clock import Clock, SystemClock
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired
-from dyad.messages import MAX_BATCH_BYTES, Batch, Message, Rejected, encode, encode_batch
+from dyad.messages import Batch, Message, Rejected
 from dyad.supervision import LogLimiter, Supervisor
 from dyad.timers import TimerTable
 from dyad.transport import Dealer
@@ -302,23 +302,14 @@ class DriverRuntime(Generic[CoreT]):
         about `MAX_BATCH_BYTES`) in one frame."""
         assert self._dealer is not None
         while True:
-            first = await self._outbox.peek()
-            frames = [encode(first)]
-            if self.peer_batches:
-                size = len(frames[0])
-                for message in self._outbox.head(SEND_BATCH)[1:]:
-                    frame = encode(message)
-                    size += len(frame) + 1
-                    if size > MAX_BATCH_BYTES:
-                        break
-                    frames.append(frame)
-            frame = frames[0] if len(frames) == 1 else encode_batch(frames)
+            await self._outbox.peek()
+            frame, carried, held = self._outbox.next_frame(SEND_BATCH, self.peer_batches)
             if not self._dealer.send_frame(frame):
                 self.send_waits += 1
                 await self._dealer.send_frame_waiting(frame)
-            if len(frames) > 1:
+            if held > 1:
                 self.batches_sent += 1
-            for _ in frames:
+            for _ in range(carried):
                 self._outbox.pop()
 
     async def _receive_forever(self) -> None:

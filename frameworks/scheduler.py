@@ -29,8 +29,9 @@ from dyad.clock import Clock
 from dyad.detector import LeaderFollower, make_detector
 from dyad.effects import Send
 from dyad.messages import (
-    BATCH_CAPABILITY, Filters, FrameworkInfo, MasterInfo, Message, Offer, Operation,
-    OperationType, ReconcileTask, ResourceRequest, TaskInfo, TaskStatus)
+    ACK_BATCH_CAPABILITY, BATCH_CAPABILITY, Filters, FrameworkInfo, MasterCapabilities,
+    MasterInfo, Message, Offer, Operation, OperationType, ReconcileTask, ResourceRequest,
+    TaskInfo, TaskStatus)
 from frameworks._callbacks import DriverRuntime
 from frameworks._security import client_from_env
 from frameworks.driver_core import Callback, DriverStatus
@@ -96,10 +97,12 @@ class Scheduler:
 
 def _with_defaults(framework: FrameworkInfo) -> FrameworkInfo:
     """Fill `user` and `hostname` as Mesos drivers do, so the UI can show them,
-    and say that this driver takes `Batch` frames (docs/protocol.md)."""
+    and say that this driver takes `Batch` frames and would send `Acknowledgements`
+    (docs/protocol.md)."""
     capabilities = list(framework.capabilities)
-    if BATCH_CAPABILITY not in capabilities:
-        capabilities.append(BATCH_CAPABILITY)
+    for capability in (BATCH_CAPABILITY, ACK_BATCH_CAPABILITY):
+        if capability not in capabilities:
+            capabilities.append(capability)
     return attrs.evolve(framework, user=framework.user or getpass.getuser(),
                         hostname=framework.hostname or socket.gethostname(),
                         capabilities=capabilities)
@@ -246,8 +249,17 @@ class SchedulerDriver(DriverRuntime[SchedulerCore]):
         log.info("master %s at %s", master.id, master.zmq_endpoint)
         if self._core.master is None or self._core.master.id != master.id:
             self.peer_batches = False  # until this master sends a batch itself
+            self._outbox.merge_acks = False  # until it says it takes Acknowledgements
         if self._secure.connect_master(master.zmq_endpoint, master.curve_key):
             self._handle(MasterDetected(master))
+
+    def _received(self, message: Message) -> None:
+        if isinstance(message, MasterCapabilities):  # the shell's business, not the core's
+            master = self._core.master
+            if master is not None and message.master_id == master.id:
+                self._outbox.merge_acks = ACK_BATCH_CAPABILITY in message.capabilities
+            return
+        super()._received(message)
 
     def _perform_other(self, effect: Any) -> None:
         if isinstance(effect, Detect):

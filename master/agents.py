@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 import attrs
 
 from dyad.messages import (
-    LIVENESS_CAPABILITY, AgentInfo, AgentRegistered, CheckpointResources, DrainAgent,
-    ExecutorExited, ExecutorToFramework, Failure, KillTask, Ping, Pong, Reason, RegisterAgent,
+    ACK_BATCH_CAPABILITY, LIVENESS_CAPABILITY, AgentInfo, AgentRegistered, CheckpointResources,
+    DrainAgent, ExecutorExited, ExecutorToFramework, Failure, KillTask, Ping, Pong, Reason, RegisterAgent,
     ShutdownFramework, StatusUpdate, StatusUpdateAck, TaskState, Update, UsageReport,
 )
 from dyad.volumes import DynamicResources
@@ -61,6 +61,7 @@ class AgentHandlers(MasterBooks):
             self._rebind_agent(agent, peer)
         agent.reregistered_time = self._now
         agent.any_frame_liveness = LIVENESS_CAPABILITY in message.capabilities
+        agent.ack_batches = ACK_BATCH_CAPABILITY in message.capabilities
         self._drop_missing(agent, plan)
         self._adopt(agent, plan, kill_lost=came_back)
         self._send(peer, AgentRegistered(agent_id=agent.id, master_info=self.info,
@@ -84,6 +85,7 @@ class AgentHandlers(MasterBooks):
             self._request_allocation()
         # else: a retry whose answer crossed it on the wire; answer again.
         self.agents[known].any_frame_liveness = LIVENESS_CAPABILITY in message.capabilities
+        self.agents[known].ack_batches = ACK_BATCH_CAPABILITY in message.capabilities
         self._send(peer, AgentRegistered(agent_id=known, master_info=self.info,
                                          ping_interval=self.config.agent_ping_timeout))
 

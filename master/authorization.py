@@ -34,6 +34,7 @@ from dyad.authz import Acls, Action, Permission
 from dyad.messages import (
     Accept,
     Acknowledge,
+    Acknowledgements,
     Decline,
     FrameworkToExecutor,
     Kill,
@@ -67,7 +68,8 @@ FORBIDDEN_COUNTER = "master/auth_failures/forbidden"
 _HOST = re.compile(r"^[A-Za-z0-9_.:\[\]-]{1,253}$")
 
 _OWNER_ACTIONS: dict[type, Action] = {
-    Kill: Action.KILL_TASK, Acknowledge: Action.ACKNOWLEDGE, Reconcile: Action.RECONCILE,
+    Kill: Action.KILL_TASK, Acknowledge: Action.ACKNOWLEDGE,
+    Acknowledgements: Action.ACKNOWLEDGE, Reconcile: Action.RECONCILE,
     Teardown: Action.TEARDOWN_FRAMEWORK,
 }
 _FRAMEWORK_MESSAGES = (Accept, Decline, Revive, Suppress, RequestResources, SchedulerHeartbeat,

@@ -60,7 +60,7 @@ from collections import deque
 import attrs
 
 from dyad.messages import (
-    Accept, Acknowledge, Decline, FrameworkToExecutor, Kill, Message, Preempt, Reconcile,
+    Accept, Acknowledge, Acknowledgements, Decline, FrameworkToExecutor, Kill, Message, Preempt, Reconcile,
     RegisterAgent, RequestResources, Revive, SchedulerHeartbeat, StatusUpdate, Subscribe,
     Suppress, Teardown, Unsubscribe, encode_batch)
 from dyad.effects import TimerFired
@@ -71,7 +71,8 @@ FRAMEWORK_TURNS = 4
 
 FRAMEWORK_MESSAGES: tuple[type[Message], ...] = (
     Subscribe, Unsubscribe, Teardown, Accept, Decline, Revive, Suppress, RequestResources, Kill,
-    Acknowledge, Reconcile, SchedulerHeartbeat, Preempt, FrameworkToExecutor)
+    Acknowledge, Acknowledgements, Reconcile, SchedulerHeartbeat, Preempt,
+    FrameworkToExecutor)
 """What only a scheduler sends: the frames of the framework lane."""
 FRAMEWORK_TIMERS = (HeartbeatDue, FailoverTimeout)
 """Timers that check on frameworks: they wait in the framework lane (or the

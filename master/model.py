@@ -224,6 +224,7 @@ class MasterAgent:
     # from it is as good as a pong, and a frame from us proves us alive to it);
     # whether it spoke to us, and we to it, since its last ping tick.
     any_frame_liveness: bool = False
+    ack_batches: bool = False  # it takes StatusUpdateAcks (ACK_BATCH_CAPABILITY)
     heard: bool = False
     told: bool = False
     # What offer operations changed (dynamic reservations, persistent volumes);

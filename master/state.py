@@ -59,14 +59,15 @@ import attrs
 from dyad.effects import TimerFired, UnknownTimer
 from dyad.ids import IdGenerator
 from dyad.messages import (
-    Accept, Acknowledge, Decline, DrainAgent, Error, ExecutorExited, ExecutorToFramework,
-    FrameworkInfo, FrameworkToExecutor, Heartbeat, Kill, KillTask, MasterInfo, Message,
+    Accept, Acknowledge, Acknowledgements, Decline, DrainAgent, Error, ExecutorExited,
+    ExecutorToFramework, FrameworkInfo, FrameworkToExecutor, Heartbeat, Kill, KillTask, MasterInfo, Message,
     Offer, Offers, OperationType, Pong, Preempt, Reason, Reconcile, RegisterAgent, Rejected,
-    RequestResources, Revive, RunTask, SchedulerHeartbeat, StatusUpdate, StatusUpdateAck, Subscribe, Subscribed,
+    RequestResources, Revive, RunTask, SchedulerHeartbeat, StatusUpdate, Subscribe, Subscribed,
     Suppress, TaskInfo, TaskState, TaskStatus, Teardown, Unsubscribe, Update, UsageReport,
 )
 from dyad.resources import Resources
 from master import revocable
+from master.acks import AckHandlers
 from master.agents import AgentHandlers
 from master.preempting import PreemptionHandlers
 from master.allocator import Allocator, PolicyError
@@ -87,7 +88,7 @@ from master.volumes import (
 from master.tasks import claim_offers, launched, reconciled, status_of, task_problem
 
 
-class MasterState(PreemptionHandlers, AgentHandlers):
+class MasterState(PreemptionHandlers, AgentHandlers, AckHandlers):
     """The master as a pure state machine; see the module docstring."""
 
     def __init__(self, config: MasterConfig, info: MasterInfo, ids: IdGenerator,
@@ -105,6 +106,7 @@ class MasterState(PreemptionHandlers, AgentHandlers):
             RequestResources: self._on_request,
             Kill: self._on_kill,
             Acknowledge: self._on_acknowledge,
+            Acknowledgements: self._on_acknowledgements,
             Reconcile: self._on_reconcile,
             SchedulerHeartbeat: self._on_scheduler_heartbeat,
             FrameworkToExecutor: self._on_framework_to_executor,
@@ -197,6 +199,7 @@ class MasterState(PreemptionHandlers, AgentHandlers):
         self.allocator.request(framework.id, [(r.resources, r.count) for r in message.requests])
         self.events.record(self._now, "framework_subscribed", framework_id=framework.id,
                            name=info.name, roles=list(info.roles), reregistered=reregistered)
+        self._offer_capabilities(framework, peer)
         self._send(peer, Subscribed(framework_id=framework.id,
                                     heartbeat_interval=self.config.heartbeat_interval,
                                     master_info=self.info, reregistered=reregistered))
@@ -643,23 +646,6 @@ class MasterState(PreemptionHandlers, AgentHandlers):
                     agent_id: str | None) -> TaskStatus | None:
         return reconciled(framework, task_id, agent_id, self.recovering, self.unreachable,
                           self._now)
-
-    def _on_acknowledge(self, peer: str, message: Acknowledge) -> None:
-        framework = self._owned_framework(peer, message)
-        if framework is None:
-            return
-        if not message.uuid:
-            self._refuse(peer, message, "nothing to acknowledge: the uuid is empty")
-            return
-        agent = self.agents.get(message.agent_id)
-        if agent is None:
-            self._refuse(peer, message, f"agent {message.agent_id} is not registered")
-            return
-        task = framework.tasks.get(message.task_id) or framework.completed.get(message.task_id)
-        if task is not None:
-            self._note(task, f"acknowledged {message.uuid}")
-        self._send(agent.peer, StatusUpdateAck(agent_id=agent.id, framework_id=framework.id,
-                                               task_id=message.task_id, uuid=message.uuid))
 
     def _on_framework_to_executor(self, peer: str, message: FrameworkToExecutor) -> None:
         framework = self._owned_framework(peer, message)
