@@ -36,7 +36,7 @@ PURE_CORES = [
     "dyad/mesos_json.py", "dyad/mesos_calls.py", "agent/executor_api_core.py",
     "dyad/volumes.py", "master/volumes.py", "agent/persistent.py",
     "dyad/priority.py", "agent/reclaim.py", "agent/qos.py", "agent/oversubscription.py",
-    "master/revocable.py", "master/preempting.py", "master/election.py",
+    "master/revocable.py", "master/preempting.py", "master/election.py", "master/acks.py",
 ]
 CLOCK_FREE = ["frameworks/autopilot"]
 """Cores that must not even read the wall clock (`time`): given time, always."""
