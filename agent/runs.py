@@ -390,14 +390,13 @@ class ExecutorRuns:
         self.records.retire(executor)
         # A command task's executor is the agent's own, never made known to the
         # master (as in Mesos): the task's terminal update tells all there is.
-        exited = ExecutorExited(agent_id=self.agent_id or "", framework_id=framework_id,
-                                executor_id=executor_id, status=status)
-        if executor.is_command:
-            pass
-        elif self.phase == REGISTERED:
-            effects.append(SendMaster(exited))
-        else:  # the master keeps charging the executor's resources until told
-            self._exits = [*self._exits, exited][-self.config.completed_limit:]
+        if not executor.is_command:
+            exited = ExecutorExited(agent_id=self.agent_id or "", framework_id=framework_id,
+                                    executor_id=executor_id, status=status)
+            if self.phase == REGISTERED:
+                effects.append(SendMaster(exited))
+            else:  # the master keeps charging the executor's resources until told
+                self._exits = [*self._exits, exited][-self.config.completed_limit:]
         if self.shutting_down and not self.frameworks:
             effects += self._exit()
         return effects
