@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.status_updates import SendMaster, StatusUpdateManager
+from dyad.authz import parse_acls
 from dyad.effects import Send
 from dyad.messages import (
     ACK_BATCH_CAPABILITY, AckedUpdate, Acknowledge, Acknowledgements, AgentAck, AgentInfo,
@@ -20,6 +21,7 @@ from dyad.messages import (
     encode)
 from dyad.resources import Resources
 from frameworks.outbox import Outbox, merged_acks
+from master.model import MasterConfig, Received
 from tests.unit.test_agent_state import Agent, executor_task, running_executor
 from tests.unit.test_agent_state import status as executor_status
 from tests.unit.test_agent_state import to_master
@@ -268,3 +270,22 @@ def test_the_new_messages_round_trip() -> None:
                                                           uuid="u")]),
             MasterCapabilities(master_id="m", capabilities=[ACK_BATCH_CAPABILITY])):
         assert decode(encode(message)) == message
+
+
+def test_acknowledgements_are_authorized_as_acknowledge() -> None:
+    acls = parse_acls({"rules": [
+        {"effect": "allow", "principals": ["alice", "bob"], "actions": ["register_framework"]},
+        {"effect": "allow", "principals": ["ops"], "actions": ["*"]}]})
+    h = Harness(MasterConfig(acls=acls))
+    sends = h.handle(Received("d1", Subscribe(framework=FrameworkInfo(name="fw")), "alice"))
+    (subscribed,) = messages(sends, Subscribed)
+    fid = subscribed.framework_id
+    acks = Acknowledgements(framework_id=fid, acks=[
+        AckedUpdate(agent_id="nobody", task_id="t", uuid="u")])
+    before = h.metric("master/auth_failures/forbidden")
+    (refused,) = messages(h.handle(Received("d1", acks, "bob")), Rejected)
+    assert "acknowledge" in refused.reason.lower()
+    assert h.metric("master/auth_failures/forbidden") == before + 1
+    # One allowed to acknowledge for alice gets as far as the ack itself.
+    (refused,) = messages(h.handle(Received("d1", acks, "ops")), Rejected)
+    assert "agent nobody is not registered" in refused.reason
