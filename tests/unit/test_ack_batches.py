@@ -21,11 +21,12 @@ from dyad.messages import (
     encode)
 from dyad.resources import Resources
 from frameworks.outbox import Outbox, merged_acks
+from frameworks.scheduler import Scheduler, SchedulerDriver
 from master.model import MasterConfig, Received
 from tests.unit.test_agent_state import Agent, executor_task, running_executor
 from tests.unit.test_agent_state import status as executor_status
 from tests.unit.test_agent_state import to_master
-from tests.unit.test_master_state import AGENT_RES, Harness, launch, messages, task
+from tests.unit.test_master_state import AGENT_RES, INFO, Harness, launch, messages, task
 
 
 # ----------------------------------------------------------------- the master
@@ -289,3 +290,13 @@ def test_acknowledgements_are_authorized_as_acknowledge() -> None:
     # One allowed to acknowledge for alice gets as far as the ack itself.
     (refused,) = messages(h.handle(Received("d1", acks, "ops")), Rejected)
     assert "agent nobody is not registered" in refused.reason
+
+
+def test_the_driver_merges_only_after_its_own_master_says_so() -> None:
+    driver = SchedulerDriver(Scheduler(), FrameworkInfo(name="fw"), master="127.0.0.1:5050")
+    assert ACK_BATCH_CAPABILITY in driver._core.framework.capabilities
+    driver._core.master = INFO
+    driver._received(MasterCapabilities(master_id="another", capabilities=[ACK_BATCH_CAPABILITY]))
+    assert not driver._outbox.merge_acks  # a word from a master it has left
+    driver._received(MasterCapabilities(master_id=INFO.id, capabilities=[ACK_BATCH_CAPABILITY]))
+    assert driver._outbox.merge_acks
