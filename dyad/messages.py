@@ -334,7 +334,8 @@ class RegisterAgent(Message):
     frameworks: list[FrameworkInfo] = attrs.field(factory=list)
     dynamic: DynamicResources | None = None  # its checkpointed reservations and volumes
     # BATCH_FRAMES: it takes `Batch`; ANY_FRAME_LIVENESS: any frame from the master
-    # it is registered with proves the master alive to it, not only a `Ping`.
+    # it is registered with proves the master alive to it, not only a `Ping`;
+    # ACKNOWLEDGEMENT_BATCHES: it takes `StatusUpdateAcks`.
     capabilities: list[str] = attrs.field(factory=list)
 
 
