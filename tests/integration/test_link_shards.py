@@ -1,0 +1,183 @@
+"""Link shards (issue 19): agents registered through a `LinkShard` look to the
+master exactly like agents connected directly, a task runs through one, bad
+input costs only itself, and an agent that moves (to another shard, or
+directly to the master) is answered the way it came last."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from dyad import messages as m
+from dyad.ids import IdGenerator, new_uuid
+from dyad.messages import MAX_FRAME_BYTES
+from dyad.resources import Resources
+from dyad.transport import Dealer
+from master.link_shard import LinkShard
+from master.model import MasterConfig
+from master.server import MasterServer
+from master.shard_wire import MAGIC, pack
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+TASK = Resources.parse("cpus:1;mem:128")
+
+
+async def _next(dealer: Dealer, kind: type) -> m.Message:
+    while True:
+        message = (await asyncio.wait_for(dealer.recv(), 10.0)).message
+        for one in message.messages if isinstance(message, m.Batch) else [message]:
+            if isinstance(one, kind):
+                return one
+
+
+async def _master() -> MasterServer:
+    server = MasterServer(ip="127.0.0.1", hostname="localhost", port=0, zmq_port=0,
+                          config=MasterConfig(allocation_interval=0.05),
+                          ids=IdGenerator("shard-master"), shard_port=0)
+    await server.start()
+    return server
+
+
+async def _shard(server: MasterServer) -> tuple[LinkShard, str]:
+    shard = LinkShard(f"tcp://127.0.0.1:{server.shard_port}")
+    port = await shard.start()
+    return shard, f"tcp://127.0.0.1:{port}"
+
+
+async def _register(agent: Dealer, name: str = "a") -> str:
+    await agent.send(m.RegisterAgent(agent=m.AgentInfo(
+        hostname=name, port=5051, resources=Resources.parse("cpus:4;mem:1024"))))
+    return (await _next(agent, m.AgentRegistered)).agent_id
+
+
+async def test_an_agent_registers_and_runs_a_task_through_a_shard() -> None:
+    server = await _master()
+    shard, endpoint = await _shard(server)
+    agent, driver = Dealer(), Dealer()
+    try:
+        agent.connect(endpoint)
+        driver.connect(server.info.zmq_endpoint)
+        agent_id = await _register(agent)
+        # The core sees the agent's own identity, as if it had come directly.
+        assert server.state.agent_by_peer[agent.identity.hex()] == agent_id
+        await driver.send(m.Subscribe(framework=m.FrameworkInfo(name="fw")))
+        framework_id = (await _next(driver, m.Subscribed)).framework_id
+        (offer,) = (await _next(driver, m.Offers)).offers
+        task = m.TaskInfo(task_id="t0", name="t", agent_id=agent_id, resources=TASK,
+                          command=m.CommandInfo(shell="true"))
+        await driver.send(m.Accept(framework_id=framework_id, offer_ids=[offer.id],
+                                   operations=[m.Operation(type="LAUNCH", tasks=[task])]))
+        run = await _next(agent, m.RunTask)
+        assert isinstance(run, m.RunTask) and run.task.task_id == "t0"
+        status = m.TaskStatus(task_id="t0", state=m.TaskState.TASK_RUNNING,
+                              source=m.Source.EXECUTOR, agent_id=agent_id, executor_id="t0",
+                              uuid=new_uuid())
+        await agent.send(m.StatusUpdate(framework_id=framework_id, status=status))
+        update = await _next(driver, m.Update)
+        assert isinstance(update, m.Update)
+        assert update.status.state == m.TaskState.TASK_RUNNING
+        metrics = server.metrics()
+        assert metrics["master/shards/connected"] == 1
+        assert metrics["master/shards/routes"] == 1
+        assert metrics["master/shards/bad_frames"] == 0
+    finally:
+        agent.close()
+        driver.close()
+        await shard.stop()
+        await server.stop()
+
+
+async def test_garbage_from_agents_and_from_a_fake_shard_is_counted_and_nothing_stops() -> None:
+    server = await _master()
+    shard, endpoint = await _shard(server)
+    ctx = zmq.asyncio.Context.instance()
+    rude = ctx.socket(zmq.DEALER)
+    fake = ctx.socket(zmq.DEALER)
+    agent = Dealer()
+    try:
+        rude.connect(endpoint)
+        await rude.send_multipart([b"one", b"two"])  # an agent's frame in two parts
+        await rude.send(b"x" * (MAX_FRAME_BYTES + 1))  # larger than a frame may be
+        fake.connect(f"tcp://127.0.0.1:{server.shard_port}")
+        for junk in ([b'{"type":"Ping"}'], [MAGIC + b"\x00\x05"], [b"a", b"b"]):
+            await fake.send_multipart(junk)
+        await wait_for(lambda: shard.counts["agent_frames_bad"] == 1
+                       and shard.counts["agent_frames_oversize"] == 1
+                       and server.metrics()["master/shards/bad_frames"] == 3, timeout=10)
+        agent.connect(endpoint)
+        assert await _register(agent)  # both loops read on
+        assert server.metrics()["master/internal_errors"] == 0
+        assert shard.counts["internal_errors"] == 0
+    finally:
+        for sock in (rude, fake):
+            sock.close(linger=0)
+        agent.close()
+        await shard.stop()
+        await server.stop()
+
+
+async def test_a_bad_frame_from_the_master_side_is_counted_by_the_shard() -> None:
+    ctx = zmq.asyncio.Context.instance()
+    fake_master = ctx.socket(zmq.ROUTER)
+    port = fake_master.bind_to_random_port("tcp://127.0.0.1")
+    shard = LinkShard(f"tcp://127.0.0.1:{port}")
+    agent_port = await shard.start()
+    agent = Dealer()
+    try:
+        agent.connect(f"tcp://127.0.0.1:{agent_port}")
+        await agent.send_raw(b"hello")
+        shard_id, frame = await asyncio.wait_for(fake_master.recv_multipart(), 10)
+        assert frame.startswith(MAGIC)
+        await fake_master.send_multipart([shard_id, b"not a shard frame"])
+        await fake_master.send_multipart([shard_id, b"two", b"parts"])
+        ((reply, _),) = pack([(agent.identity, b"", b'{"type":"Ping"}')])
+        await fake_master.send_multipart([shard_id, reply])
+        assert (await asyncio.wait_for(agent.recv(), 10)).error is not None  # the bytes came
+        assert shard.counts["master_frames_bad"] == 2
+    finally:
+        agent.close()
+        fake_master.close(linger=0)
+        await shard.stop()
+
+
+async def test_an_agent_that_moves_is_answered_the_way_it_came_last() -> None:
+    server = await _master()
+    first, first_endpoint = await _shard(server)
+    second, second_endpoint = await _shard(server)
+    name = "mover"
+    try:
+        for endpoint in (first_endpoint, second_endpoint, server.info.zmq_endpoint):
+            agent = Dealer(identity=name)  # the same identity, reconnected elsewhere
+            agent.connect(endpoint)
+            try:
+                assert await _register(agent)
+            finally:
+                agent.close()
+        assert server.metrics()["master/shards/routes"] == 0  # came directly at last
+    finally:
+        await first.stop()
+        await second.stop()
+        await server.stop()
+
+
+def test_the_benchmark_runs_through_link_shard_processes() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.master", "--agents", "20", "--quick",
+         "--workers", "1", "--link-shards", "2", "--timeout", "120"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "link shards=2" in done.stdout
+    assert "frameworks that got offers and launched: 1 of 1" in done.stdout
+    assert "lost: 0 (must be 0)" in done.stdout
+    assert "duplicate launches: 0" in done.stdout
