@@ -549,6 +549,8 @@ def measure(args: argparse.Namespace, total: int, master_args: tuple[str, ...] =
             for shard, _ in shards:
                 shard.kill()
                 shard.wait()
+                if shard.stdout is not None:
+                    shard.stdout.close()
             cluster.stop()
     return launchers, drivers, reports, before, after, cpu
 

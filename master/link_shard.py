@@ -1,6 +1,7 @@
 """`dyad-link-shard`: many agents' connections carried to the master over one.
 
     dyad-link-shard --listen HOST:PORT --master tcp://MASTER:SHARD_PORT
+                    [--http HOST:PORT --master-http MASTER:5050]
 
 The master is one process and every directly connected agent is one of its
 file descriptors, so the descriptor limit bounds the cluster (20,000 here:
@@ -9,7 +10,12 @@ itself -- up to ~15,000 each, below the same limit -- and forwards their frames
 to the master's shard port (`dyad-master --shard-port`) over one connection,
 and the master's frames back to each agent. Agents connect to it as they would
 to the master (it is a ROUTER with the master's own options: backlog, hand-over,
-mandatory sends); the master sees each as if it had come directly.
+mandatory sends); the master sees each as if it had come directly. A real
+`dyad-agent` finds its master over HTTP (`GET /master/info`), so with `--http`
+the shard answers that too: the master's own MasterInfo, fetched from
+`--master-http` on each request, with the shard's endpoint in place of the
+master's (`dyad-agent --master SHARD:HTTP_PORT`). `/metrics/snapshot` gives the
+shard's counters.
 
 It moves bytes: no agent frame is decoded here. Each loop turn packs what
 arrived into shard frames (master/shard_wire.py). Bad input costs only itself:
@@ -27,16 +33,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import resource
 import signal
+import socket
 import sys
 from collections.abc import Sequence
+from typing import Any
 
+import attrs
 import zmq
 import zmq.asyncio
 
 from dyad import gc_pauses, logs
+from dyad.codec import to_json
 from dyad.messages import MAX_FRAME_BYTES
 from dyad.supervision import Supervisor
 from dyad.transport import Dealer, Router
@@ -53,7 +64,13 @@ class LinkShard:
 
     def __init__(self, master: str, host: str = "127.0.0.1", port: int = 0,
                  context: zmq.asyncio.Context | None = None,
-                 identity: str | None = None) -> None:
+                 identity: str | None = None, http: tuple[str, int] | None = None,
+                 master_http: str | None = None) -> None:
+        if (http is None) != (master_http is None):
+            raise ValueError("--http and --master-http go together")
+        self._http, self._master_http = http, master_http
+        self._runner: Any = None  # aiohttp's, only with `http`
+        self.http_port: int | None = None
         self._ctx = context or zmq.asyncio.Context.instance()
         self._master_endpoint = master
         self._host, self._port = host, port
@@ -76,7 +93,45 @@ class LinkShard:
         self._master.connect(self._master_endpoint)
         self._supervisor.loop("shard-up", self._up)
         self._supervisor.loop("shard-down", self._down)
+        if self._http is not None:
+            await self._serve_http(*self._http)
         return self.port
+
+    async def _serve_http(self, host: str, port: int) -> None:
+        """`/master/info` for agents that detect their master over HTTP, and
+        `/metrics/snapshot`. aiohttp is imported only here."""
+        import aiohttp
+        from aiohttp import web
+
+        from dyad.detector import fetch_master_info, parse_http_address
+
+        assert self._master_http is not None
+        base = parse_http_address(self._master_http)
+        session = aiohttp.ClientSession()
+
+        async def info(request: web.Request) -> web.Response:
+            try:
+                found = await fetch_master_info(session, base)
+            except Exception as exc:  # the master is away: say so, as a master would
+                return web.json_response({"error": f"master at {base}: {exc}"}, status=503)
+            return web.json_response(to_json(attrs.evolve(
+                found, ip=self._host, zmq_port=self.port)))
+
+        async def metrics(request: web.Request) -> web.Response:
+            return web.Response(text=json.dumps(self.metrics()), content_type="application/json")
+
+        async def close_session(app: web.Application) -> None:
+            await session.close()
+
+        app = web.Application()
+        app.router.add_get("/master/info", info)
+        app.router.add_get("/metrics/snapshot", metrics)
+        app.on_cleanup.append(close_session)
+        listening = socket.create_server((host, port))
+        self.http_port = listening.getsockname()[1]
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.SockSite(self._runner, listening).start()
 
     async def _up(self) -> None:
         """Agents' frames to the master, packed per loop turn; while the master's
@@ -136,6 +191,8 @@ class LinkShard:
 
     async def stop(self) -> None:
         await self._supervisor.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
         if self._agents is not None:
             self._agents.close()
         if self._master is not None:
@@ -155,6 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="HOST:PORT agents connect to (port 0: any free)")
     parser.add_argument("--master", required=True, metavar="tcp://HOST:PORT",
                         help="the master's shard port (dyad-master --shard-port)")
+    parser.add_argument("--http", type=_host_port, metavar="HOST:PORT",
+                        help="serve /master/info here, for agents that find their "
+                             "master over HTTP (needs --master-http)")
+    parser.add_argument("--master-http", metavar="HOST:PORT",
+                        help="the master's HTTP address, where /master/info is fetched")
     parser.add_argument("--identity", help="this shard's identity at the master "
                                            "(default: a fresh one each start)")
     parser.add_argument("--log-level", default="info",
@@ -165,9 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def _serve(args: argparse.Namespace) -> int:
     gc_pauses.install()
-    shard = LinkShard(args.master, *args.listen, identity=args.identity)
+    shard = LinkShard(args.master, *args.listen, identity=args.identity, http=args.http,
+                      master_http=args.master_http)
     port = await shard.start()
-    print(f"dyad-link-shard listening on tcp://{args.listen[0]}:{port} "
+    http = f" http=http://{args.http[0]}:{shard.http_port}" if args.http else ""
+    print(f"dyad-link-shard listening on tcp://{args.listen[0]}:{port}{http} "
           f"master={args.master}", flush=True)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -187,7 +251,10 @@ async def _serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if (args.http is None) != (args.master_http is None):
+        parser.error("--http and --master-http go together")
     logs.configure(args.log_level, args.log_format)
     # One descriptor per agent: take all the hard limit allows.
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zmq
@@ -17,6 +19,7 @@ import zmq.asyncio
 
 from dyad import messages as m
 from dyad.ids import IdGenerator, new_uuid
+from dyad.local import http_get_json
 from dyad.messages import MAX_FRAME_BYTES
 from dyad.resources import Resources
 from dyad.transport import Dealer
@@ -25,19 +28,15 @@ from master.model import MasterConfig
 from master.server import MasterServer
 from master.shard_wire import MAGIC, pack
 from tests.helpers import wait_for
+from tests.integration.conftest import Recorder
+from tests.integration.test_cluster import command_task, final_state, first_offer
+from tests.integration.test_master_batches import _next
+from frameworks import FrameworkInfo, TaskState
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK = Resources.parse("cpus:1;mem:128")
-
-
-async def _next(dealer: Dealer, kind: type) -> m.Message:
-    while True:
-        message = (await asyncio.wait_for(dealer.recv(), 10.0)).message
-        for one in message.messages if isinstance(message, m.Batch) else [message]:
-            if isinstance(one, kind):
-                return one
 
 
 async def _master() -> MasterServer:
@@ -181,3 +180,46 @@ def test_the_benchmark_runs_through_link_shard_processes() -> None:
     assert "frameworks that got offers and launched: 1 of 1" in done.stdout
     assert "lost: 0 (must be 0)" in done.stdout
     assert "duplicate launches: 0" in done.stdout
+
+
+async def test_a_real_agent_finds_its_master_through_a_shard_and_runs_a_task(
+        make_cluster: Any, drivers: Any, tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        shard_port = probe.getsockname()[1]
+    cluster = make_cluster(agents=0, master_args=["--shard-port", str(shard_port)])
+    started: list[subprocess.Popen[str]] = []
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    try:
+        shard = subprocess.Popen(
+            [sys.executable, "-m", "master.link_shard", "--listen", "127.0.0.1:0",
+             "--master", f"tcp://127.0.0.1:{shard_port}", "--http", "127.0.0.1:0",
+             "--master-http", cluster.master_address],
+            stdout=subprocess.PIPE, text=True, env=env)
+        started.append(shard)
+        assert shard.stdout is not None
+        line = shard.stdout.readline()  # ... on tcp://H:P http=http://H:Q master=...
+        shard_http = line.split()[4].split("http://", 1)[1]
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "agent.main", "--master", shard_http, "--ip", "127.0.0.1",
+             "--hostname", "127.0.0.1", "--port", "0", "--executor-port", "0",
+             "--work-dir", str(tmp_path / "agent"), "--resources", "cpus:2;mem:1024;disk:1000",
+             "--no-switch-user"], stdout=subprocess.DEVNULL, text=True, env=env)
+        started.append(agent)
+        recorder = Recorder()
+        runner = drivers(recorder, FrameworkInfo(name="it"), cluster.master_address)
+        await runner.registered()
+        offer = await first_offer(recorder)
+        runner.driver.launch_tasks([offer.id], [command_task(offer, "hello", "echo hi")])
+        status = await final_state(recorder, "hello")
+        assert status.state == TaskState.TASK_FINISHED
+        shard_metrics = http_get_json(f"http://{shard_http}/metrics/snapshot")
+        assert shard_metrics["agent_frames"] > 0 and shard_metrics["agent_frames_bad"] == 0
+        master_metrics = http_get_json(f"{cluster.master.url}/metrics/snapshot")
+        assert master_metrics["master/shards/routes"] == 1
+    finally:
+        for process in reversed(started):
+            process.terminate()
+            process.wait(10)
+            if process.stdout is not None:
+                process.stdout.close()
