@@ -374,7 +374,8 @@ def start_shards(count: int, master_port: int) -> list[tuple[subprocess.Popen[st
 
 
 def master_metrics(url: str) -> dict[str, float]:
-    return http_get_json(f"{url}/metrics/snapshot")  # type: ignore[no-any-return]
+    # A master that has just sent 50,000 agents' offers can take seconds to answer.
+    return http_get_json(f"{url}/metrics/snapshot", timeout=120)  # type: ignore[no-any-return]
 
 
 def cpu_seconds(pid: int) -> float:

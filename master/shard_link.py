@@ -18,7 +18,7 @@ docs/security.md.
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
+from collections import defaultdict, deque
 
 import zmq.asyncio
 
@@ -26,6 +26,9 @@ from dyad.transport import Router, Undecoded
 from master.shard_wire import Record, ShardFrameError, ShardRoutes, pack, unpack
 
 log = logging.getLogger(__name__)
+
+SHARD_FRAMES_READ = 8
+"""Shard frames read per wake-up (each holds up to `FRAME_RECORDS` agent frames)."""
 
 
 class ShardLink:
@@ -35,7 +38,7 @@ class ShardLink:
                  send_queue: int = 0) -> None:
         self._router = Router(context, send_queue=send_queue)
         self.routes = ShardRoutes()
-        self._pending: list[Undecoded] = []
+        self._pending: deque[Undecoded] = deque()
         self._outgoing: defaultdict[bytes, list[Record]] = defaultdict(list)
         self.counts = {"bad_frames": 0, "frames_received": 0, "frames_sent": 0,
                        "records_received": 0, "records_dropped": 0}
@@ -47,11 +50,11 @@ class ShardLink:
         """Agents' frames as if they had come directly: at most `most`, the rest
         kept for the next call. A shard frame that does not parse is counted
         and dropped whole."""
-        while not self._pending:
-            for raw in await self._router.recv_undecoded(64):
+        pending = self._pending
+        while not pending:
+            for raw in await self._router.recv_undecoded(SHARD_FRAMES_READ):
                 self._take(raw)
-        batch, self._pending = self._pending[:most], self._pending[most:]
-        return batch
+        return [pending.popleft() for _ in range(min(most, len(pending)))]
 
     def _take(self, raw: Undecoded) -> None:
         self.counts["frames_received"] += 1
