@@ -23,10 +23,15 @@ an agent's frame in several parts, or larger than a frame may be, is counted and
 dropped (the master would have refused it too); a frame from the master that
 does not parse is counted and dropped; the loops read on.
 
-What it does not do (docs/operations.md): it has no CURVE yet, so it serves only
-masters without it; it keeps no state, so a shard that dies loses the frames in
-flight and its agents are unreachable until it is back (their own retries and
-re-registration then bring them back, as after a network cut).
+With `--credentials` and `--curve-key` it is a CURVE server to agents (its own
+ZAP handler admits them, as the master's would) and a CURVE client of the
+master (`--master-key`), and it passes on the principal each agent was admitted
+as; the master reads the shard port only from the principals it names
+(`--shard-principal`): docs/security.md.
+
+It keeps no state, so a shard that dies loses the frames in flight and its
+agents are unreachable until it is back (their own retries and re-registration
+then bring them back, as after a network cut): docs/operations.md.
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ import attrs
 import zmq
 import zmq.asyncio
 
-from dyad import gc_pauses, logs
+from dyad import gc_pauses, logs, security
+from dyad.auth import load_keys
 from dyad.codec import to_json
 from dyad.messages import MAX_FRAME_BYTES
 from dyad.supervision import Supervisor
@@ -65,11 +71,18 @@ class LinkShard:
     def __init__(self, master: str, host: str = "127.0.0.1", port: int = 0,
                  context: zmq.asyncio.Context | None = None,
                  identity: str | None = None, http: tuple[str, int] | None = None,
-                 master_http: str | None = None) -> None:
+                 master_http: str | None = None,
+                 secure: security.ServerSecurity | None = None,
+                 master_key: bytes | None = None) -> None:
         if (http is None) != (master_http is None):
             raise ValueError("--http and --master-http go together")
         self._http, self._master_http = http, master_http
         self._runner: Any = None  # aiohttp's, only with `http`
+        self._secure = secure or security.ServerSecurity()
+        if self._secure.curve is not None and master_key is None:
+            raise ValueError("with CURVE, the master's public key is needed (--master-key)")
+        self._master_key = master_key
+        self._zap: security.Zap | None = None
         self.http_port: int | None = None
         self._ctx = context or zmq.asyncio.Context.instance()
         self._master_endpoint = master
@@ -87,9 +100,17 @@ class LinkShard:
     async def start(self) -> int:
         """Bind, connect, forward; the bound port."""
         self.failed = asyncio.get_running_loop().create_future()
-        self._agents = Router(self._ctx, send_queue=AGENT_SEND_QUEUE)
+        curve = self._secure.curve
+        if curve is not None:
+            assert self._secure.credentials is not None  # `security.load` makes sure
+            self._zap = security.Zap(self._secure.credentials,
+                                     security.Refusals("shard", log))
+        context = self._zap.context if self._zap is not None else self._ctx
+        self._agents = Router(context, curve=curve, send_queue=AGENT_SEND_QUEUE)
+        if self._zap is not None:
+            self._zap.watch(self._agents.socket)
         self.port = self._agents.bind(self._host, self._port)
-        self._master = Dealer(self._identity, self._ctx)
+        self._master = Dealer(self._identity, context, curve=curve, server_key=self._master_key)
         self._master.connect(self._master_endpoint)
         self._supervisor.loop("shard-up", self._up)
         self._supervisor.loop("shard-down", self._down)
@@ -114,8 +135,10 @@ class LinkShard:
                 found = await fetch_master_info(session, base)
             except Exception as exc:  # the master is away: say so, as a master would
                 return web.json_response({"error": f"master at {base}: {exc}"}, status=503)
+            curve = self._secure.curve
             return web.json_response(to_json(attrs.evolve(
-                found, ip=self._host, zmq_port=self.port)))
+                found, ip=self._host, zmq_port=self.port,
+                curve_key=curve.public.decode() if curve is not None else "")))
 
         async def metrics(request: web.Request) -> web.Response:
             return web.Response(text=json.dumps(self.metrics()), content_type="application/json")
@@ -146,8 +169,9 @@ class LinkShard:
                     counts["agent_frames_bad"] += 1
                 elif len(raw.frames[0]) > MAX_FRAME_BYTES:
                     counts["agent_frames_oversize"] += 1
-                else:
-                    records.append((raw.identity, b"", raw.frames[0]))
+                else:  # the principal this shard's ZAP admitted the agent as
+                    records.append((raw.identity, (raw.principal or "").encode(),
+                                    raw.frames[0]))
             counts["agent_frames"] += len(records)
             for frame, _ in pack(records):
                 await master.send_frame_waiting(frame)
@@ -197,6 +221,8 @@ class LinkShard:
             self._agents.close()
         if self._master is not None:
             self._master.close()
+        if self._zap is not None:
+            await self._zap.stop()
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -219,16 +245,20 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the master's HTTP address, where /master/info is fetched")
     parser.add_argument("--identity", help="this shard's identity at the master "
                                            "(default: a fresh one each start)")
+    parser.add_argument("--master-key", metavar="FILE",
+                        help="with CURVE: the master's public key (curve/master.key)")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="text", choices=logs.FORMATS)
+    security.add_flags(parser, zookeeper=False)
     return parser
 
 
-async def _serve(args: argparse.Namespace) -> int:
+async def _serve(args: argparse.Namespace, secure: security.ServerSecurity) -> int:
     gc_pauses.install()
     shard = LinkShard(args.master, *args.listen, identity=args.identity, http=args.http,
-                      master_http=args.master_http)
+                      master_http=args.master_http, secure=secure,
+                      master_key=load_keys(args.master_key).public if args.master_key else None)
     port = await shard.start()
     http = f" http=http://{args.http[0]}:{shard.http_port}" if args.http else ""
     print(f"dyad-link-shard listening on tcp://{args.listen[0]}:{port}{http} "
@@ -256,11 +286,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if (args.http is None) != (args.master_http is None):
         parser.error("--http and --master-http go together")
     logs.configure(args.log_level, args.log_format)
+    try:
+        secure = security.for_server(args, args.listen[0])
+        if secure.tls is not None:
+            raise security.SecurityError("a link shard serves no HTTPS (--tls-cert)")
+        if secure.curve is not None and args.master_key is None:
+            raise security.SecurityError("with --curve-key, name the master's --master-key")
+    except security.SecurityError as exc:
+        log.error("cannot start the link shard: %s", exc)
+        return 1
     # One descriptor per agent: take all the hard limit allows.
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     try:
-        return asyncio.run(_serve(args))
+        return asyncio.run(_serve(args, secure))
     except (OSError, zmq.ZMQError) as exc:
         log.error("cannot start the link shard: %s", exc)
         return 1

@@ -168,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     shards.add_argument("--shard-ip", default="127.0.0.1",
                         help="address of the shard port: only trusted shards may reach "
                              "it (docs/security.md)")
+    shards.add_argument("--shard-principal", action="append", default=[], metavar="NAME",
+                        help="with CURVE: a principal link shards connect as (repeat); "
+                             "no one else is read on the shard port")
     security.add_flags(parser)
     return parser
 
@@ -210,7 +213,8 @@ async def _serve(args: argparse.Namespace, secure: security.ServerSecurity) -> i
                           zk_session_timeout=args.zk_session_timeout,
                           usage=usage_config_from(args),
                           usage_memory_limit=args.usage_memory_limit, secure=secure,
-                          shard_port=args.shard_port, shard_ip=args.shard_ip)
+                          shard_port=args.shard_port, shard_ip=args.shard_ip,
+                          shard_principals=frozenset(args.shard_principal))
     await server.start()
     info = server.info
     url = f"{secure.scheme}://{info.ip}:{info.port}"
@@ -242,8 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except security.SecurityError as exc:
         log.error("cannot start the master: %s", exc)
         return 1
-    if args.shard_port is not None and secure.curve is not None:
-        log.error("cannot start the master: link shards cannot be used with CURVE yet "
+    if args.shard_port is not None and secure.curve is not None and not args.shard_principal:
+        log.error("cannot start the master: with CURVE, --shard-port needs --shard-principal "
                   "(docs/security.md)")
         return 1
     try:

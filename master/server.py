@@ -135,7 +135,8 @@ class MasterServer:
                  zk_session_timeout: float = DEFAULT_ZK_SESSION_TIMEOUT,
                  usage: StoreConfig | None = None, usage_memory_limit: str = "1GB",
                  secure: security.ServerSecurity | None = None,
-                 shard_port: int | None = None, shard_ip: str = "127.0.0.1") -> None:
+                 shard_port: int | None = None, shard_ip: str = "127.0.0.1",
+                 shard_principals: frozenset[str] = frozenset()) -> None:
         self.ip = ip
         self.hostname = hostname or socket.gethostname()
         # The core builds usage rows exactly when there is a store to take them.
@@ -159,8 +160,7 @@ class MasterServer:
         self._router: Router | None = None
         # Link shards (master/link_shard.py): their own port, off unless asked for.
         self._shard_address = None if shard_port is None else (shard_ip, shard_port)
-        if shard_port is not None and self.security.curve is not None:
-            raise ValueError("link shards cannot be used with CURVE yet (docs/security.md)")
+        self._shard_principals = shard_principals
         self._shards: ShardLink | None = None
         self.shard_port: int | None = None
         self._runner: web.AppRunner | None = None
@@ -225,7 +225,7 @@ class MasterServer:
             zmq_port = router.bind(self.ip, self._zmq_port)
             self._bind_shards()
             http_socket = socket.create_server((self.ip, self._port))
-        except (OSError, zmq.ZMQError):
+        except (OSError, zmq.ZMQError, ValueError):
             router.close()
             if self._shards is not None:
                 self._shards.close()
@@ -264,10 +264,14 @@ class MasterServer:
 
     def _bind_shards(self) -> None:
         """Bind the port for link shards, if asked for (docs/security.md: only
-        trusted shards may reach it, and not yet with CURVE)."""
+        trusted shards may reach it; with CURVE, only `shard_principals`)."""
         if self._shard_address is None:
             return
-        self._shards = ShardLink(self._context, send_queue=SEND_QUEUE)
+        self._shards = ShardLink(self._zap.context if self._zap else self._context,
+                                 send_queue=SEND_QUEUE, curve=self.security.curve,
+                                 shard_principals=self._shard_principals)
+        if self._zap is not None:
+            self._zap.watch(self._shards.socket)
         self.shard_port = self._shards.bind(*self._shard_address)
 
     async def stop(self) -> None:

@@ -9,10 +9,12 @@ frame, and each teaches `ShardRoutes` which shard reaches that agent; sends to
 an agent wait in its shard's buffer until `flush` (the end of the server's
 processing batch) packs them into as few shard frames as possible.
 
-Trust: a shard may claim any agent identity, so this port is for shards only.
-It binds to loopback unless told otherwise, and it is refused when the master
-speaks CURVE (agents' principals through a shard are not built yet):
-docs/security.md.
+Trust: a shard may claim any agent identity and any agent principal, so this
+port is for shards only. It binds to loopback unless told otherwise; with CURVE
+only connections ZAP admits as one of `shard_principals` are read (others are
+counted and dropped), and each agent frame then carries the principal the
+shard's own ZAP gave the agent's connection, which the core checks as it checks
+a direct agent's (docs/security.md).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections import defaultdict, deque
 
 import zmq.asyncio
 
+from dyad.client_auth import CurveKeys
 from dyad.transport import Router, Undecoded
 from master.shard_wire import Record, ShardFrameError, ShardRoutes, pack, unpack
 
@@ -35,13 +38,19 @@ class ShardLink:
     """A bound ROUTER that only link shards connect to."""
 
     def __init__(self, context: zmq.asyncio.Context | None = None, *,
-                 send_queue: int = 0) -> None:
-        self._router = Router(context, send_queue=send_queue)
+                 send_queue: int = 0, curve: CurveKeys | None = None,
+                 shard_principals: frozenset[str] = frozenset()) -> None:
+        if curve is not None and not shard_principals:
+            raise ValueError("with CURVE, name the principals shards connect as")
+        self._router = Router(context, send_queue=send_queue, curve=curve)
+        self._curve = curve is not None
+        self._shard_principals = shard_principals
         self.routes = ShardRoutes()
         self._pending: deque[Undecoded] = deque()
         self._outgoing: defaultdict[bytes, list[Record]] = defaultdict(list)
         self.counts = {"bad_frames": 0, "frames_received": 0, "frames_sent": 0,
-                       "records_received": 0, "records_dropped": 0}
+                       "records_received": 0, "records_dropped": 0, "not_a_shard": 0,
+                       "records_without_principal": 0}
 
     def bind(self, host: str, port: int) -> int:
         return self._router.bind(host, port)
@@ -56,8 +65,18 @@ class ShardLink:
                 self._take(raw)
         return [pending.popleft() for _ in range(min(most, len(pending)))]
 
+    @property
+    def socket(self) -> zmq.asyncio.Socket:
+        """The raw socket, for a `dyad.auth.HandshakeWatch`."""
+        return self._router.socket
+
     def _take(self, raw: Undecoded) -> None:
         self.counts["frames_received"] += 1
+        if self._curve and raw.principal not in self._shard_principals:
+            self.counts["not_a_shard"] += 1
+            log.warning("dropped a frame on the shard port from %r, not a shard principal",
+                        raw.principal)
+            return
         try:
             if len(raw.frames) != 1:
                 raise ShardFrameError(f"expected 1 frame, got {len(raw.frames)}")
@@ -67,9 +86,15 @@ class ShardLink:
             log.warning("dropped a frame from shard %s: %s", raw.identity.hex()[:64], exc)
             return
         shard, learn, pending = raw.identity, self.routes.learn, self._pending
-        for identity, _, payload in records:
-            learn(identity, shard)
-            pending.append(Undecoded(identity, [payload]))
+        for identity, principal, payload in records:
+            if not self._curve:
+                learn(identity, shard)
+                pending.append(Undecoded(identity, [payload]))
+            elif principal:
+                learn(identity, shard)
+                pending.append(Undecoded(identity, [payload], principal.decode("utf-8", "replace")))
+            else:  # a shard without CURVE towards its agents: nobody vouched for them
+                self.counts["records_without_principal"] += 1
         self.counts["records_received"] += len(records)
 
     def reaches(self, identity: bytes) -> bool:

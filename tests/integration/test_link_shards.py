@@ -17,11 +17,12 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from dyad import messages as m
+from dyad import auth, keys_cli, messages as m
 from dyad.ids import IdGenerator, new_uuid
 from dyad.local import http_get_json
 from dyad.messages import MAX_FRAME_BYTES
 from dyad.resources import Resources
+from dyad.security import ServerSecurity
 from dyad.transport import Dealer
 from master.link_shard import LinkShard
 from master.model import MasterConfig
@@ -223,3 +224,58 @@ async def test_a_real_agent_finds_its_master_through_a_shard_and_runs_a_task(
             process.wait(10)
             if process.stdout is not None:
                 process.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def keys_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("keys") / "cluster"
+    keys_cli.generate(directory, ["master", "agent", "shard"], hosts=["127.0.0.1"])
+    return directory
+
+
+def _keys(directory: Path, principal: str) -> auth.CurveKeys:
+    return auth.load_keys(directory / "curve" / f"{principal}.key_secret")
+
+
+async def test_with_curve_the_master_reads_only_shards_and_keeps_the_agents_principal(
+        keys_dir: Path) -> None:
+    credentials = auth.load_credentials(keys_dir / "credentials.json")
+    master_keys, shard_keys, agent_keys = (_keys(keys_dir, p) for p in ("master", "shard", "agent"))
+    server = MasterServer(ip="127.0.0.1", hostname="localhost", port=0, zmq_port=0,
+                          config=MasterConfig(allocation_interval=0.05),
+                          ids=IdGenerator("curve-shard-master"), shard_port=0,
+                          shard_principals=frozenset({"shard"}),
+                          secure=ServerSecurity(credentials=credentials, curve=master_keys))
+    await server.start()
+    shard = LinkShard(f"tcp://127.0.0.1:{server.shard_port}",
+                      secure=ServerSecurity(credentials=credentials, curve=shard_keys),
+                      master_key=master_keys.public)
+    port = await shard.start()
+    agent = Dealer(curve=agent_keys, server_key=shard_keys.public)
+    # An agent's key on the shard port: admitted by ZAP, but not a shard.
+    impostor = Dealer(curve=agent_keys, server_key=master_keys.public)
+    try:
+        impostor.connect(f"tcp://127.0.0.1:{server.shard_port}")
+        ((frame, _),) = pack([(b"someone", b"operator", b'{"type":"Ping"}')])
+        await impostor.send_raw(frame)
+        await wait_for(lambda: server.metrics()["master/shards/not_a_shard"] == 1, timeout=10)
+        agent.connect(f"tcp://127.0.0.1:{port}")
+        agent_id = await _register(agent)
+        assert server.state.authorizer.agent_owners[agent_id] == "agent"
+        assert server.state.agent_by_peer[agent.identity.hex()] == agent_id
+    finally:
+        agent.close()
+        impostor.close()
+        await shard.stop()
+        await server.stop()
+
+
+async def test_with_curve_a_master_refuses_a_shard_port_without_shard_principals(
+        keys_dir: Path) -> None:
+    server = MasterServer(ip="127.0.0.1", hostname="localhost", port=0, zmq_port=0,
+                          shard_port=0, secure=ServerSecurity(
+                              credentials=auth.load_credentials(keys_dir / "credentials.json"),
+                              curve=_keys(keys_dir, "master")))
+    with pytest.raises(ValueError, match="principals"):
+        await server.start()
+    await server.stop()
