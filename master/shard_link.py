@@ -50,7 +50,7 @@ class ShardLink:
         self._outgoing: defaultdict[bytes, list[Record]] = defaultdict(list)
         self.counts = {"bad_frames": 0, "frames_received": 0, "frames_sent": 0,
                        "records_received": 0, "records_dropped": 0, "not_a_shard": 0,
-                       "records_without_principal": 0}
+                       "records_without_principal": 0, "principal_changed": 0}
 
     def bind(self, host: str, port: int) -> int:
         return self._router.bind(host, port)
@@ -87,14 +87,14 @@ class ShardLink:
             return
         shard, learn, pending = raw.identity, self.routes.learn, self._pending
         for identity, principal, payload in records:
-            if not self._curve:
-                learn(identity, shard)
-                pending.append(Undecoded(identity, [payload]))
-            elif principal:
-                learn(identity, shard)
-                pending.append(Undecoded(identity, [payload], principal.decode("utf-8", "replace")))
-            else:  # a shard without CURVE towards its agents: nobody vouched for them
+            if self._curve and not principal:
+                # A shard without CURVE towards its agents: nobody vouched for them.
                 self.counts["records_without_principal"] += 1
+            elif not learn(identity, shard, principal):
+                self.counts["principal_changed"] += 1
+            else:
+                pending.append(Undecoded(identity, [payload], principal.decode(
+                    "utf-8", "replace") if self._curve else None))
         self.counts["records_received"] += len(records)
 
     def reaches(self, identity: bytes) -> bool:

@@ -90,33 +90,44 @@ class ShardRoutes:
     the way the agent's last frame came. An agent that reconnects through another
     shard moves with its next frame; one that comes directly is `forget`-ten, so
     the master's own socket reaches it (the same take-over as ZeroMQ's
-    ROUTER_HANDOVER). Bounded: past `most` routes, the one quiet longest goes
-    (its agent is found again by its next frame)."""
+    ROUTER_HANDOVER). A route keeps the principal it was learnt with: a frame
+    under another one (someone reusing an agent's identity through another
+    shard) is refused until the route is forgotten, as the master's own socket
+    refuses it (dyad/transport.py). Bounded: past `most` routes, the one quiet
+    longest goes (its agent is found again by its next frame)."""
 
     def __init__(self, most: int = MAX_ROUTES) -> None:
         self.most = most
         self.forgotten = 0  # routes dropped to stay within `most`
-        self._routes: OrderedDict[bytes, bytes] = OrderedDict()
+        self._routes: OrderedDict[bytes, tuple[bytes, bytes]] = OrderedDict()
 
-    def learn(self, identity: bytes, shard: bytes) -> None:
+    def learn(self, identity: bytes, shard: bytes, principal: bytes = b"") -> bool:
+        """Route `identity` through `shard`; False (and nothing learnt) when it
+        came before under another principal."""
         routes = self._routes
-        if routes.get(identity) == shard:
+        known = routes.get(identity)
+        if known is not None:
+            if known[1] != principal:
+                return False
+            if known[0] != shard:
+                routes[identity] = (shard, principal)
             routes.move_to_end(identity)
-            return
-        routes[identity] = shard
-        routes.move_to_end(identity)
+            return True
+        routes[identity] = (shard, principal)
         while len(routes) > self.most:
             routes.popitem(last=False)
             self.forgotten += 1
+        return True
 
     def shard_of(self, identity: bytes) -> bytes | None:
-        return self._routes.get(identity)
+        known = self._routes.get(identity)
+        return None if known is None else known[0]
 
     def forget(self, identity: bytes) -> None:
         self._routes.pop(identity, None)
 
     def shards(self) -> set[bytes]:
-        return set(self._routes.values())
+        return {shard for shard, _ in self._routes.values()}
 
     def __len__(self) -> int:
         return len(self._routes)

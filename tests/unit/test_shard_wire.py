@@ -76,3 +76,13 @@ def test_routes_are_bounded_and_the_one_quiet_longest_goes_first() -> None:
     assert [routes.shard_of(n) for n in (b"a", b"c", b"d")] == [b"s1", b"s1", b"s2"]
     assert len(routes) == 3 and routes.forgotten == 1
     assert routes.shards() == {b"s1", b"s2"}
+
+
+def test_a_route_keeps_its_principal_until_it_is_forgotten() -> None:
+    routes = ShardRoutes()
+    assert routes.learn(b"agent", b"s1", b"agent-host1")
+    assert not routes.learn(b"agent", b"s2", b"intruder")  # refused, route unchanged
+    assert routes.shard_of(b"agent") == b"s1"
+    assert routes.learn(b"agent", b"s2", b"agent-host1")
+    routes.forget(b"agent")
+    assert routes.learn(b"agent", b"s1", b"someone-else")
