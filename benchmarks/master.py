@@ -358,10 +358,10 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def start_shards(count: int, master_port: int) -> list[tuple[subprocess.Popen[str], str]]:
-    """`count` link shards forwarding to the master's shard port: (process,
-    the endpoint agents connect to), once each says it listens."""
-    shards = []
+def start_shards(count: int, master_port: int,
+                 shards: list[tuple[subprocess.Popen[str], str]]) -> None:
+    """Start `count` link shards forwarding to the master's shard port, into
+    `shards` (process, the endpoint agents connect to) once each says it listens."""
     for _ in range(count):
         process = subprocess.Popen(
             [sys.executable, "-m", "master.link_shard", "--listen", "127.0.0.1:0",
@@ -369,8 +369,9 @@ def start_shards(count: int, master_port: int) -> list[tuple[subprocess.Popen[st
             stdout=subprocess.PIPE, text=True)
         assert process.stdout is not None
         line = process.stdout.readline()  # dyad-link-shard listening on tcp://H:P master=...
-        shards.append((process, line.split()[3]))
-    return shards
+        shards.append((process, line.split()[3] if line.startswith("dyad-link-shard") else ""))
+        if not shards[-1][1]:
+            raise RuntimeError(f"a link shard did not start (exit {process.wait()})")
 
 
 def master_metrics(url: str) -> dict[str, float]:
@@ -507,7 +508,7 @@ def measure(args: argparse.Namespace, total: int, master_args: tuple[str, ...] =
             cluster.start()
             assert cluster.master is not None
             endpoint, url = cluster.master.zmq, cluster.master.url
-            shards = start_shards(args.link_shards, shard_port) if args.link_shards else []
+            start_shards(args.link_shards, shard_port, shards)
             endpoints = [e for _, e in shards] or endpoint
             names = [f"sim{i:05d}" for i in range(args.agents)]
             capabilities = tuple(

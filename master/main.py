@@ -28,6 +28,7 @@ import zmq
 
 from dyad import gc_pauses, logs, security
 from dyad import argtypes
+from dyad.auth import is_loopback
 from dyad.units import parse_duration
 from dyad.zk import ZkAddress, parse_zk_url
 from master.registry import RegistryError
@@ -245,6 +246,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         secure = security.for_server(args, args.ip)
     except security.SecurityError as exc:
         log.error("cannot start the master: %s", exc)
+        return 1
+    if (args.shard_port is not None and not is_loopback(args.shard_ip)
+            and secure.curve is None and not args.insecure):
+        # Whoever reaches the shard port may speak for any agent (docs/security.md).
+        log.error("cannot start the master: the shard port would take anyone on %s as a "
+                  "link shard: give --curve-key and --shard-principal, bind it to loopback, "
+                  "or pass --insecure to accept the risk", args.shard_ip)
         return 1
     if args.shard_port is not None and secure.curve is not None and not args.shard_principal:
         log.error("cannot start the master: with CURVE, --shard-port needs --shard-principal "
