@@ -63,6 +63,11 @@ log = logging.getLogger("dyad.link_shard")
 
 AGENT_SEND_QUEUE = 10_000
 """Frames queued for one agent before a send to it fails (counted)."""
+MASTER_SEND_QUEUE = 64
+"""Shard frames queued for the master before the shard stops reading agents:
+at most 64 x 1,024 agent frames held here, so a slow master pushes back on the
+agents' own sockets instead of growing this process (ZeroMQ's default, 1,000
+frames of up to 1 MiB, would be a gigabyte)."""
 
 
 class LinkShard:
@@ -111,6 +116,7 @@ class LinkShard:
             self._zap.watch(self._agents.socket)
         self.port = self._agents.bind(self._host, self._port)
         self._master = Dealer(self._identity, context, curve=curve, server_key=self._master_key)
+        self._master.socket.setsockopt(zmq.SNDHWM, MASTER_SEND_QUEUE)
         self._master.connect(self._master_endpoint)
         self._supervisor.loop("shard-up", self._up)
         self._supervisor.loop("shard-down", self._down)

@@ -268,7 +268,7 @@ class MasterServer:
         if self._shard_address is None:
             return
         self._shards = ShardLink(self._zap.context if self._zap else self._context,
-                                 send_queue=SEND_QUEUE, curve=self.security.curve,
+                                 curve=self.security.curve,
                                  shard_principals=self._shard_principals)
         if self._zap is not None:
             self._zap.watch(self._shards.socket)

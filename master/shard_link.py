@@ -30,6 +30,9 @@ from master.shard_wire import Record, ShardFrameError, ShardRoutes, pack, unpack
 
 log = logging.getLogger(__name__)
 
+SHARD_SEND_QUEUE = 1_000
+"""Shard frames queued for one shard before a send to it fails (counted in
+`records_dropped`): each holds up to 1,024 agent frames."""
 SHARD_FRAMES_READ = 8
 """Shard frames read per wake-up (each holds up to `FRAME_RECORDS` agent frames)."""
 
@@ -38,7 +41,7 @@ class ShardLink:
     """A bound ROUTER that only link shards connect to."""
 
     def __init__(self, context: zmq.asyncio.Context | None = None, *,
-                 send_queue: int = 0, curve: CurveKeys | None = None,
+                 send_queue: int = SHARD_SEND_QUEUE, curve: CurveKeys | None = None,
                  shard_principals: frozenset[str] = frozenset()) -> None:
         if curve is not None and not shard_principals:
             raise ValueError("with CURVE, name the principals shards connect as")
