@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import resource
 import signal
@@ -53,9 +52,9 @@ import zmq.asyncio
 
 from dyad import gc_pauses, logs, security
 from dyad.auth import load_keys
-from dyad.codec import to_json
+from dyad.codec import CodecError, to_json
 from dyad.messages import MAX_FRAME_BYTES
-from dyad.supervision import Supervisor
+from dyad.supervision import LogLimiter, Supervisor
 from dyad.transport import Dealer, Router
 from master.shard_wire import FRAME_RECORDS, Record, ShardFrameError, pack, unpack
 
@@ -96,6 +95,7 @@ class LinkShard:
         self._agents: Router | None = None
         self._master: Dealer | None = None
         self._supervisor = Supervisor(self._fatal, self._count_error, logger=log)
+        self._log = LogLimiter(log)
         self.failed: asyncio.Future[str] | None = None
         self.counts = {
             "agent_frames": 0, "agent_frames_bad": 0, "agent_frames_oversize": 0,
@@ -139,7 +139,8 @@ class LinkShard:
         async def info(request: web.Request) -> web.Response:
             try:
                 found = await fetch_master_info(session, base)
-            except Exception as exc:  # the master is away: say so, as a master would
+            except (aiohttp.ClientError, asyncio.TimeoutError, CodecError, ValueError) as exc:
+                # The master is away: say so; the agent's detector retries.
                 return web.json_response({"error": f"master at {base}: {exc}"}, status=503)
             curve = self._secure.curve
             return web.json_response(to_json(attrs.evolve(
@@ -147,7 +148,7 @@ class LinkShard:
                 curve_key=curve.public.decode() if curve is not None else "")))
 
         async def metrics(request: web.Request) -> web.Response:
-            return web.Response(text=json.dumps(self.metrics()), content_type="application/json")
+            return web.json_response(self.metrics())
 
         async def close_session(app: web.Application) -> None:
             await session.close()
@@ -198,7 +199,8 @@ class LinkShard:
                     records = unpack(parts[0])
                 except ShardFrameError as exc:
                     counts["master_frames_bad"] += 1
-                    log.warning("dropped a frame from the master: %s", exc)
+                    self._log.log("master", logging.WARNING,
+                                  "dropped a frame from the master: %s", exc)
                     continue
                 for identity, _, payload in records:
                     if agents.send_frame(identity, payload):

@@ -3,7 +3,8 @@
 It presents what the master's server loop uses of its own `Router` --
 `recv_undecoded(most)` and `send_frame(identity, frame)` -- so agents reached
 through a shard look to the core exactly like agents connected directly: the
-same identity bytes, the same (absent) principal, the same frames. Inbound
+same identity bytes, the same principal (the one the shard's ZAP admitted the
+agent as; none without CURVE), the same frames. Inbound
 shard frames (master/shard_wire.py) are split into one `Undecoded` per agent
 frame, and each teaches `ShardRoutes` which shard reaches that agent; sends to
 an agent wait in its shard's buffer until `flush` (the end of the server's
@@ -25,6 +26,7 @@ from collections import defaultdict, deque
 import zmq.asyncio
 
 from dyad.client_auth import CurveKeys
+from dyad.supervision import LogLimiter
 from dyad.transport import Router, Undecoded
 from master.shard_wire import Record, ShardFrameError, ShardRoutes, pack, unpack
 
@@ -49,6 +51,7 @@ class ShardLink:
         self._curve = curve is not None
         self._shard_principals = shard_principals
         self.routes = ShardRoutes()
+        self._log = LogLimiter(log)  # a peer sending junk must not flood the log
         self._pending: deque[Undecoded] = deque()
         self._outgoing: defaultdict[bytes, list[Record]] = defaultdict(list)
         self.counts = {"bad_frames": 0, "frames_received": 0, "frames_sent": 0,
@@ -77,8 +80,9 @@ class ShardLink:
         self.counts["frames_received"] += 1
         if self._curve and raw.principal not in self._shard_principals:
             self.counts["not_a_shard"] += 1
-            log.warning("dropped a frame on the shard port from %r, not a shard principal",
-                        raw.principal)
+            self._log.log(("not a shard", raw.principal), logging.WARNING,
+                          "dropped a frame on the shard port from %r, not a shard principal",
+                          raw.principal)
             return
         try:
             if len(raw.frames) != 1:
@@ -86,7 +90,8 @@ class ShardLink:
             records = unpack(raw.frames[0])
         except ShardFrameError as exc:
             self.counts["bad_frames"] += 1
-            log.warning("dropped a frame from shard %s: %s", raw.identity.hex()[:64], exc)
+            self._log.log(raw.identity, logging.WARNING, "dropped a frame from shard %s: %s",
+                          raw.identity.hex()[:64], exc)
             return
         shard, learn, pending = raw.identity, self.routes.learn, self._pending
         for identity, principal, payload in records:

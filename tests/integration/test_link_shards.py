@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import zmq
 import zmq.asyncio
@@ -279,3 +280,22 @@ async def test_with_curve_a_master_refuses_a_shard_port_without_shard_principals
     with pytest.raises(ValueError, match="principals"):
         await server.start()
     await server.stop()
+
+
+async def test_a_shard_whose_master_is_away_answers_master_info_with_503() -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        away = probe.getsockname()[1]
+    shard = LinkShard(f"tcp://127.0.0.1:{away}", http=("127.0.0.1", 0),
+                      master_http=f"127.0.0.1:{away}")
+    await shard.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{shard.http_port}/master/info") as resp:
+                assert resp.status == 503
+                assert "master at" in (await resp.json())["error"]
+            async with session.get(
+                    f"http://127.0.0.1:{shard.http_port}/metrics/snapshot") as resp:
+                assert (await resp.json())["agent_frames"] == 0
+    finally:
+        await shard.stop()
