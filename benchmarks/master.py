@@ -3,7 +3,7 @@
     python -m benchmarks.master [--agents 1000] [--frameworks 1] [--tasks N]
                                 [--workers 2] [--quick] [--pace TASKS_PER_S]
                                 [--single-frames] [--ping-all] [--single-acks]
-                                [--executor-exits]
+                                [--executor-exits] [--link-shards N]
 
 Starts one real `dyad-master` (standalone), `--agents` simulated agents spread
 over `--workers` processes, and `--frameworks` frameworks on the public
@@ -32,6 +32,11 @@ them. The reference, measured in the same run before the cluster
 starts: round trips per second of bare pyzmq DEALER <-> ROUTER (one process each,
 64 in flight) with frames the size of a status update; the ratio tasks/s over
 round trips/s says how close the whole stack gets to its transport.
+
+With `--link-shards N` the agents connect to N `dyad-link-shard` processes
+(master/link_shard.py), spread evenly, instead of to the master: the master
+then holds N connections, not one per agent, so more agents than the
+descriptor limit can run (issue 19's 50,000).
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ import multiprocessing
 import math
 import os
 import resource
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -187,7 +194,7 @@ class SimAgent:
             self.send_failures += 1  # like a frame lost on the network: retries cover it
 
 
-def agent_worker(endpoint: str, names: list[str], conn: Connection,
+def agent_worker(endpoint: str | list[str], names: list[str], conn: Connection,
                  capabilities: tuple[str, ...], executor_exits: bool) -> None:
     """A process of simulated agents; says when all are registered, reports on "stop"."""
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -196,10 +203,12 @@ def agent_worker(endpoint: str, names: list[str], conn: Connection,
     asyncio.run(_agents(endpoint, names, conn, capabilities, executor_exits))
 
 
-async def _agents(endpoint: str, names: list[str], conn: Connection,
+async def _agents(endpoint: str | list[str], names: list[str], conn: Connection,
                   capabilities: tuple[str, ...], executor_exits: bool) -> None:
     zmq.asyncio.Context.instance().set(zmq.MAX_SOCKETS, len(names) + 100)
-    agents = [SimAgent(name, endpoint, capabilities, executor_exits) for name in names]
+    endpoints = [endpoint] if isinstance(endpoint, str) else endpoint  # link shards: many
+    agents = [SimAgent(name, endpoints[i % len(endpoints)], capabilities, executor_exits)
+              for i, name in enumerate(names)]
     loops = [asyncio.ensure_future(a.serve()) for a in agents]
     loops += [asyncio.ensure_future(a.register()) for a in agents]
     while any(a.agent_id is None for a in agents):
@@ -384,8 +393,31 @@ def reference_round_trips(size: int, seconds: float) -> float:
 # ------------------------------------------------------------------------- run
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def start_shards(count: int, master_port: int,
+                 shards: list[tuple[subprocess.Popen[str], str]]) -> None:
+    """Start `count` link shards forwarding to the master's shard port, into
+    `shards` (process, the endpoint agents connect to) once each says it listens."""
+    for _ in range(count):
+        process = subprocess.Popen(
+            [sys.executable, "-m", "master.link_shard", "--listen", "127.0.0.1:0",
+             "--master", f"tcp://127.0.0.1:{master_port}", "--log-level", "warning"],
+            stdout=subprocess.PIPE, text=True)
+        assert process.stdout is not None
+        line = process.stdout.readline()  # dyad-link-shard listening on tcp://H:P master=...
+        shards.append((process, line.split()[3] if line.startswith("dyad-link-shard") else ""))
+        if not shards[-1][1]:
+            raise RuntimeError(f"a link shard did not start (exit {process.wait()})")
+
+
 def master_metrics(url: str) -> dict[str, float]:
-    return http_get_json(f"{url}/metrics/snapshot")  # type: ignore[no-any-return]
+    # A master that has just sent 50,000 agents' offers can take seconds to answer.
+    return http_get_json(f"{url}/metrics/snapshot", timeout=120)  # type: ignore[no-any-return]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -473,6 +505,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--executor-exits", action="store_true",
                         help="simulated agents report each command task's executor gone "
                              "(ExecutorExited), as the agent did before")
+    parser.add_argument("--link-shards", type=int, default=0, metavar="N",
+                        help="agents connect through N link shards (dyad-link-shard) "
+                             "instead of to the master itself")
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--master-arg", action="append", default=[], metavar="ARG",
                         help="passed to dyad-master (repeat: --master-arg=--usage-store "
@@ -482,9 +517,11 @@ def main(argv: list[str] | None = None) -> int:
     # Each simulated agent is a connection of its own: the master holds one
     # descriptor per agent, a worker two (its socket's TCP and mailbox).
     limit = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    if args.agents + 200 > limit:
-        print(f"cannot run {args.agents} agents: the master would need more than "
-              f"{args.agents} file descriptors and the hard limit here is {limit}",
+    held = math.ceil(args.agents / max(args.link_shards, 1))  # by the master, or a shard
+    if held + 200 > limit:
+        print(f"cannot run {args.agents} agents: the master (or a link shard) would need "
+              f"more than {held} file descriptors and the hard limit here is {limit} "
+              f"(try --link-shards {math.ceil(args.agents / (limit - 200))})",
               file=sys.stderr)
         return 2
     args.workers = max(args.workers, math.ceil(2 * args.agents / (limit - 200)))
@@ -508,14 +545,20 @@ def measure(args: argparse.Namespace, total: int, master_args: tuple[str, ...] =
     """One cluster: a master (with `master_args`), `args.agents` simulated agents in
     `args.workers` processes, `args.frameworks` frameworks launching `total` tasks."""
     ctx = multiprocessing.get_context("spawn")
+    shard_port = free_port()
+    if args.link_shards:
+        master_args = ("--shard-port", str(shard_port), *master_args)
     with tempfile.TemporaryDirectory(prefix="dyad-master-bench-") as scratch:
         cluster = LocalCluster(work_dir=Path(scratch), agents=0,
                                master_args=["--log-level", "warning", *master_args])
         workers: list[tuple[Any, Connection]] = []
+        shards: list[tuple[subprocess.Popen[str], str]] = []
         try:
             cluster.start()
             assert cluster.master is not None
             endpoint, url = cluster.master.zmq, cluster.master.url
+            start_shards(args.link_shards, shard_port, shards)
+            endpoints = [e for _, e in shards] or endpoint
             names = [f"sim{i:05d}" for i in range(args.agents)]
             capabilities = tuple(
                 ([] if args.single_frames else [BATCH_CAPABILITY])
@@ -524,7 +567,7 @@ def measure(args: argparse.Namespace, total: int, master_args: tuple[str, ...] =
             for w in range(args.workers):
                 parent, child = ctx.Pipe()
                 process = ctx.Process(target=agent_worker, daemon=True,
-                                      args=(endpoint, names[w::args.workers], child,
+                                      args=(endpoints, names[w::args.workers], child,
                                             capabilities, args.executor_exits))
                 process.start()
                 workers.append((process, parent))
@@ -537,6 +580,8 @@ def measure(args: argparse.Namespace, total: int, master_args: tuple[str, ...] =
             master_pid = cluster.master.process.pid
             pids = {"master": [master_pid], "master's children": children_of(master_pid),
                     "frameworks": [os.getpid()], "agents": [p.pid for p, _ in workers]}
+            if shards:
+                pids["link shards"] = [p.pid for p, _ in shards]
             cpu_before = cpu_of(pids)
             per = [total // args.frameworks + (i < total % args.frameworks)
                    for i in range(args.frameworks)]
@@ -554,6 +599,11 @@ def measure(args: argparse.Namespace, total: int, master_args: tuple[str, ...] =
         finally:
             for process, _ in workers:
                 process.kill()
+            for shard, _ in shards:
+                shard.kill()
+                shard.wait()
+                if shard.stdout is not None:
+                    shard.stdout.close()
             cluster.stop()
     return launchers, drivers, reports, before, after, cpu
 
@@ -576,7 +626,7 @@ def report(args: argparse.Namespace, total: int, reference: float, launchers: li
                - before.get("master/agent_pings_skipped", 0))
     print()
     print(f"agents={args.agents} frameworks={args.frameworks} tasks={total} "
-          f"workers={args.workers} agent frames={'single' if args.single_frames else 'batch'}"
+          f"workers={args.workers} link shards={args.link_shards} agent frames={'single' if args.single_frames else 'batch'}"
           f"{' pinged every interval' if args.ping_all else ''}"
           f"{f' pace={args.pace:g}/s' if args.pace else ''}")
     print(f"tasks/s, first accept -> last TASK_FINISHED: {rate:,.0f} "
@@ -593,6 +643,8 @@ def report(args: argparse.Namespace, total: int, reference: float, launchers: li
     print(f"admission: offers held {after.get('master/offers_held', 0):.0f}, tasks allowed in"
           f" flight at the end {after.get('master/admission_allowed', 0):.0f}, cuts "
           f"{after.get('master/admission_cuts', 0):.0f}")
+    print(f"frameworks that got offers and launched: "
+          f"{sum(1 for l in launchers if l.launched)} of {len(launchers)}")
     print(f"lost: {lost} (must be 0), of them ended otherwise: "
           f"{sum(len(l.failed) for l in launchers)}; duplicate launches: {duplicates} "
           f"(must be 0)")

@@ -460,6 +460,19 @@ class Dealer:
                 continue
             return _parse(b"", frames)
 
+    async def recv_undecoded(self, most: int) -> list[list[bytes]]:
+        """Wait for one message, then take those already here, up to `most`:
+        each message's parts, undecoded (a link shard moves bytes only)."""
+        batch: list[list[bytes]] = []
+        while len(batch) < most:
+            try:
+                batch.append(_recv_nowait(self._now))
+            except zmq.Again:
+                if batch:
+                    break
+                await self._ready.wait(zmq.POLLIN)
+        return batch
+
     async def send(self, message: Message) -> bool:
         return self.send_frame(encode(message))
 

@@ -28,6 +28,7 @@ import zmq
 
 from dyad import gc_pauses, logs, security
 from dyad import argtypes
+from dyad.auth import is_loopback
 from dyad.units import parse_duration
 from dyad.zk import ZkAddress, parse_zk_url
 from master.registry import RegistryError
@@ -160,6 +161,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="most rows a query answers")
     usage.add_argument("--usage-memory-limit", type=_memory_limit, default="1GB",
                        help="memory the store's engine may use (DuckDB syntax)")
+    shards = parser.add_argument_group("link shards (docs/operations.md)")
+    shards.add_argument("--shard-port", type=argtypes.port, default=None,
+                        help="also listen here for link shards (dyad-link-shard), which "
+                             "carry many agents' connections each (0: any free; "
+                             "default: off)")
+    shards.add_argument("--shard-ip", default="127.0.0.1",
+                        help="address of the shard port: only trusted shards may reach "
+                             "it (docs/security.md)")
+    shards.add_argument("--shard-principal", action="append", default=[], metavar="NAME",
+                        help="with CURVE: a principal link shards connect as (repeat); "
+                             "no one else is read on the shard port")
     security.add_flags(parser)
     return parser
 
@@ -201,11 +213,15 @@ async def _serve(args: argparse.Namespace, secure: security.ServerSecurity) -> i
                           work_dir=args.work_dir, zk=args.zk,
                           zk_session_timeout=args.zk_session_timeout,
                           usage=usage_config_from(args),
-                          usage_memory_limit=args.usage_memory_limit, secure=secure)
+                          usage_memory_limit=args.usage_memory_limit, secure=secure,
+                          shard_port=args.shard_port, shard_ip=args.shard_ip,
+                          shard_principals=frozenset(args.shard_principal))
     await server.start()
     info = server.info
     url = f"{secure.scheme}://{info.ip}:{info.port}"
     print(f"dyad-master listening on {url} zmq={info.zmq_endpoint}", flush=True)
+    if server.shard_port is not None:
+        log.info("link shards: listening on tcp://%s:%d", args.shard_ip, server.shard_port)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -230,6 +246,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         secure = security.for_server(args, args.ip)
     except security.SecurityError as exc:
         log.error("cannot start the master: %s", exc)
+        return 1
+    if (args.shard_port is not None and not is_loopback(args.shard_ip)
+            and secure.curve is None and not args.insecure):
+        # Whoever reaches the shard port may speak for any agent (docs/security.md).
+        log.error("cannot start the master: the shard port would take anyone on %s as a "
+                  "link shard: give --curve-key and --shard-principal, bind it to loopback, "
+                  "or pass --insecure to accept the risk", args.shard_ip)
+        return 1
+    if args.shard_port is not None and secure.curve is not None and not args.shard_principal:
+        log.error("cannot start the master: with CURVE, --shard-port needs --shard-principal "
+                  "(docs/security.md)")
         return 1
     try:
         # The registry will live here; creating it now surfaces permission problems

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import socket
 import time
@@ -60,6 +61,7 @@ from master.registry import (
     FileRegistry, Registry, RegistryData, RegistryError, ZooKeeperRegistry, snapshot_of,
 )
 from master.restore import restore
+from master.shard_link import ShardLink
 from master.inflow import Inflow
 from master.liveness import Campaign, LivenessListener, publish
 from master.outflow import Outflow
@@ -132,7 +134,9 @@ class MasterServer:
                  zk: ZkAddress | None = None,
                  zk_session_timeout: float = DEFAULT_ZK_SESSION_TIMEOUT,
                  usage: StoreConfig | None = None, usage_memory_limit: str = "1GB",
-                 secure: security.ServerSecurity | None = None) -> None:
+                 secure: security.ServerSecurity | None = None,
+                 shard_port: int | None = None, shard_ip: str = "127.0.0.1",
+                 shard_principals: frozenset[str] = frozenset()) -> None:
         self.ip = ip
         self.hostname = hostname or socket.gethostname()
         # The core builds usage rows exactly when there is a store to take them.
@@ -154,6 +158,11 @@ class MasterServer:
         self._info: MasterInfo | None = None
         self._state: MasterState | None = None
         self._router: Router | None = None
+        # Link shards (master/link_shard.py): their own port, off unless asked for.
+        self._shard_address = None if shard_port is None else (shard_ip, shard_port)
+        self._shard_principals = shard_principals
+        self._shards: ShardLink | None = None
+        self.shard_port: int | None = None
         self._runner: web.AppRunner | None = None
         # Every event for the core waits in `_inflow` (its lanes and its bound on
         # frames: master/inflow.py); `_work` is set while it holds any.
@@ -214,9 +223,12 @@ class MasterServer:
             self._zap.watch(router.socket)
         try:
             zmq_port = router.bind(self.ip, self._zmq_port)
+            self._bind_shards()
             http_socket = socket.create_server((self.ip, self._port))
-        except (OSError, zmq.ZMQError):
+        except (OSError, zmq.ZMQError, ValueError):
             router.close()
+            if self._shards is not None:
+                self._shards.close()
             raise
         port = http_socket.getsockname()[1]
         self._info = MasterInfo(
@@ -235,7 +247,9 @@ class MasterServer:
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.SockSite(self._runner, http_socket, ssl_context=self.security.tls).start()
-        self._supervisor.loop("master-receive", self._receive)
+        self._supervisor.loop("master-receive", functools.partial(self._receive, direct=True))
+        if self._shards is not None:
+            self._supervisor.loop("master-shards", functools.partial(self._receive, direct=False))
         if self._zk is None:
             registry = FileRegistry(self._work_dir) if self._work_dir is not None else None
             try:
@@ -247,6 +261,18 @@ class MasterServer:
             self._supervisor.once("master-campaign", self._campaign(self._zk))
         log.info("master %s up: http %s, zmq %s", self.info.id, self.info.http_url,
                  self.info.zmq_endpoint)
+
+    def _bind_shards(self) -> None:
+        """Bind the port for link shards, if asked for (docs/security.md: only
+        trusted shards may reach it; with CURVE, only `shard_principals`)."""
+        if self._shard_address is None:
+            return
+        self._shards = ShardLink(self._zap.context if self._zap else self._context,
+                                 curve=self.security.curve,
+                                 shard_principals=self._shard_principals)
+        if self._zap is not None:
+            self._zap.watch(self._shards.socket)
+        self.shard_port = self._shards.bind(*self._shard_address)
 
     async def stop(self) -> None:
         """Stop acting, then end the ZooKeeper session: that deletes our contender
@@ -260,9 +286,7 @@ class MasterServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        if self._router is not None:
-            self._router.close()
-            self._router = None
+        self._close_sockets()
         if self.usage is not None:
             await self.usage.close()
             self.usage = None
@@ -279,6 +303,14 @@ class MasterServer:
             self._session = None
         if self._liveness is not None:  # after the session: a clean stop is no death
             await self._liveness.close()
+
+    def _close_sockets(self) -> None:
+        if self._router is not None:
+            self._router.close()
+            self._router = None
+        if self._shards is not None:
+            self._shards.close()
+            self._shards = None
 
     @property
     def lost(self) -> asyncio.Future[str]:
@@ -393,6 +425,8 @@ class MasterServer:
         result.update(self.v1_streams.metrics())
         for key, count in self._refusals.counts.items():  # the core counts forbidden too
             result[key] = result.get(key, 0) + count
+        if self._shards is not None:
+            result.update(self._shards.metrics())
         if self._router is not None and self._router.principal_changes:
             result["master/auth_failures/principal_changed"] = self._router.principal_changes
         return result
@@ -510,9 +544,7 @@ class MasterServer:
         log.error("stepping down: %s", reason)
         self._supervisor.cancel("master-process", "master-registry")
         self._timers.cancel_all()
-        if self._router is not None:
-            self._router.close()  # drops anything still queued
-            self._router = None
+        self._close_sockets()  # drops anything still queued
         self.lost.set_result(reason)
 
     async def _may_act(self) -> None:
@@ -548,27 +580,31 @@ class MasterServer:
 
     # ----------------------------------------------------------------- loops
 
-    async def _receive(self) -> None:
+    async def _receive(self, direct: bool) -> None:
         """Frames -> `Inflow`, undecoded, read only while it has room; beyond
         that they wait in ZMQ, which pushes back to senders. One frame never
         ends the loop: whatever queueing it raises is counted, logged (at most
-        once per peer per interval) and the next frame is read."""
-        while self._router is not None:
+        once per peer per interval) and the next frame is read. `direct`: from
+        the master's own socket, else from link shards (master/shard_link.py)."""
+        while (source := self._router if direct else self._shards) is not None:
             room = self._inflow.room()
             if room == 0:
                 self._room.clear()
                 await self._room.wait()
                 continue
             try:
-                batch = await self._router.recv_undecoded(min(room, RECEIVE_BATCH))
+                batch = await source.recv_undecoded(min(room, RECEIVE_BATCH))
             except zmq.ZMQError as exc:
                 if exc.errno in (zmq.ENOTSOCK, zmq.ETERM):
                     return  # the socket is gone: we are stopping
                 self._internal_errors += 1
                 self._log_limited("receive", logging.ERROR, "master receive failed: %s", exc)
                 continue
+            shards = self._shards if direct else None
             for raw in batch:
                 try:
+                    if shards is not None:  # it came itself: answer it directly
+                        shards.routes.forget(raw.identity)
                     self._take(raw)
                 except Exception:
                     self._internal_errors += 1
@@ -694,9 +730,13 @@ class MasterServer:
 
     def _send_frame(self, peer: str, frame: bytes) -> None:
         sent = False
-        if self._router is not None:
+        identity = bytes.fromhex(peer)
+        shards = self._shards
+        if shards is not None and shards.reaches(identity):
+            sent = shards.send_frame(identity, frame)
+        elif self._router is not None:
             try:
-                sent = self._router.send_frame(bytes.fromhex(peer), frame)
+                sent = self._router.send_frame(identity, frame)
             except zmq.ZMQError as exc:
                 log.warning("send to %s failed: %s", peer, exc)
         if sent:
@@ -707,6 +747,8 @@ class MasterServer:
     def _flush_sends(self) -> None:
         for peer, frame in self._outflow.flush():
             self._send_frame(peer, frame)
+        if self._shards is not None:
+            self._shards.flush()
 
     def _batches_to(self, peer: str) -> bool:
         """Does `peer` take `Batch` frames? Frameworks and agents that say so (a

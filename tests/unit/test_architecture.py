@@ -37,6 +37,7 @@ PURE_CORES = [
     "dyad/volumes.py", "master/volumes.py", "agent/persistent.py",
     "dyad/priority.py", "agent/reclaim.py", "agent/qos.py", "agent/oversubscription.py",
     "master/revocable.py", "master/preempting.py", "master/election.py", "master/acks.py",
+    "master/shard_wire.py",
 ]
 CLOCK_FREE = ["frameworks/autopilot"]
 """Cores that must not even read the wall clock (`time`): given time, always."""
