@@ -111,6 +111,7 @@ class Holder:
         self.log_lines = len(self.ended)
         self.live: dict[int, tuple[str, float]] = {}  # pid -> key, start time
         self.pids: dict[str, int] = {}  # key -> pid of a live run
+        self._unstamped: list[int] = []  # started in this read, start time not yet read
         self.agent: socket.socket | None = None
         self.inbox = b""
         self.outbox: list[bytes] = []  # messages for the agent, sent by `_flush`
@@ -196,6 +197,7 @@ class Holder:
             except (msgspec.DecodeError, KeyError, TypeError, AttributeError, ValueError,
                     OSError) as exc:  # said, and the holder goes on with the next
                 print(f"holder: request {line[:200]!r} failed: {exc!r}", file=sys.stderr)
+        self._stamp()
 
     def _on_base(self, message: dict[str, Any]) -> None:
         self.base = message["env"]
@@ -207,13 +209,25 @@ class Holder:
         except (OSError, ValueError) as exc:
             self._send({"op": "failed", "key": key, "error": str(exc)})
             return
-        try:
-            started = start_time(pid)
-        except OSError:  # gone already (and not yet reaped: it cannot be)
-            started = 0.0
-        self.live[pid] = (key, started)
+        self.live[pid] = (key, 0.0)
         self.pids[key] = pid
-        self._send({"op": "started", "key": key, "pid": pid, "started": started})
+        self._unstamped.append(pid)
+
+    def _stamp(self) -> None:
+        """The start times of the runs started in this read, and their answers.
+        Read after all of them, not after each: reading a child's /proc/PID/stat
+        waits until its exec is through, which the holder would otherwise wait
+        out start after start (measured: 0.35 ms of wall a start of 1.0). None of
+        them can have been reaped meanwhile (reaping is a later turn's)."""
+        for pid in self._unstamped:
+            key, _ = self.live[pid]
+            try:
+                started = start_time(pid)
+            except OSError:  # gone already (and not yet reaped: it cannot be)
+                started = 0.0
+            self.live[pid] = (key, started)
+            self._send({"op": "started", "key": key, "pid": pid, "started": started})
+        self._unstamped = []
 
     def _spawn(self, message: dict[str, Any]) -> int:
         argv, cwd = message["argv"], message["cwd"]

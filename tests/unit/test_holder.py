@@ -116,6 +116,29 @@ async def test_a_flood_of_starts_is_answered_and_every_exit_is_logged_before_it_
     await wait_for(lambda: holder.read_log(str(tmp_path)) == {}, what="all forgotten")
 
 
+async def test_starts_answered_together_each_carry_their_own_start_time(
+        tmp_path: Path, heard: Heard) -> None:
+    # Start times are read after the whole read's starts (`Holder._stamp`), so a
+    # failed start among them must not shift the others' answers.
+    link = heard.link(tmp_path)
+    keys = [("f", f"e{n}", "r") for n in range(12)]
+    argvs = [["sleep", "30"] if n != 5 else ["no-such-command-here"] for n in range(12)]
+    answers = await asyncio.gather(*(link.start(key, argv, sandbox(tmp_path, f"s{n}"), ENV,
+                                                [], [])
+                                     for n, (key, argv) in enumerate(zip(keys, argvs))),
+                                   return_exceptions=True)
+    assert isinstance(answers[5], OSError)
+    started = [answer for n, answer in enumerate(answers) if n != 5]
+    assert len({pid for pid, _ in started}) == 11
+    for pid, when in started:
+        assert abs(when - psutil.Process(pid).create_time()) < 0.05
+        assert link.live[[key for key in keys if link.live.get(key, (0,))[0] == pid][0]] \
+            == (pid, when)
+    for key in keys:
+        link.kill(key, signal.SIGKILL)
+    await wait_for(lambda: len(heard.exits) == 11, what="eleven exits")
+
+
 async def test_a_run_that_cannot_start_fails_with_the_reason_and_the_holder_goes_on(
         tmp_path: Path, heard: Heard) -> None:
     link = heard.link(tmp_path)
