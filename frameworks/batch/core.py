@@ -641,6 +641,11 @@ class BatchCore:
 
     # ---------------------------------------------------------------- queries
 
+    def waiting(self) -> int:
+        """Tasks of the current phase (maps, then reduces) waiting to launch:
+        `progress()`'s total less done and running, without building it."""
+        return len(self._pending[REDUCE if self._all_maps_done() else MAP])
+
     def _all_maps_done(self) -> bool:
         return self._maps_done == len(self._maps)
 
