@@ -33,7 +33,8 @@ when something becomes eligible, or one of its attempts ends (a slot is free
 again on an agent it may have filtered), it revives. Before it revives, and
 whenever what is eligible changes (a launch, a task pending again), it
 declares its demand (`RequestResources`: the eligible tasks' shape and how
-many), so the master offers it room for about twice that rather than the
+many), so the master offers it room for about twice that, and a few offers
+too small for any task (more only beside its own executors), rather than the
 whole free cell (`master.allocator.demand`). The shape includes the
 executor, as a task on a new agent needs it: an offer with room for the task
 alone counted as room and starved reduces in a full cell (8 of 956 jobs of
