@@ -319,12 +319,7 @@ class BatchFramework(SimFramework):
         self.done: batch.JobDone | None = None
 
     def waiting(self) -> int:
-        progress = self.core.progress()
-        if self.done is not None:
-            return 0
-        if progress.maps_done < progress.maps_total:
-            return progress.maps_total - progress.maps_done - progress.maps_running
-        return progress.reduces_total - progress.reduces_done - progress.reduces_running
+        return 0 if self.done is not None else self.core.waiting()
 
     def start(self, now: float) -> None:
         self._perform(self.core.declare())  # carried by the driver's Subscribe

@@ -33,7 +33,8 @@ when something becomes eligible, or one of its attempts ends (a slot is free
 again on an agent it may have filtered), it revives. Before it revives, and
 whenever what is eligible changes (a launch, a task pending again), it
 declares its demand (`RequestResources`: the eligible tasks' shape and how
-many), so the master offers it room for about twice that rather than the
+many), so the master offers it room for about twice that, and a few offers
+too small for any task (more only beside its own executors), rather than the
 whole free cell (`master.allocator.demand`). The shape includes the
 executor, as a task on a new agent needs it: an offer with room for the task
 alone counted as room and starved reduces in a full cell (8 of 956 jobs of
@@ -640,6 +641,11 @@ class BatchCore:
         return bool(self._pending[MAP] if not self._all_maps_done() else self._pending[REDUCE])
 
     # ---------------------------------------------------------------- queries
+
+    def waiting(self) -> int:
+        """Tasks of the current phase (maps, then reduces) waiting to launch:
+        `progress()`'s total less done and running, without building it."""
+        return len(self._pending[REDUCE if self._all_maps_done() else MAP])
 
     def _all_maps_done(self) -> bool:
         return self._maps_done == len(self._maps)

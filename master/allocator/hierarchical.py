@@ -24,7 +24,9 @@ reserved to the role or one of its ancestors, never beyond any quota limit on
 the role or its ancestors, and only for a framework that is active, not
 suppressed, not filtered for the agent (decline/accept `refuse_seconds`) and
 holds no outstanding offer there (and, if it declared demand with `request`,
-whose offers do not yet cover it: `master.allocator.demand`). Each offer is
+whose offers do not yet cover it, and for an offer that holds none of its
+declared tasks, whose budget of such offers is not spent:
+`master.allocator.demand`). Each offer is
 recorded immediately, so the
 sorters' order changes as the pass goes on (progressive filling). An agent is
 worth offering when its free resources hold any of `min_allocatable`.
@@ -72,7 +74,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
 
 from dyad.resources import SHARE_KINDS, UNRESERVED, Resources, ResourcesError
-from master.allocator.demand import Demands
+from master.allocator.demand import FRAGMENTS, Demands
 from master.allocator.policy import Quota
 from master.allocator.quota_rooms import QuotaRooms, _cut, _Plan, _Rooms, allowed_roles
 from master.allocator.quota_rooms import _cut_entries  # noqa: F401 (tests reach it here)
@@ -480,10 +482,20 @@ class HierarchicalAllocator(QuotaRooms):
             if demand.covered:
                 return
             del demand.blocked[agent_id]
-            self.last_considered += 1
-            if guarantees:
-                self._fill(agent_id, now, result, guarantees=True)
-            self._fill(agent_id, now, result, guarantees=False)
+            self._fill_again(agent_id, now, result, guarantees)
+        # Spared fragments, while a fresh declaration's budget lasts.
+        for agent_id in list(demand.spared):
+            if demand.covered or demand.fragments >= FRAGMENTS:
+                return
+            del demand.spared[agent_id]
+            self._fill_again(agent_id, now, result, guarantees)
+
+    def _fill_again(self, agent_id: str, now: float, result: list[Allocation],
+                    guarantees: bool) -> None:
+        self.last_considered += 1
+        if guarantees:
+            self._fill(agent_id, now, result, guarantees=True)
+        self._fill(agent_id, now, result, guarantees=False)
 
     def _expire_filters(self, now: float) -> None:
         heap = self._filter_expiry
@@ -540,9 +552,13 @@ class HierarchicalAllocator(QuotaRooms):
                 if charged is not None and charged != role:
                     continue
                 demand = wanting.get(framework_id)
-                if demand is not None and demand.covered:  # its offers hold what it declared
-                    demand.blocked[agent_id] = None
-                    continue
+                if demand is not None:
+                    if demand.covered:  # its offers hold what it declared
+                        demand.blocked[agent_id] = None
+                        continue
+                    if charged is None and demand.spares(self._scalars(offerable)):
+                        demand.spared[agent_id] = None  # a fragment, beyond its budget
+                        continue
                 return framework_id, role, offerable
         return None
 

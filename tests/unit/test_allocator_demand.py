@@ -18,7 +18,7 @@ from dyad.resources import Resources
 from frameworks.driver_core import Received, Started
 from frameworks.scheduler_core import MasterDetected, RequestCall, SchedulerCore, SuppressCall
 from master.allocator import Allocation, HierarchicalAllocator
-from master.allocator.demand import HEADROOM, MIN_AGENTS
+from master.allocator.demand import FRAGMENTS, HEADROOM, MIN_AGENTS
 from frameworks.testing import make_master_info
 from frameworks.batch.core import OffersMade
 from frameworks.effects import LaunchTasks, RequestResources as Declare, SuppressOffers
@@ -114,10 +114,48 @@ def test_fragments_are_offered_but_do_not_count() -> None:
     assert offered_to(allocations, "b") == ["s10", "s11"]
 
 
-def test_a_demand_no_agent_holds_is_never_covered() -> None:
-    allocator = make(10)
+def test_a_demand_no_agent_holds_is_never_covered_and_sees_a_few_fragments() -> None:
+    allocator = make(12)
     allocator.request("a", [(Resources.parse("cpus:1;gpus:1"), 1)])
-    assert len(allocator.allocate(0.0)) == 10  # offered as without demand
+    # Every agent is a fragment for "a": it is offered FRAGMENTS of them (it learns
+    # that nothing fits); the rest are spared for it.
+    assert offered_to(allocator.allocate(0.0), "a") == [f"s{i:02d}" for i in range(FRAGMENTS)]
+    allocator.add_framework("b", ["*"])
+    assert offered_to(allocator.allocate(1.0), "b") == [f"s{i:02d}" for i in range(8, 12)]
+
+
+def busy(frameworks: tuple[str, ...]) -> HierarchicalAllocator:
+    """12 agents on which "x" (suppressed) leaves only a fragment for TASK free."""
+    allocator = make(12, ("x",))
+    for index in range(12):
+        allocator.update_used(f"s{index:02d}", "x", Resources.parse("cpus:3.5;mem:3000"))
+    allocator.suppress("x")
+    for framework_id in frameworks:
+        allocator.add_framework(framework_id, ["*"])
+    return allocator
+
+
+def test_spared_fragments_wait_for_a_new_declaration_or_a_change_on_the_agent() -> None:
+    allocator = busy(("b",))
+    allocator.request("b", [(TASK, 1)])
+    first = offered_to(allocator.allocate(0.0), "b")
+    assert first == [f"s{index:02d}" for index in range(FRAGMENTS)]
+    assert allocator.allocate(1.0) == []  # s08-s11 stay spared: nothing changed there
+    allocator.release("s09", "x", Resources.parse("cpus:1;mem:512"))  # room for a task now
+    assert offered_to(allocator.allocate(2.0), "b") == ["s09"]
+    for agent_id in first:  # declined, and refused for a while
+        allocator.close_offer("b", agent_id, allocator.allocated(agent_id, "b"))
+        allocator.add_filter("b", agent_id, 100.0)
+    allocator.request("b", [(TASK, 2)])  # a fresh budget: the spared ones, in order
+    assert offered_to(allocator.allocate(3.0), "b") == ["s08", "s10", "s11"]
+
+
+def test_a_fragment_where_the_framework_holds_something_is_always_offered() -> None:
+    allocator = busy(("b",))
+    for index in range(12):  # "b" runs an executor everywhere, say: less may do there
+        allocator.update_used(f"s{index:02d}", "b", Resources.parse("cpus:0.1;mem:32"))
+    allocator.request("b", [(TASK, 4)])
+    assert len(offered_to(allocator.allocate(0.0), "b")) == 12
 
 
 def test_a_removed_agent_takes_its_offer_out_of_the_count() -> None:
@@ -167,6 +205,7 @@ class Model:
         self.need: dict[str, tuple[list[tuple[dict[str, int], int]], int] | None] = \
             dict.fromkeys(FRAMEWORKS)
         self.counted: dict[str, dict[str, Resources]] = {f: {} for f in FRAMEWORKS}
+        self.fragments = dict.fromkeys(FRAMEWORKS, 0)  # made since the declaration
         self.suppressed: set[str] = set()
         self.used: list[tuple[str, str, Resources]] = []
         self.now = 0.0
@@ -180,6 +219,9 @@ class Model:
             return False
         return all(sum(holds(shape, r) for r in counted.values()) >= wanted
                    for shape, wanted in shapes)
+
+    def holds_on(self, framework_id: str, agent_id: str) -> bool:
+        return any(a == agent_id and f == framework_id for a, f, _ in self.used)
 
     def fits(self, framework_id: str, resources: Resources) -> bool:
         declared = self.need[framework_id]
@@ -200,6 +242,7 @@ class Model:
                 if self.need[framework_id] is None:
                     self.counted[framework_id] = {}
                 self.need[framework_id] = (shapes, min(MIN_AGENTS, tasks))
+                self.fragments[framework_id] = 0
             else:
                 self.need[framework_id], self.counted[framework_id] = None, {}
         elif name in ("decline", "launch"):
@@ -237,6 +280,11 @@ class Model:
 # must be offered to it again (caught a missed dirtying while this was written).
 @example(["cpus:4;mem:4096"] * 12, [("declare", "a", [(0, 2)]), ("allocate",),
                                     ("decline", "a", 0, 3.0), ("allocate",)], {"b", "c"})
+# Every agent a fragment for shape 1: the budget runs out, a declaration renews it.
+@example(["cpus:1;mem:8192"] * 11 + ["cpus:4;mem:4096"],
+         [("declare", "a", [(1, 3)]), ("allocate",), ("decline", "a", 0, 0.0),
+          ("launch", "a", 1), ("declare", "a", [(1, 2)]), ("allocate",),
+          ("declare", "a", [(0, 2)]), ("finish", 0)], {"b", "c"})
 def test_offers_never_pass_demand_and_headroom_by_more_than_one_agent_and_nobody_starves(
         sizes: list[str], steps: list[tuple[Any, ...]], quiet: set[str]) -> None:
     allocator = HierarchicalAllocator(MIN)
@@ -255,13 +303,19 @@ def test_offers_never_pass_demand_and_headroom_by_more_than_one_agent_and_nobody
             # Before each offer its framework was not yet covered: the offers in a
             # pass pass demand + headroom by one agent's offer at most.
             assert not model.covered(framework_id, model.counted[framework_id]), allocation
+            if not model.fits(framework_id, allocation.resources):
+                # A fragment: within the budget, or where it holds something.
+                assert (model.fragments[framework_id] < FRAGMENTS
+                        or model.holds_on(framework_id, allocation.agent_id)), allocation
+                model.fragments[framework_id] += 1
             model.offers[framework_id][allocation.agent_id] = allocation.resources
             if model.need[framework_id] is not None:
                 model.counted[framework_id][allocation.agent_id] = allocation.resources
         if step[0] != "allocate":
             continue
         # No starvation: a framework that may take offers and is not covered has
-        # been offered every agent with anything worth offering that it could take.
+        # been offered every agent with anything worth offering that it could take,
+        # but fragments beyond its budget on agents where it holds nothing.
         for framework_id in FRAMEWORKS:
             if framework_id in model.suppressed or model.covered(
                     framework_id, model.counted[framework_id]):
@@ -270,8 +324,12 @@ def test_offers_never_pass_demand_and_headroom_by_more_than_one_agent_and_nobody
                 free = allocator.free(agent_id)
                 worth = free.get("cpus") >= 0.01 or free.get("mem") >= 32
                 filtered = allocator._agents[agent_id].filtered.get(framework_id, -1.0)
+                spared = (not model.fits(framework_id, free)
+                          and model.fragments[framework_id] >= FRAGMENTS
+                          and not model.holds_on(framework_id, agent_id))
                 assert not (worth and agent_id not in model.offers[framework_id]
-                            and filtered <= model.now), (framework_id, agent_id, free)
+                            and filtered <= model.now and not spared), (framework_id, agent_id,
+                                                                       free)
 
 
 @settings(max_examples=100, deadline=None)
