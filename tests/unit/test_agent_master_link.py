@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from agent.model import DetectMaster, MasterDetected
 from dyad.effects import ArmTimer, CancelTimer
 from dyad.messages import (
-    BATCH_CAPABILITY, LIVENESS_CAPABILITY, AgentRegistered, Message, Ping, RegisterAgent,
+    ACK_BATCH_CAPABILITY, BATCH_CAPABILITY, LIVENESS_CAPABILITY, AgentRegistered, Message, Ping, RegisterAgent,
     Rejected, StatusUpdateAck,
 )
 from tests.unit.test_agent_state import MASTER, Agent, of_type, to_master
@@ -28,7 +28,8 @@ REFUSAL = Rejected(reason="this connection has no registered agent; register fir
 
 def test_the_agent_declares_that_any_frame_proves_the_master_alive() -> None:
     (register,) = to_master(Agent()(MasterDetected(MASTER)), RegisterAgent)
-    assert set(register.capabilities) == {BATCH_CAPABILITY, LIVENESS_CAPABILITY}
+    assert set(register.capabilities) == {
+        ACK_BATCH_CAPABILITY, BATCH_CAPABILITY, LIVENESS_CAPABILITY}
 
 
 @settings(max_examples=50, deadline=None)
