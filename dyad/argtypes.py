@@ -34,6 +34,14 @@ def port(text: str) -> int:
     return value
 
 
+def host_port(text: str) -> tuple[str, int]:
+    """'HOST:PORT' (port as `port` reads it); the host is the text before the last ':'."""
+    host, colon, number = text.rpartition(":")
+    if not colon or not host:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host, port(number)
+
+
 def fraction(text: str) -> float:
     """A number in (0, 1]."""
     try:

@@ -51,8 +51,10 @@ import zmq
 import zmq.asyncio
 
 from dyad import gc_pauses, logs, security
+from dyad.argtypes import host_port
 from dyad.auth import load_keys
 from dyad.codec import CodecError, to_json
+from dyad.detector import parse_http_address
 from dyad.messages import MAX_FRAME_BYTES
 from dyad.supervision import LogLimiter, Supervisor
 from dyad.transport import Dealer, Router
@@ -130,7 +132,7 @@ class LinkShard:
         import aiohttp
         from aiohttp import web
 
-        from dyad.detector import fetch_master_info, parse_http_address
+        from dyad.detector import fetch_master_info
 
         assert self._master_http is not None
         base = parse_http_address(self._master_http)
@@ -233,23 +235,23 @@ class LinkShard:
             await self._zap.stop()
 
 
-def _host_port(text: str) -> tuple[str, int]:
-    host, colon, port = text.rpartition(":")
-    if not colon or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
-    return host, int(port)
+def _http_address(text: str) -> str:
+    try:
+        return parse_http_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dyad-link-shard", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--listen", type=_host_port, default=("127.0.0.1", 5056),
+    parser.add_argument("--listen", type=host_port, default=("127.0.0.1", 5056),
                         help="HOST:PORT agents connect to (port 0: any free)")
     parser.add_argument("--master", required=True, metavar="tcp://HOST:PORT",
                         help="the master's shard port (dyad-master --shard-port)")
-    parser.add_argument("--http", type=_host_port, metavar="HOST:PORT",
+    parser.add_argument("--http", type=host_port, metavar="HOST:PORT",
                         help="serve /master/info here, for agents that find their "
                              "master over HTTP (needs --master-http)")
-    parser.add_argument("--master-http", metavar="HOST:PORT",
+    parser.add_argument("--master-http", type=_http_address, metavar="HOST:PORT",
                         help="the master's HTTP address, where /master/info is fetched")
     parser.add_argument("--identity", help="this shard's identity at the master "
                                            "(default: a fresh one each start)")

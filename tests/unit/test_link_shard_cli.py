@@ -26,3 +26,10 @@ def test_a_shard_serves_master_info_only_knowing_the_master() -> None:
 def test_listen_wants_host_and_port(text: str) -> None:
     with pytest.raises(SystemExit):
         link_shard.build_parser().parse_args(["--master", "tcp://x:1", "--listen", text])
+
+
+def test_a_master_http_address_without_a_port_is_refused_as_the_flags_are_read() -> None:
+    with pytest.raises(SystemExit) as exit_:  # not a traceback once the shard starts
+        link_shard.build_parser().parse_args(
+            ["--master", "tcp://x:1", "--http", "127.0.0.1:0", "--master-http", "nohost"])
+    assert exit_.value.code == 2
