@@ -60,8 +60,7 @@ class AgentHandlers(MasterBooks):
         else:
             self._rebind_agent(agent, peer)
         agent.reregistered_time = self._now
-        agent.any_frame_liveness = LIVENESS_CAPABILITY in message.capabilities
-        agent.ack_batches = ACK_BATCH_CAPABILITY in message.capabilities
+        _take_capabilities(agent, message)
         self._drop_missing(agent, plan)
         self._adopt(agent, plan, kill_lost=came_back)
         self._send(peer, AgentRegistered(agent_id=agent.id, master_info=self.info,
@@ -84,8 +83,7 @@ class AgentHandlers(MasterBooks):
             known = self._add_agent(peer, attrs.evolve(message.agent, id=self._ids.next("S"))).id
             self._request_allocation()
         # else: a retry whose answer crossed it on the wire; answer again.
-        self.agents[known].any_frame_liveness = LIVENESS_CAPABILITY in message.capabilities
-        self.agents[known].ack_batches = ACK_BATCH_CAPABILITY in message.capabilities
+        _take_capabilities(self.agents[known], message)
         self._send(peer, AgentRegistered(agent_id=known, master_info=self.info,
                                          ping_interval=self.config.agent_ping_timeout))
 
@@ -453,3 +451,8 @@ class AgentHandlers(MasterBooks):
         if wake_at is not None:
             self._arm(RemovalDue(), wake_at)
 
+
+def _take_capabilities(agent: MasterAgent, message: RegisterAgent) -> None:
+    """What the agent said it takes, as each (re-)registration says it afresh."""
+    agent.any_frame_liveness = LIVENESS_CAPABILITY in message.capabilities
+    agent.ack_batches = ACK_BATCH_CAPABILITY in message.capabilities

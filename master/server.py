@@ -732,8 +732,8 @@ class MasterServer:
         sent = False
         identity = bytes.fromhex(peer)
         shards = self._shards
-        if shards is not None and shards.reaches(identity):
-            sent = shards.send_frame(identity, frame)
+        if shards is not None and shards.send_frame(identity, frame):
+            sent = True  # a shard reaches it: queued until `_flush_sends`
         elif self._router is not None:
             try:
                 sent = self._router.send_frame(identity, frame)

@@ -105,10 +105,6 @@ class ShardLink:
                     "utf-8", "replace") if self._curve else None))
         self.counts["records_received"] += len(records)
 
-    def reaches(self, identity: bytes) -> bool:
-        """Is `identity` an agent last heard through a shard?"""
-        return self.routes.shard_of(identity) is not None
-
     def send_frame(self, identity: bytes, frame: bytes) -> bool:
         """Queue `frame` for the agent through its shard until `flush`; False
         when no shard is known to reach it."""
