@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, deque
+from itertools import groupby
 
 from dyad.messages import (
     MAX_BATCH_BYTES, AckedUpdate, Acknowledge, Acknowledgements, Message, encode, encode_batch)
@@ -104,19 +105,17 @@ def merged_acks(messages: list[Message]) -> list[tuple[Message, int]]:
     """`messages` with each run of two or more `Acknowledge`s of one framework made
     one `Acknowledgements`, in order; each with how many of `messages` it stands for."""
     units: list[tuple[Message, int]] = []
-    run: list[Acknowledge] = []
-    for message in [*messages, None]:
-        if (isinstance(message, Acknowledge)
-                and (not run or run[0].framework_id == message.framework_id)):
-            run.append(message)
-            continue
-        if len(run) == 1:
-            units.append((run[0], 1))
-        elif run:
-            units.append((Acknowledgements(framework_id=run[0].framework_id, acks=[
-                AckedUpdate(agent_id=a.agent_id, task_id=a.task_id, uuid=a.uuid) for a in run]),
-                len(run)))
-        run = [message] if isinstance(message, Acknowledge) else []
-        if message is not None and not run:
-            units.append((message, 1))
+    for framework_id, group in groupby(messages, key=_ack_framework):
+        run = list(group)
+        if framework_id is None or len(run) == 1:
+            units += [(message, 1) for message in run]
+        else:
+            units.append((Acknowledgements(framework_id=framework_id, acks=[
+                AckedUpdate(agent_id=a.agent_id, task_id=a.task_id, uuid=a.uuid)
+                for a in run if isinstance(a, Acknowledge)]), len(run)))
     return units
+
+
+def _ack_framework(message: Message) -> str | None:
+    """Whose acknowledgement `message` is; None when it is none."""
+    return message.framework_id if isinstance(message, Acknowledge) else None
