@@ -19,7 +19,8 @@ frameworks *do* see is reproduced here from docs/protocol.md:
 - status updates go one task-stream at a time: the next update of a task is
   sent only once the previous one is acknowledged (`StatusUpdateAck`), and an
   unacknowledged one is resent with backoff (1 s doubling to 30 s, the real
-  agent's defaults);
+  agent's defaults); it declares `ACKNOWLEDGEMENT_BATCHES`, as the real agent
+  does, and takes a `StatusUpdateAcks` as its `StatusUpdateAck`s one by one;
 - every `usage_report_interval` seconds a `UsageReport` with each executor's
   usage read from the plans' curves;
 - with oversubscription on (`AgentSettings.reclaim`), at each report the real
@@ -50,9 +51,9 @@ from agent.qos import QosConfig
 from agent.reclaim import ReclaimConfig
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired, TimerKey, UnknownTimer
 from dyad.messages import (
-    AgentInfo, AgentRegistered, ExecutorUsage, FrameworkInfo, FrameworkToExecutor, KillTask,
+    ACK_BATCH_CAPABILITY, AgentInfo, AgentRegistered, ExecutorUsage, FrameworkInfo, FrameworkToExecutor, KillTask,
     Message, Ping, Pong, Reason, RegisterAgent, Rejected, RunTask, ShutdownFramework, Source,
-    StatusUpdate, StatusUpdateAck, TaskInfo, TaskState, TaskStatus, UsageReport,
+    StatusUpdate, StatusUpdateAck, StatusUpdateAcks, TaskInfo, TaskState, TaskStatus, UsageReport,
 )
 from dyad.resources import Resources
 from sim.lending import ExecutorView, Lending, RunView, TaskView
@@ -197,7 +198,8 @@ class SimAgent:
         self._out.append(Send(MASTER, message))
 
     def _register(self, now: float) -> None:
-        self._send(RegisterAgent(agent=self.info, version="sim"))
+        self._send(RegisterAgent(agent=self.info, version="sim",
+                                 capabilities=[ACK_BATCH_CAPABILITY]))
         self._out.append(ArmTimer(RegisterRetry(), now + self.settings.register_retry))
 
     # -------------------------------------------------------------- messages
@@ -211,6 +213,9 @@ class SimAgent:
             self._run(message.framework, message.task, now)
         elif isinstance(message, StatusUpdateAck):
             self._acknowledged((message.framework_id, message.task_id), message.uuid, now)
+        elif isinstance(message, StatusUpdateAcks):
+            for ack in message.acks:
+                self._acknowledged((ack.framework_id, ack.task_id), ack.uuid, now)
         elif isinstance(message, KillTask):
             self._kill((message.framework_id, message.task_id), now, message.reason,
                        message.message)

@@ -10,7 +10,14 @@ otherwise ignored (a registry write has nothing to do in a simulation).
 - `AgentNode`: a `sim.agent.SimAgent`.
 - `SimDriver`: the real scheduler-driver core (`frameworks.scheduler_core.
   SchedulerCore`) with the methods of `frameworks.SchedulerDriver`, so a
-  framework written against the public driver API runs here unchanged.
+  framework written against the public driver API runs here unchanged. Like the
+  real driver it declares `ACKNOWLEDGEMENT_BATCHES`; once the master says it
+  honours it (`MasterCapabilities`), the acknowledgements the driver sends at
+  one instant wait until everything else already due at that instant has run,
+  and go as the real outbox would send them had they queued together
+  (`frameworks.outbox.merged_acks`: a run of two or more is one
+  `Acknowledgements`). Any other message the driver sends first sends the acks
+  waiting before it, so the driver's messages keep their order.
 """
 
 from __future__ import annotations
@@ -19,12 +26,15 @@ from collections import Counter
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
+import attrs
+
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired
 from dyad.messages import (
-    Filters, FrameworkInfo, MasterInfo, Message, Operation, OperationType, ResourceRequest,
-    TaskInfo, TaskStatus,
+    ACK_BATCH_CAPABILITY, Acknowledge, Filters, FrameworkInfo, MasterCapabilities, MasterInfo,
+    Message, Operation, OperationType, ResourceRequest, TaskInfo, TaskStatus,
 )
 from frameworks.driver_core import Callback, Finish, Received as DriverReceived, Started
+from frameworks.outbox import merged_acks
 from frameworks.scheduler import Scheduler, reconcile_list
 from frameworks.scheduler_core import (
     AcceptCall, AcknowledgeCall, DeclineCall, Detect, KillCall, MasterDetected, ReconcileCall,
@@ -125,11 +135,16 @@ class SimDriver(_Shell):
     def __init__(self, engine: Engine, name: str, framework: FrameworkInfo,
                  scheduler: Scheduler, master_info: MasterInfo) -> None:
         super().__init__(engine, name)
+        if ACK_BATCH_CAPABILITY not in framework.capabilities:
+            framework = attrs.evolve(framework, capabilities=[*framework.capabilities,
+                                                              ACK_BATCH_CAPABILITY])
         self.core = SchedulerCore(framework)
         self.scheduler = scheduler
         self.master_info = master_info
         self.finished: Any = None
         self.errors: list[str] = []
+        self.merge_acks = False  # the master said it takes `Acknowledgements`
+        self._acks: list[Message] = []  # sent this instant, not yet on the wire
         engine.add_node(name, self)
 
     @property
@@ -140,10 +155,37 @@ class SimDriver(_Shell):
         self._call(Started())
 
     def deliver(self, sender: str, message: Message, now: float) -> None:
+        if isinstance(message, MasterCapabilities):  # the shell's business, as in production
+            master = self.core.master
+            if master is not None and message.master_id == master.id:
+                self.merge_acks = ACK_BATCH_CAPABILITY in message.capabilities
+            return
         self._perform(self.core.handle(DriverReceived(message), now))
 
     def fire(self, key: Hashable, now: float) -> None:
         self._perform(self.core.handle(TimerFired(key), now))
+
+    def _perform(self, effects: Iterable[Any]) -> None:
+        for effect in effects:
+            if isinstance(effect, Send):
+                self._send(effect.message)
+            else:
+                super()._perform((effect,))
+
+    def _send(self, message: Message) -> None:
+        if self.merge_acks and isinstance(message, Acknowledge):
+            if not self._acks:
+                self.engine.call_at(self.engine.now, self._flush_acks)
+            self._acks.append(message)
+            return
+        self._flush_acks(self.engine.now)
+        self.engine.send(self.name, MASTER, message)
+
+    def _flush_acks(self, now: float) -> None:
+        """Put the acknowledgements waiting on the wire (class docstring)."""
+        acks, self._acks = self._acks, []
+        for message, _ in merged_acks(acks):
+            self.engine.send(self.name, MASTER, message)
 
     def _call(self, event: Any) -> None:
         self._perform(self.core.handle(event, self.engine.now))
