@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import attrs
 
 from dyad.messages import TaskState
 from sim.cell import load_cell
+from sim.engine import Engine
 from sim.policy import Policy
 from sim.run import Simulation
 from sim.workload import load_workload
@@ -165,3 +167,27 @@ def test_example_keeps_the_masters_books_straight_after_every_event() -> None:
     assert report["simulator"].get("agents/rejected", 0) == 0
     assert report["master"]["master/messages_rejected"] == 0
     assert report["jobs"]["succeeded"] >= 1
+
+
+def test_acknowledgements_of_one_instant_travel_together(tmp_path: Path, monkeypatch: Any
+                                                         ) -> None:
+    """Four tasks launched on one agent at once start at one instant: their
+    TASK_STARTING updates are acknowledged in one `Acknowledgements`, forwarded
+    as one `StatusUpdateAcks`, and every stream still moves on (no retry, no
+    stale ack), as one by one."""
+    sent: Counter[str] = Counter()
+    send = Engine.send
+
+    def counting(engine: Engine, sender: str, to: str, message: Any) -> None:
+        sent[type(message).__name__] += 1
+        send(engine, sender, to, message)
+
+    monkeypatch.setattr(Engine, "send", counting)
+    _, report = simulate(tmp_path, cell({"name": "a", "resources": "cpus:4;mem:4096"}),
+                         [{**tasks("A", "a", 4, 1, 512, duration=10), "per_offer": 4},
+                          {"kind": "end", "at": 300}])
+    assert sent["Acknowledgements"] >= 1 and sent["StatusUpdateAcks"] >= 1
+    assert sent["StatusUpdate"] == 12  # starting, running, finished: each sent once
+    assert report["simulator"].get("agents/status_update_retries", 0) == 0
+    assert report["simulator"].get("agents/stale_acks", 0) == 0
+    assert report["tasks"]["running_at_end"] == 0
