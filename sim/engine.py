@@ -14,10 +14,6 @@ no-op, a key fires once and is forgotten before `fire` runs. Keys are opaque:
 the engine stores them and hands them back.
 
 The wire delivers a message `latency` seconds after it is sent, in send order.
-Messages from one node to another sent one right after the other (nothing else
-went on the heap or into a bucket between them) take one heap entry: they are
-due at the same instant with adjacent sequence numbers, so nothing could have
-run between them anyway, and the receiver gets them one by one as before.
 With `codec=True` every message is encoded and decoded on the way, as a real
 socket would, so a message that does not survive the codec fails the run where
 it was sent. A message to an unknown peer is dropped and counted (a ZMQ ROUTER
@@ -60,8 +56,6 @@ _CALL = 2
 BUCKET = 4.0
 """Seconds of simulated time per bucket of far timers (module docstring)."""
 
-_NO_LAST: tuple[int, float, str, str, list[Message]] = (0, 0.0, "", "", [])
-
 
 class Node(Protocol):
     def deliver(self, sender: str, message: Message, now: float) -> None: ...
@@ -92,8 +86,6 @@ class Engine:
         self._bucket_order: list[int] = []
         self._echoes: dict[str, Callable[[Message], Message | None]] = {}
         self._stopped = False
-        # The last message entry pushed: (its sequence, at, target, sender, its messages).
-        self._last: tuple[int, float, str, str, list[Message]] = _NO_LAST
 
     # ------------------------------------------------------------------ nodes
 
@@ -116,19 +108,10 @@ class Engine:
         if type(message) is Ping and to in self._echoes:
             answer = self._echoes[to](message)
             if answer is not None:
-                self._message(self.now + 2 * self.latency, to, sender, self._wire(answer))
+                self._push(self.now + 2 * self.latency, _MESSAGE, sender,
+                           (to, self._wire(answer)))
                 return
-        self._message(self.now + self.latency, sender, to, message)
-
-    def _message(self, at: float, sender: str, to: str, message: Message) -> None:
-        """Onto the heap, or onto the entry just pushed if it is the same hop's
-        (module docstring)."""
-        seq, last_at, last_to, last_sender, messages = self._last
-        if seq == self._seq and last_at == at and last_to == to and last_sender == sender:
-            messages.append(message)
-            return
-        messages = [message]
-        self._last = (self._push(at, _MESSAGE, to, (sender, messages)), at, to, sender, messages)
+        self._push(self.now + self.latency, _MESSAGE, to, (sender, message))
 
     def _wire(self, message: Message) -> Message:
         if self.codec:
@@ -200,8 +183,6 @@ class Engine:
             if at > until:
                 break
             heapq.heappop(heap)
-            if seq == self._last[0]:
-                self._last = _NO_LAST  # delivered: a message sent now needs an entry of its own
             self.now = at
             if kind == _TIMER:
                 timer = (target, payload)
@@ -217,9 +198,8 @@ class Engine:
                 if node is None:
                     self.counters["messages_dropped"] += 1
                     continue
-                sender, messages = payload  # type: ignore[misc]
-                for message in messages:
-                    node.deliver(sender, message, at)
+                sender, message = payload  # type: ignore[misc]
+                node.deliver(sender, message, at)
             else:
                 payload(at)  # type: ignore[operator]
             if order and order[0] * BUCKET < next_bucket:
