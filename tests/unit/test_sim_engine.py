@@ -124,31 +124,3 @@ def test_far_timers_keep_the_order_of_one_heap() -> None:
     engine.run(200 * BUCKET)
     assert engine.idle()
 
-
-def test_back_to_back_messages_share_an_entry_and_keep_their_order() -> None:
-    engine = Engine(latency=0.5)
-    seen: list[tuple[float, str, object]] = []
-    Log(engine, "b", seen)
-    Log(engine, "c", seen)
-    engine.send("a", "b", Ping(agent_id="S1"))
-    engine.send("a", "b", Ping(agent_id="S2"))  # joins the entry above
-    engine.send("a", "c", Ping(agent_id="S3"))
-    engine.arm("b", "t", 0.5)
-    engine.send("a", "b", Ping(agent_id="S4"))  # after the timer: an entry of its own
-    engine.run(10.0)
-    assert [entry[2] for entry in seen] == [
-        Ping(agent_id="S1"), Ping(agent_id="S2"), Ping(agent_id="S3"), "t", Ping(agent_id="S4")]
-    assert engine.counters["steps"] == 4 and engine.counters["messages"] == 4
-
-
-def test_a_message_sent_after_its_hop_was_delivered_is_not_lost() -> None:
-    """Without latency an entry can be delivered before its hop's next send (no
-    push between): that send needs an entry of its own."""
-    engine = Engine()
-    seen: list[tuple[float, str, object]] = []
-    Log(engine, "b", seen)
-    engine.send("a", "b", Ping(agent_id="S1"))
-    engine.run(0.0)
-    engine.send("a", "b", Ping(agent_id="S2"))
-    engine.run(0.0)
-    assert [entry[2] for entry in seen] == [Ping(agent_id="S1"), Ping(agent_id="S2")]
