@@ -123,4 +123,3 @@ def test_far_timers_keep_the_order_of_one_heap() -> None:
     engine.cancel("a", "never")
     engine.run(200 * BUCKET)
     assert engine.idle()
-
