@@ -60,13 +60,16 @@ class _Shell:
         engine = self.engine
         for effect in effects:
             if isinstance(effect, Send):
-                engine.send(self.name, effect.to, effect.message)
+                self._send(effect.to, effect.message)
             elif isinstance(effect, ArmTimer):
                 engine.arm(self.name, effect.key, effect.at)
             elif isinstance(effect, CancelTimer):
                 engine.cancel(self.name, effect.key)
             else:
                 self._other(effect)
+
+    def _send(self, to: str, message: Message) -> None:
+        self.engine.send(self.name, to, message)
 
     def _other(self, effect: Any) -> None:
         self.other_effects[type(effect).__name__] += 1
@@ -165,21 +168,14 @@ class SimDriver(_Shell):
     def fire(self, key: Hashable, now: float) -> None:
         self._perform(self.core.handle(TimerFired(key), now))
 
-    def _perform(self, effects: Iterable[Any]) -> None:
-        for effect in effects:
-            if isinstance(effect, Send):
-                self._send(effect.message)
-            else:
-                super()._perform((effect,))
-
-    def _send(self, message: Message) -> None:
+    def _send(self, to: str, message: Message) -> None:
         if self.merge_acks and isinstance(message, Acknowledge):
             if not self._acks:
                 self.engine.call_at(self.engine.now, self._flush_acks)
             self._acks.append(message)
             return
         self._flush_acks(self.engine.now)
-        self.engine.send(self.name, MASTER, message)
+        super()._send(to, message)
 
     def _flush_acks(self, now: float) -> None:
         """Put the acknowledgements waiting on the wire (class docstring)."""
