@@ -73,6 +73,16 @@ def loads(data: bytes | bytearray | str, limits: JsonLimits = DEFAULT_LIMITS) ->
     return _careful(data, limits)
 
 
+def within_text_limits(data: bytes, limits: JsonLimits = DEFAULT_LIMITS) -> bool:
+    """Does `data` break no limit but depth, as far as its text shows: size, no
+    number literal too long, no escaped surrogate, no string that could be too
+    long? A parser that bounds nesting by itself (msgspec decoding into a typed
+    schema, `dyad.codec.typed_decoder`) may then take `data` without `loads`."""
+    return (len(data) <= min(limits.max_bytes, limits.max_string_chars)
+            and not _long_number(data, limits)
+            and _SURROGATE_ESCAPE_BYTES.search(data) is None)
+
+
 def _careful(data: bytes | bytearray | str, limits: JsonLimits) -> Any:
     """The standard library's parser with hooks for every limit, and reasons."""
     if not isinstance(data, str):

@@ -31,9 +31,10 @@ import typing
 from typing import Any, Callable, ClassVar, TypeVar
 
 import attrs
+import msgspec
 
 from dyad import bounded_json
-from dyad.codec import CodecError, dumps, from_json
+from dyad.codec import CodecError, dumps, from_json, typed_decoder
 from dyad.resources import Resources
 from dyad.volumes import DynamicResources
 from dyad.wire_types import (  # noqa: F401 (re-exported: messages carry them)
@@ -513,11 +514,53 @@ def decode(frame: bytes) -> Message:
     `1.0`). The reason never quotes more than a little of what was sent."""
     if len(frame) > MAX_FRAME_BYTES:
         raise MessageError(f"frame of {len(frame)} bytes exceeds {MAX_FRAME_BYTES}")
+    if type(frame) is bytes and bounded_json.within_text_limits(frame, WIRE_LIMITS):
+        try:
+            return _decode_typed(frame)
+        except Exception:  # the careful path decides, and says why
+            pass
     try:
         envelope = bounded_json.loads(frame, WIRE_LIMITS)
     except bounded_json.JsonInputError as exc:
         raise MessageError(f"not JSON within limits: {exc.reason}") from None
     return _from_envelope(envelope)
+
+
+class _Envelope(msgspec.Struct, forbid_unknown_fields=True):
+    """A frame as msgspec reads it, its body left for the message's own decoder."""
+
+    type: str
+    v: int
+    body: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+class _BatchBody(msgspec.Struct, forbid_unknown_fields=True):
+    messages: list[_Envelope]
+
+
+_ENVELOPE = msgspec.json.Decoder(_Envelope)
+_BATCH_BODY = msgspec.json.Decoder(_BatchBody)
+
+
+def _decode_typed(frame: bytes) -> Message:
+    """A frame decoded by msgspec in C (`dyad.codec.typed_decoder`), about three
+    times faster than parsing it and building its message (issue 19). Raises on
+    anything `_from_envelope` could refuse, or any frame it is not sure of; an
+    envelope with more than its three fields, for one."""
+    envelope = _ENVELOPE.decode(frame)
+    if envelope.type != BATCH_TYPE:
+        return _typed_message(envelope)
+    items = _BATCH_BODY.decode(envelope.body).messages
+    if envelope.v != WIRE_VERSION or not items:
+        raise ValueError("not a batch this decoder takes")
+    return Batch(messages=[_typed_message(item) for item in items])
+
+
+def _typed_message(envelope: _Envelope) -> Message:
+    build = typed_decoder(MESSAGE_TYPES[envelope.type])  # KeyError for a batch in a batch
+    if envelope.v != WIRE_VERSION or build is None:
+        raise ValueError("not a message this decoder takes")
+    return build(envelope.body)  # type: ignore[no-any-return]
 
 
 def _from_envelope(envelope: Any) -> Message:

@@ -90,6 +90,8 @@ def _frames_of(name: str) -> st.SearchStrategy[dict[str, Any]]:
 
 
 envelopes = st.sampled_from(sorted(m.MESSAGE_TYPES)).flatmap(_frames_of)
+batches = st.lists(envelopes, min_size=1, max_size=3).map(
+    lambda items: {"type": m.BATCH_TYPE, "v": m.WIRE_VERSION, "body": {"messages": items}})
 
 # Values that have escaped decoders before: Python's bool-is-int, numbers past
 # float range or the 64-bit range, and containers where scalars belong.
@@ -123,9 +125,9 @@ def _replaced(value: Any, path: tuple[Any, ...], new: Any) -> Any:
 
 
 @st.composite
-def value_mutations(draw: st.DrawFn) -> bytes:
+def value_mutations(draw: st.DrawFn, frames: st.SearchStrategy[Any] = envelopes) -> bytes:
     """A frame with one value (envelope fields included) swapped for a nasty one."""
-    envelope = draw(envelopes)
+    envelope = draw(frames)
     path = draw(st.sampled_from(_paths(envelope)))
     if draw(st.booleans()):
         return json.dumps(_replaced(envelope, path, draw(st.sampled_from(NASTY_VALUES)))
@@ -135,9 +137,9 @@ def value_mutations(draw: st.DrawFn) -> bytes:
 
 
 @st.composite
-def byte_mutations(draw: st.DrawFn) -> bytes:
+def byte_mutations(draw: st.DrawFn, frames: st.SearchStrategy[Any] = envelopes) -> bytes:
     """A frame with a few byte-level edits: cuts, insertions, flips, duplications."""
-    data = bytearray(json.dumps(draw(envelopes)).encode())
+    data = bytearray(json.dumps(draw(frames)).encode())
     for _ in range(draw(st.integers(1, 4))):
         at = draw(st.integers(0, len(data)))
         edit = draw(st.sampled_from(["cut", "insert", "flip", "repeat"]))
@@ -223,3 +225,33 @@ def _both_builders(frame: bytes) -> None:
 @given(value_mutations() | envelopes.map(lambda e: json.dumps(e).encode()))
 def test_the_compiled_builder_is_never_less_strict(frame: bytes) -> None:
     _both_builders(frame)
+
+
+def _typed_against_careful(frame: bytes) -> None:
+    """msgspec's typed decoding (`dyad.messages._decode_typed`, taken when the
+    text limits hold) never takes a frame the careful path refuses, and builds
+    the same message when both take it, batches included."""
+    from dyad import bounded_json
+    if not bounded_json.within_text_limits(frame, m.WIRE_LIMITS):
+        return
+    try:
+        typed = m._decode_typed(frame)
+    except Exception:
+        return  # refused: the careful path decides (and says why)
+    careful = m._from_envelope(bounded_json.loads(frame, m.WIRE_LIMITS))
+    assert careful == typed
+
+
+@settings(max_examples=800, suppress_health_check=[HealthCheck.too_slow])
+@given(value_mutations() | value_mutations(batches) | byte_mutations(batches)
+       | (envelopes | batches).map(lambda e: json.dumps(e).encode()))
+def test_the_typed_decoder_is_never_less_strict(frame: bytes) -> None:
+    _typed_against_careful(frame)
+
+
+@pytest.mark.parametrize("name", sorted(m.MESSAGE_TYPES))
+def test_every_type_has_a_typed_decoder(name: str) -> None:
+    """No message falls back to the slow path for want of a mirror (a field type
+    msgspec cannot check as the careful builder does)."""
+    from dyad.codec import typed_decoder
+    assert typed_decoder(m.MESSAGE_TYPES[name]) is not None
