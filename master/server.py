@@ -503,7 +503,7 @@ class MasterServer:
         self._early.clear()
         self.leader = self.info
         for effect in effects:
-            await self._perform(effect)
+            self._perform(effect)
         self._flush_sends()
         self._supervisor.loop("master-process", self._process)
         if registry is not None:
@@ -521,7 +521,7 @@ class MasterServer:
     async def _release_held(self) -> None:
         """Send what the fence held, in order; sends made meanwhile queue behind."""
         while self._held:
-            await self._send(self._held.popleft())
+            self._send(self._held.popleft())
         self._flush_sends()
         self._acting.set()
 
@@ -650,8 +650,10 @@ class MasterServer:
                     await self._work.wait()
                 self._batch.extend(self._next_batch())
             while self._batch:
-                await self._may_act()
-                await self._handle(self._batch.popleft())
+                lease = self._lease
+                if lease is not None and not lease.valid():
+                    await self._may_act()
+                self._handle(self._batch.popleft())
             self._flush_sends()
             # Awaiting a ready queue or socket does not yield: without this, a
             # burst (a thousand agents re-registering) would starve HTTP and the
@@ -668,16 +670,19 @@ class MasterServer:
             self._room.set()
         return batch
 
-    async def _handle(self, item: object) -> None:
-        """Decode (a frame) and hand to the core; a bug is logged and counted."""
+    def _handle(self, item: object) -> None:
+        """Decode (a frame) and hand to the core; a bug is logged and counted.
+        Plain calls down to the socket (no coroutine per message or effect:
+        nothing on the way waits), so the lease is checked per event by
+        `_process` alone."""
         event: Event | None = None
         try:
             event = self._decoded(item) if isinstance(item, Undecoded) else cast(Event, item)
             if isinstance(event, Received) and isinstance(event.message, Batch):
                 for message in event.message.messages:  # as if each had come alone
-                    await self._step(Received(event.peer, message, event.principal))
+                    self._step(Received(event.peer, message, event.principal))
             elif event is not None:
-                await self._step(event)
+                self._step(event)
         except Exception:
             self._internal_errors += 1
             key = (event.peer if isinstance(event, (Received, InvalidFrame))
@@ -688,24 +693,23 @@ class MasterServer:
                 self._answer(Reply(event.call_id, refusal=INTERNAL,
                                    error="the master failed to handle this call"))
 
-    async def _step(self, event: Event) -> None:
+    def _step(self, event: Event) -> None:
         if isinstance(event, Received) and isinstance(event.message, RegisterAgent):
             # An agent says whether it takes batches each time it registers.
             self._batching[event.peer] = BATCH_CAPABILITY in event.message.capabilities
-        if isinstance(event, TimerFired) and isinstance(event.key, Allocate):
-            started = time.perf_counter()
-            effects = self.state.handle(event, self._clock.now())
+        timed = isinstance(event, TimerFired) and isinstance(event.key, Allocate)
+        started = time.perf_counter() if timed else 0.0
+        effects = self.state.handle(event, self._clock.now())
+        if timed:
             self.submit(AllocationTimed(time.perf_counter() - started))
-        else:
-            effects = self.state.handle(event, self._clock.now())
         for effect in effects:
-            await self._perform(effect)
+            self._perform(effect)
 
-    async def _perform(self, effect: Effect) -> None:
+    def _perform(self, effect: Effect) -> None:
         # Sends first: under a flood they are nearly every effect.
         if isinstance(effect, Send):
             if self._acting.is_set():
-                await self._send(effect)
+                self._send(effect)
             else:
                 self._held.append(effect)
         elif isinstance(effect, RecordUsage):
@@ -718,7 +722,7 @@ class MasterServer:
         else:
             self._timers.perform(effect)
 
-    async def _send(self, effect: Send) -> None:
+    def _send(self, effect: Send) -> None:
         if self.v1_streams.deliver(effect.to, effect.message):
             return  # an HTTP subscriber's: queued for its event stream
         frame = encode(effect.message)
