@@ -125,6 +125,7 @@ class MasterState(PreemptionHandlers, AgentHandlers, AckHandlers):
         """Apply one event at time `now`; return what the shell must do, in order."""
         self._now = now
         self._out = []
+        self._usage_events.clear()  # a failed step's rows went with its effects
         self._persist_pending = False
         if self._allocate_at is None:
             self._arm_allocation(now + self.config.allocation_interval)
@@ -159,6 +160,7 @@ class MasterState(PreemptionHandlers, AgentHandlers, AckHandlers):
             raise TypeError(f"MasterState cannot handle {event!r}")
         if len(self.admission):
             self._send_offers_by_framework(self.admission.release(now))
+        self._usage_out()
         out, self._out = self._out, []
         return out
 
