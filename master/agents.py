@@ -290,7 +290,8 @@ class AgentHandlers(MasterBooks):
                              f"{agent.id}; story: {' | '.join(story_lines(task))}")
                 return
             self.admission.started((framework.id, task.task_id), self._now)
-            self._note(task, f"{status.state.name} from {status.source or 'agent'} ({status.uuid})")
+            self._note(task, "%s from %s (%s)", status.state._name_, status.source or "agent",
+                       status.uuid)
             task.healthy = status.healthy
             if status.executor_id:
                 task.executor_id = status.executor_id

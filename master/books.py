@@ -323,10 +323,12 @@ class MasterBooks:
             source=Source.MASTER, agent_id=agent_id, executor_id=executor_id,
             timestamp=self._now)))
 
-    def _note(self, task: MasterTask, text: str) -> None:
-        # Kept as (time, text), rendered only when read (`master.tasks.story_lines`):
-        # formatting the time cost more than the rest of a note, five notes a task.
-        task.story.append((self._now, text))
+    def _note(self, task: MasterTask, text: str, *args: object) -> None:
+        """Add to the task's story: `text`, or `text % args` if there are `args`.
+        Kept as (time, text, args) and rendered only when read
+        (`master.tasks.story_lines`): formatting the time and the args cost more
+        than the rest of a note, and a task gets five under a launch flood."""
+        task.story.append((self._now, text, args))
 
     def _task_event(self, task: MasterTask, source: str, reason: str = "",
                     message: str = "") -> None:

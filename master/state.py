@@ -578,7 +578,7 @@ class MasterState(PreemptionHandlers, AgentHandlers, AckHandlers):
                 agent.add_executor(framework.id, task.executor)
         record = launched(framework.id, agent.id, executor_id, task,
                           self.config.max_task_story, self._now)
-        self._note(record, f"launched on agent {agent.id} with {task.resources}")
+        self._note(record, "launched on agent %s with %s", agent.id, task.resources)
         self._task_event(record, "master")
         framework.tasks[task.task_id] = record
         self.admission.launched((framework.id, task.task_id), self._now)

@@ -28,8 +28,9 @@ def launched(framework_id: str, agent_id: str, executor_id: str, task: TaskInfo,
 
 
 def story_lines(task: MasterTask) -> list[str]:
-    """The task's story as text, oldest first: "<time> <what happened>"."""
-    return [f"{at:.3f} {text}" for at, text in task.story]
+    """The task's story as text, oldest first: "<time> <what happened>" (see
+    `MasterBooks._note`)."""
+    return [f"{at:.3f} {text % args if args else text}" for at, text, args in task.story]
 
 
 def record_from_report(task: Task, story: int, now: float) -> MasterTask:
