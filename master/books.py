@@ -42,6 +42,8 @@ from master.usage_rows import DimensionsCache, RecordUsage, task_event
 TERMINAL_NAMES = frozenset(state.name for state in TaskState if state.is_terminal)
 """The names of terminal task states: a str's hash is kept, an enum member's is
 computed in Python each time it is looked up."""
+TASK_COUNTERS = {state.name: task_counter(state) for state in TaskState}
+"""`task_counter` of each state, by name: made once, not once a task."""
 
 
 class MasterBooks:
@@ -386,7 +388,7 @@ class MasterBooks:
         task.state = state
         task.statuses.append((state, timestamp or self._now))
         if not counted:
-            self.counters.inc(task_counter(state))
+            self.counters.inc(TASK_COUNTERS[state._name_])
         del framework.tasks[task.task_id]
         self.admission.started((framework.id, task.task_id), self._now)
         agent = self.agents[task.agent_id]
