@@ -490,8 +490,9 @@ class MasterState(PreemptionHandlers, AgentHandlers, AckHandlers):
         if framework is None:
             return
         # Unknown ids are ignored: a decline racing a rescind is normal.
+        fid = framework.id  # once, not once an offer (a Decline may hold hundreds)
         offers = [offer for offer in map(self.offers.get, dict.fromkeys(message.offer_ids))
-                  if offer is not None and offer.framework_id == framework.id]
+                  if offer is not None and offer.framework_id == fid]
         if offers:
             self.counters.inc("master/offers_declined", len(offers))
             self._return_offers(framework.id, offers, message.filters.refuse_seconds)
