@@ -26,7 +26,7 @@ from master.model import (
     UnreachableAgent,
 )
 from master.reregistration import ReregistrationPlan, plan_reregistration
-from master.tasks import record_from_report, status_of
+from master.tasks import record_from_report, status_of, story_lines
 from master.books import MasterBooks
 from master.usage_rows import RecordUsage, usage_samples
 
@@ -287,10 +287,11 @@ class AgentHandlers(MasterBooks):
             if task.agent_id != agent.id:
                 self._refuse(peer, message,
                              f"task {task.task_id} runs on agent {task.agent_id}, not "
-                             f"{agent.id}; story: {' | '.join(task.story)}")
+                             f"{agent.id}; story: {' | '.join(story_lines(task))}")
                 return
             self.admission.started((framework.id, task.task_id), self._now)
-            self._note(task, f"{status.state.name} from {status.source or 'agent'} ({status.uuid})")
+            self._note(task, "%s from %s (%s)", status.state._name_, status.source or "agent",
+                       status.uuid)
             task.healthy = status.healthy
             if status.executor_id:
                 task.executor_id = status.executor_id
@@ -411,6 +412,7 @@ class AgentHandlers(MasterBooks):
                 self.recovering[info.id] = info
         if self.recovering:
             self._arm(ReregisterTimeout(), now + self.config.agent_reregister_timeout)
+        self._usage_out()
         out, self._out = self._out, []
         return out
 

@@ -36,7 +36,14 @@ from master.model import (
     UnreachableAgent, task_counter,
 )
 from master.removals import RemovalLimiter
+from master.usage.schema import TaskEvent
 from master.usage_rows import DimensionsCache, RecordUsage, task_event
+
+TERMINAL_NAMES = frozenset(state.name for state in TaskState if state.is_terminal)
+"""The names of terminal task states: a str's hash is kept, an enum member's is
+computed in Python each time it is looked up."""
+TASK_COUNTERS = {state.name: task_counter(state) for state in TaskState}
+"""`task_counter` of each state, by name: made once, not once a task."""
 
 
 class MasterBooks:
@@ -92,6 +99,7 @@ class MasterBooks:
         self._now = start_time
         self._out: list[Effect] = []
         self._dimensions = DimensionsCache()  # of the usage store's rows
+        self._usage_events: list[TaskEvent] = []  # this step's, for `_usage_out`
 
     # ============================================== effects and refusals
 
@@ -305,7 +313,7 @@ class MasterBooks:
         if state.is_terminal:
             self.counters.inc(task_counter(state))
         self.events.record(self._now, "task_state", framework_id=framework.id,
-                           task_id=task_id, state=state.name, agent_id=agent_id,
+                           task_id=task_id, state=state._name_, agent_id=agent_id,
                            source="master", reason=reason, message=message)
         if self.config.record_usage:
             task = (framework.tasks.get(task_id) or framework.unreachable_tasks.get(task_id)
@@ -317,32 +325,54 @@ class MasterBooks:
             source=Source.MASTER, agent_id=agent_id, executor_id=executor_id,
             timestamp=self._now)))
 
-    def _note(self, task: MasterTask, text: str) -> None:
-        task.story.append(f"{self._now:.3f} {text}")
+    def _note(self, task: MasterTask, text: str, *args: object) -> None:
+        """Add to the task's story: `text`, or `text % args` if there are `args`.
+        Kept as (time, text, args) and rendered only when read
+        (`master.tasks.story_lines`): formatting the time and the args cost more
+        than the rest of a note, and a task gets five under a launch flood."""
+        task.story.append((self._now, text, args))
 
     def _task_event(self, task: MasterTask, source: str, reason: str = "",
                     message: str = "") -> None:
         """Log `task`'s current state in the events log (and the usage store)."""
+        state = task.state
+        # `_name_`: the member's name without the enum property's cost (three a task).
         self.events.record(self._now, "task_state", framework_id=task.framework_id,
-                           task_id=task.task_id, state=task.state.name,
+                           task_id=task.task_id, state=state._name_,
                            agent_id=task.agent_id, source=source, reason=reason)
-        framework = self.frameworks.get(task.framework_id)
-        if self.config.record_usage and framework is not None:
-            self._record_event(framework, task.task_id, task, task.state, source, reason,
-                               message, task.agent_id)
+        if self.config.record_usage:
+            framework = self.frameworks.get(task.framework_id)
+            if framework is not None:
+                self._record_event(framework, task.task_id, task, state, source, reason,
+                                   message, task.agent_id)
 
     def _record_event(self, framework: MasterFramework, task_id: str,
                       task: MasterTask | None, state: TaskState, source: str, reason: str,
                       message: str, agent_id: str) -> None:
+        """Queue the row of a state change; `_usage_out` makes this step's rows one
+        `RecordUsage` effect at its end."""
         self.counters.inc("master/usage_events")
-        agent, role = self.agents.get(agent_id), self._role_of(framework, agent_id)
-        who = self._dimensions.of(task_id, framework, agent, task, role)
-        if state.is_terminal:
-            self._dimensions.forget(framework.id, task_id)
-        self._out.append(RecordUsage(events=(task_event(
-            task_id, framework, agent, task, role, state.name, self._now, reason=reason,
+        agent = self.agents.get(agent_id)
+        # `_role_of`, inline: this runs three times a task.
+        role = ((self.allocator.allocation_role(agent_id, framework.id)
+                 if agent is not None else None) or framework.info.roles[0])
+        dimensions = self._dimensions
+        who = dimensions.of(task_id, framework, agent, task, role)
+        name = state._name_
+        if name in TERMINAL_NAMES:
+            dimensions.forget(framework.id, task_id)
+        self._usage_events.append(task_event(
+            task_id, framework, agent, task, role, name, self._now, reason=reason,
             message=message, source=source, healthy=task.healthy if task else None,
-            who=who),)))
+            who=who))
+
+    def _usage_out(self) -> None:
+        """End of a step: its task events, queued by `_record_event`, as one
+        `RecordUsage` after its other effects (an Accept of many launches, or the
+        master's updates of many tasks, is one effect, not one a task)."""
+        if self._usage_events:
+            self._out.append(RecordUsage(events=tuple(self._usage_events)))
+            self._usage_events.clear()
 
     def _role_of(self, framework: MasterFramework, agent_id: str) -> str:
         """The role the framework's resources on the agent are charged to (its
@@ -358,7 +388,7 @@ class MasterBooks:
         task.state = state
         task.statuses.append((state, timestamp or self._now))
         if not counted:
-            self.counters.inc(task_counter(state))
+            self.counters.inc(TASK_COUNTERS[state._name_])
         del framework.tasks[task.task_id]
         self.admission.started((framework.id, task.task_id), self._now)
         agent = self.agents[task.agent_id]

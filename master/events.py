@@ -35,12 +35,17 @@ class LogEntry:
 
 
 class EventLog:
-    """A bounded, append-only, numbered list of cluster changes."""
+    """A bounded, append-only, numbered list of cluster changes.
+
+    Entries are kept as plain `(seq, time, kind, fields)` tuples and made
+    `LogEntry`s only when read: the master records three a task under a launch
+    flood (issue 19), and nearly all of them fall off unread."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         if capacity < 1:
             raise ValueError(f"an events log needs room for at least one entry, not {capacity}")
-        self._entries: collections.deque[LogEntry] = collections.deque(maxlen=capacity)
+        self._entries: collections.deque[tuple[int, float, str, dict[str, Any]]] = \
+            collections.deque(maxlen=capacity)
         self._last_seq = 0
 
     @property
@@ -51,12 +56,12 @@ class EventLog:
     @property
     def first_seq(self) -> int:
         """The oldest entry still kept (last_seq + 1 while empty)."""
-        return self._entries[0].seq if self._entries else self._last_seq + 1
+        return self._entries[0][0] if self._entries else self._last_seq + 1
 
     def record(self, now: float, kind: str, **fields: Any) -> None:
         """Append one change; `fields` must be JSON-serialisable plain values."""
-        self._last_seq += 1
-        self._entries.append(LogEntry(self._last_seq, now, kind, fields))
+        seq = self._last_seq = self._last_seq + 1
+        self._entries.append((seq, now, kind, fields))
 
     def since(self, seq: int, limit: int = 1000) -> list[LogEntry]:
         """Up to `limit` entries with a number above `seq`, oldest first."""
@@ -64,7 +69,8 @@ class EventLog:
             return []
         # Numbers are consecutive, so the start is an index, not a search.
         start = max(0, seq + 1 - self.first_seq)
-        return [self._entries[i] for i in range(start, min(len(self._entries), start + limit))]
+        entries = self._entries
+        return [LogEntry(*entries[i]) for i in range(start, min(len(entries), start + limit))]
 
     def page(self, seq: int, limit: int = 1000) -> dict[str, Any]:
         """The `GET /events` document: entries after `seq`, and where to go on."""

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from dyad.resources import Resources, ResourcesError
 from master.model import EMPTY, InvariantError, MasterAgent
+from master.tasks import story_lines
 
 if TYPE_CHECKING:
     from master.state import MasterState
@@ -40,7 +41,7 @@ def check(state: MasterState) -> None:
             agent = state.agents.get(task.agent_id)
             if agent is None or (framework.id, task.task_id) not in agent.tasks:
                 errors.append(f"task {task.task_id} is not on its agent {task.agent_id}; "
-                              f"story: {' | '.join(task.story)}")
+                              f"story: {' | '.join(story_lines(task))}")
             if task.state.is_terminal:
                 errors.append(f"live task {task.task_id} is {task.state.name}")
     for agent_id in state.recovering:

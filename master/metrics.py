@@ -11,7 +11,7 @@ for the samples it holds and cheap enough to compute on every `/metrics/snapshot
 from __future__ import annotations
 
 import math
-from collections import Counter, deque
+from collections import deque
 
 from dyad.resources import SHARE_KINDS
 
@@ -20,15 +20,19 @@ class Counters:
     """Named monotonic counters; unknown names read as 0."""
 
     def __init__(self) -> None:
-        self._values: Counter[str] = Counter()
+        # A plain dict, not a `Counter`: the interpreter's fast paths for reading
+        # and storing items are for exact dicts, and the core counts several
+        # things per message (issue 19).
+        self._values: dict[str, int] = {}
 
     def inc(self, name: str, amount: int = 1) -> None:
         if amount < 0:
             raise ValueError("counters only go up")
-        self._values[name] += amount
+        values = self._values
+        values[name] = values.get(name, 0) + amount
 
     def __getitem__(self, name: str) -> int:
-        return self._values[name]
+        return self._values.get(name, 0)
 
     def items(self) -> dict[str, int]:
         return dict(self._values)

@@ -175,7 +175,7 @@ class MasterTask:
     labels: dict[str, str]
     kill_grace_period: float | None
     statuses: collections.deque[tuple[TaskState, float]]
-    story: collections.deque[str]
+    story: collections.deque[tuple[float, str, tuple[object, ...]]]  # `tasks.story_lines`
     healthy: bool | None = None
     usage: dict[str, Any] | None = None  # latest UsageReport of its executor
     priority: int = 100  # dyad/priority.py

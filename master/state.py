@@ -125,6 +125,7 @@ class MasterState(PreemptionHandlers, AgentHandlers, AckHandlers):
         """Apply one event at time `now`; return what the shell must do, in order."""
         self._now = now
         self._out = []
+        self._usage_events.clear()  # a failed step's rows went with its effects
         self._persist_pending = False
         if self._allocate_at is None:
             self._arm_allocation(now + self.config.allocation_interval)
@@ -159,6 +160,7 @@ class MasterState(PreemptionHandlers, AgentHandlers, AckHandlers):
             raise TypeError(f"MasterState cannot handle {event!r}")
         if len(self.admission):
             self._send_offers_by_framework(self.admission.release(now))
+        self._usage_out()
         out, self._out = self._out, []
         return out
 
@@ -488,8 +490,9 @@ class MasterState(PreemptionHandlers, AgentHandlers, AckHandlers):
         if framework is None:
             return
         # Unknown ids are ignored: a decline racing a rescind is normal.
+        fid = framework.id  # once, not once an offer (a Decline may hold hundreds)
         offers = [offer for offer in map(self.offers.get, dict.fromkeys(message.offer_ids))
-                  if offer is not None and offer.framework_id == framework.id]
+                  if offer is not None and offer.framework_id == fid]
         if offers:
             self.counters.inc("master/offers_declined", len(offers))
             self._return_offers(framework.id, offers, message.filters.refuse_seconds)
@@ -576,7 +579,7 @@ class MasterState(PreemptionHandlers, AgentHandlers, AckHandlers):
                 agent.add_executor(framework.id, task.executor)
         record = launched(framework.id, agent.id, executor_id, task,
                           self.config.max_task_story, self._now)
-        self._note(record, f"launched on agent {agent.id} with {task.resources}")
+        self._note(record, "launched on agent %s with %s", agent.id, task.resources)
         self._task_event(record, "master")
         framework.tasks[task.task_id] = record
         self.admission.launched((framework.id, task.task_id), self._now)

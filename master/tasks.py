@@ -27,6 +27,12 @@ def launched(framework_id: str, agent_id: str, executor_id: str, task: TaskInfo,
         revocable=task.revocable)
 
 
+def story_lines(task: MasterTask) -> list[str]:
+    """The task's story as text, oldest first: "<time> <what happened>" (see
+    `MasterBooks._note`)."""
+    return [f"{at:.3f} {text % args if args else text}" for at, text, args in task.story]
+
+
 def record_from_report(task: Task, story: int, now: float) -> MasterTask:
     """The record of a task a re-registering agent reports."""
     return MasterTask(

@@ -376,10 +376,12 @@ class HierarchicalAllocator(QuotaRooms):
         if resources.is_empty():
             return
         held = agent.allocated.get(framework_id, EMPTY)
-        if not resources <= held:
+        try:  # what is left, and the check that it was held, in one subtraction
+            left = EMPTY if held is resources else held - resources
+        except ResourcesError:
             raise AllocatorError(f"framework {framework_id} does not hold {resources} on "
-                                 f"agent {agent_id}: it holds {held or 'nothing'}")
-        self._release(agent_id, agent, framework_id, resources)
+                                 f"agent {agent_id}: it holds {held or 'nothing'}") from None
+        self._release(agent_id, agent, framework_id, resources, left=left)
 
     def close_offer(self, framework_id: str, agent_id: str, returned: Resources) -> None:
         """The framework's offer on the agent ended (accepted, declined, rescinded);
@@ -637,13 +639,16 @@ class HierarchicalAllocator(QuotaRooms):
         self._allocation_changed(role, scalars, unreserved)
 
     def _release(self, agent_id: str, agent: _Agent, framework_id: str,
-                 resources: Resources, pending: dict[str, dict[str, int]] | None = None) -> None:
+                 resources: Resources, pending: dict[str, dict[str, int]] | None = None,
+                 left: Resources | None = None) -> None:
         """With `pending`, what the sorters must hear is added up there per role
         (`close_offers`) instead of told at once, and the caches hear of the role
-        once: nothing reads them in between, so telling them again changes nothing."""
-        held = agent.allocated[framework_id]
+        once: nothing reads them in between, so telling them again changes nothing.
+        `left`: what the framework keeps on the agent, if the caller has it."""
         role = agent.role_of[framework_id]
-        left = EMPTY if held is resources else held - resources  # a whole offer back
+        if left is None:
+            held = agent.allocated[framework_id]
+            left = EMPTY if held is resources else held - resources  # a whole offer back
         agent.free = agent.free + resources
         scalars = self._scalars(resources)
         free = self._free_unreserved

@@ -208,13 +208,13 @@ class _Tree:
         """Add `sign` x `scalars` and `count` to the leaf and its ancestors."""
         root = self._root
         node: _Node | None = leaf
-        items = (scalars.items() if sign == 1
-                 else [(kind, -milli) for kind, milli in scalars.items()])
+        items = scalars.items()
         rekey = self._rekey
         while node is not None and node is not root:
             alloc = node.alloc
             for kind, milli in items:
-                left = alloc.get(kind, 0) + milli
+                # `sign` applied here: no negated copy of the scalars per change.
+                left = alloc.get(kind, 0) + milli if sign == 1 else alloc.get(kind, 0) - milli
                 if left:
                     alloc[kind] = left
                 else:

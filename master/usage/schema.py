@@ -29,7 +29,12 @@ def _time(_instance: object, attribute: attrs.Attribute, value: float) -> None:
 
 
 def _labels(value: object) -> dict[str, str]:
-    return {str(k): str(v) for k, v in dict(value or {}).items()}  # type: ignore[call-overload]
+    if not value:  # most tasks and agents have none: no copy and comprehension to make
+        return {}
+    if type(value) is dict and all(type(k) is str and type(v) is str
+                                   for k, v in value.items()):
+        return dict(value)  # the master's records hold str -> str already
+    return {str(k): str(v) for k, v in dict(value).items()}  # type: ignore[call-overload]
 
 
 @attrs.frozen(kw_only=True)

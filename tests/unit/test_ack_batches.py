@@ -23,6 +23,7 @@ from dyad.resources import Resources
 from frameworks.outbox import Outbox, merged_acks
 from frameworks.scheduler import Scheduler, SchedulerDriver
 from master.model import MasterConfig, Received
+from master.tasks import story_lines
 from tests.unit.test_agent_state import Agent, executor_task, running_executor
 from tests.unit.test_agent_state import status as executor_status
 from tests.unit.test_agent_state import to_master
@@ -74,7 +75,8 @@ def test_acks_for_an_agent_that_takes_them_together_go_together() -> None:
         StatusUpdateAck(agent_id=a1, framework_id=fid, task_id="t1", uuid="u2"),
         StatusUpdateAck(agent_id=a1, framework_id=fid, task_id="t1", uuid="u4")]
     assert not messages(sends, Rejected)
-    assert any("acknowledged u3" in line for line in h.state.frameworks[fid].tasks["t0"].story)
+    assert any("acknowledged u3" in line
+               for line in story_lines(h.state.frameworks[fid].tasks["t0"]))
 
 
 def test_a_lone_ack_goes_as_itself_even_to_an_agent_that_takes_them_together() -> None:

@@ -35,6 +35,7 @@ from master.model import (
     OfferTimeout, PersistRegistry, PingDue, Received,
 )
 from master.removals import Decision, RemovalLimiter
+from master.tasks import story_lines
 from master.state import MasterState
 from master.views import resources_json
 
@@ -1162,3 +1163,18 @@ def test_removal_limiter_spends_permits_in_order() -> None:
     assert limiter.due(21.0, lambda agent: True) == ("e", 31.0)
     assert limiter.due(31.0, lambda agent: True) == ("f", None)
     assert RemovalLimiter(None).ask("x", 0.0).remove
+
+
+def test_a_tasks_story_reads_as_the_lines_it_was_told(cluster: tuple[Harness, str, str, Offer]) -> None:
+    """Story notes are kept unformatted and rendered when read (`story_lines`)."""
+    h, fid, aid, offer = cluster
+    h.recv("f1", launch(fid, [offer], task("t1", aid)))
+    h.clock.advance(0.25)
+    h.recv("a1", StatusUpdate(framework_id=fid, status=status("t1", TaskState.TASK_RUNNING,
+                                                              uuid="u7")))
+    h.recv("f1", Acknowledge(framework_id=fid, agent_id=aid, task_id="t1", uuid="u7"))
+    start = h.clock.now() - 0.25
+    assert story_lines(h.state.frameworks[fid].tasks["t1"]) == [
+        f"{start:.3f} launched on agent {aid} with cpus:1;mem:128",
+        f"{start + 0.25:.3f} TASK_RUNNING from agent (u7)",
+        f"{start + 0.25:.3f} acknowledged u7"]

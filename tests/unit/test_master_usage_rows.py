@@ -8,8 +8,10 @@ from typing import Any
 import attrs
 import pytest
 
-from dyad.messages import ExecutorUsage, Reason, StatusUpdate, TaskState, UsageReport
-from master.model import MasterConfig
+from dyad.messages import (
+    ExecutorUsage, Reason, StatusUpdate, Suppress, TaskState, UsageReport,
+)
+from master.model import MasterConfig, Received
 from master.state import MasterState
 from master.usage_rows import DimensionsCache, RecordUsage, dimensions
 from tests.unit.test_master_state import Harness, launch, status, task
@@ -167,3 +169,41 @@ def test_a_tasks_events_share_its_dimensions_and_a_finished_task_is_forgotten(
     staging, running, finished = h.events
     assert staging.who is running.who is finished.who
     assert len(h.state._dimensions) == 0
+
+
+def test_a_steps_task_events_are_one_record_at_its_end() -> None:
+    """An Accept of several launches hands the store one `RecordUsage` holding
+    every launch's row in launch order, after the step's other effects."""
+    h = Harness(MasterConfig(record_usage=True))
+    fid = h.subscribe("f1")
+    aid = h.register("a1")
+    (offer,) = h.offers_to(h.allocate(), "f1")
+    effects = h.state.handle(Received("f1", launch(fid, [offer], *[
+        task(f"t{i}", aid, "cpus:0.5;mem:64") for i in range(3)])), h.clock.now())
+    records = [e for e in effects if isinstance(e, RecordUsage)]
+    assert len(records) == 1 and effects[-1] is records[0]
+    assert [(e.who.task_id, e.state) for e in records[0].events] == [
+        (f"t{i}", "TASK_STAGING") for i in range(3)]
+    assert h.state.counters["master/usage_events"] == 3
+    # A step with no task event has no record, and the next step's are its own.
+    assert not [e for e in h.state.handle(Received("f1", Suppress(framework_id=fid)),
+                                          h.clock.now()) if isinstance(e, RecordUsage)]
+    (running,) = [e for e in h.state.handle(Received("a1", StatusUpdate(
+        framework_id=fid, status=status("t1", TaskState.TASK_RUNNING))), h.clock.now())
+        if isinstance(e, RecordUsage)]
+    assert [(e.who.task_id, e.state) for e in running.events] == [("t1", "TASK_RUNNING")]
+
+
+def test_a_failed_steps_rows_go_with_it(h: Recording, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step that raises returns no effects; its queued rows must not surface
+    with the next step's."""
+    state = h.state._state
+    def broken(*_: object) -> None:
+        raise RuntimeError("a bug")
+    monkeypatch.setattr(state, "_to_framework", broken)
+    with pytest.raises(RuntimeError):
+        state.handle(Received("a1", StatusUpdate(framework_id=h.fid, status=status(
+            "t1", TaskState.TASK_RUNNING))), h.clock.now())
+    monkeypatch.undo()
+    effects = state.handle(Received("f1", Suppress(framework_id=h.fid)), h.clock.now())
+    assert not [e for e in effects if isinstance(e, RecordUsage)]
