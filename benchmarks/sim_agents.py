@@ -15,7 +15,7 @@ half of what the master itself needs):
 
 - one `select.epoll` holds every agent's ZMQ descriptor and the control pipe,
   and one loop (no asyncio) drains each ready socket with non-blocking receives
-  until it is empty;
+  until it is empty, polling at most every `PERIOD` (3 ms);
 - one heap holds every agent's timers (`Timers`), the manager's retries and the
   registration's backoff, looked at after each poll;
 - an agent takes the time once a poll and its uuids from a counter behind a
@@ -27,11 +27,12 @@ half of what the master itself needs):
   `dyad.messages.decode`, as is every frame with `full_decode`.
 
 ZeroMQ's descriptor says only that the socket's state *may* have changed, and
-any call on the socket can take that signal. A receive that finds nothing has
-taken every signal up to then, and a later message signals again; so an agent
-is drained until a receive finds nothing, and after a send made outside a
-drain (a retry, a registration) it is drained at once, in case that send took
-the signal of a message waiting.
+any call on the socket can take that signal. A receive that finds nothing, or
+a look at `EVENTS` that finds nothing to read, has taken every signal up to
+then, and a later message signals again; so an agent is drained until one of
+them finds nothing after its last send, and after a send made outside a drain
+(a retry, a registration) it is drained at once, in case that send took the
+signal of a message waiting.
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ AGENT_RESOURCES = Resources.parse("cpus:4;mem:4096;disk:10000")
 CAPABILITIES = (BATCH_CAPABILITY, LIVENESS_CAPABILITY, ACK_BATCH_CAPABILITY)
 REGISTER_BACKOFF = 1.0  # seconds before the first RegisterAgent is resent; doubles
 REGISTER_BACKOFF_MOST = 30.0
+PERIOD = 0.003
+"""Seconds between the starts of two polls, at least: a busy loop drains what
+came in 3 ms at once, not a socket or two a wake-up (issue 19: agents' CPU a
+task 0.10-0.14 ms without, 0.07-0.10 with; 6 ms did no better)."""
 POLL_MOST = 0.1  # seconds the loop sleeps at most (a timer is that late at most)
 
 # As `dyad.transport`: the Cython calls themselves, without pyzmq's layers.
@@ -71,6 +76,8 @@ _raw_send = zmq.backend.Socket.send
 _raw_get = zmq.backend.Socket.get
 _NOBLOCK = int(zmq.NOBLOCK)
 _RCVMORE = int(zmq.RCVMORE)
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 _HARD_FRAME_LIMIT = 4 * MAX_FRAME_BYTES  # as dyad.transport's Dealer
 
 _REGISTER = "register"  # the timer key of an agent's registration backoff
@@ -225,40 +232,47 @@ class SimAgent:
         self.drain(now, time.time())
 
     def drain(self, now: float, wall: float) -> None:
-        """Take every frame waiting, handling each as it comes: until a
-        receive finds nothing (which leaves the descriptor to signal anew)."""
+        """Take every frame waiting, handling each as it comes, until the socket
+        holds no more: a receive that finds nothing, or `EVENTS` looked at after
+        our last send, leaves the descriptor to signal anew."""
         sock = self.sock
         while True:
             try:
                 frame = _raw_recv(sock, _NOBLOCK)
             except zmq.Again:
                 return
-            if _raw_get(sock, _RCVMORE):  # not one frame: the rest of it, then skip it
-                while _raw_get(sock, _RCVMORE):
-                    _raw_recv(sock, _NOBLOCK)
-                self.bad_frames += 1
-                continue
-            if not self.full_decode:
-                try:
-                    light = LIGHT.decode(frame)
-                except msgspec.DecodeError:  # another type or version: as the agent reads it
-                    pass
-                else:
-                    if isinstance(light, _BatchFrame):
-                        for one in light.body.messages:
-                            self._on(one.TYPE, one.body, now, wall)
-                    else:
-                        self._on(light.TYPE, light.body, now, wall)
-                    self._flush()
-                    continue
+            self._handle(frame, now, wall)
+            if not _raw_get(sock, _EVENTS) & _POLLIN:  # cheaper than a receive's Again
+                return
+
+    def _handle(self, frame: bytes, now: float, wall: float) -> None:
+        """One frame from the master, and what it makes us say as one frame."""
+        if _raw_get(self.sock, _RCVMORE):  # not one frame: the rest of it, then skip it
+            while _raw_get(self.sock, _RCVMORE):
+                _raw_recv(self.sock, _NOBLOCK)
+            self.bad_frames += 1
+            return
+        if not self.full_decode:
             try:
-                message = decode(frame)
-            except MessageError:
-                self.bad_frames += 1
-                continue
-            for one in message.messages if isinstance(message, Batch) else [message]:
-                self._on(one.TYPE, one, now, wall)
-            self._flush()
+                light = LIGHT.decode(frame)
+            except msgspec.DecodeError:  # another type or version: as the agent reads it
+                pass
+            else:
+                if isinstance(light, _BatchFrame):
+                    for one in light.body.messages:
+                        self._on(one.TYPE, one.body, now, wall)
+                else:
+                    self._on(light.TYPE, light.body, now, wall)
+                self._flush()
+                return
+        try:
+            message = decode(frame)
+        except MessageError:
+            self.bad_frames += 1
+            return
+        for one in message.messages if isinstance(message, Batch) else [message]:
+            self._on(one.TYPE, one, now, wall)
+        self._flush()
 
     # ---------------------------------------------------------------- the agent
 
@@ -343,7 +357,7 @@ class Agents:
     def __init__(self, endpoints: list[str], names: list[str],
                  capabilities: tuple[str, ...] = CAPABILITIES,
                  executor_exits: bool = False, backoff: float = 10.0,
-                 full_decode: bool = False) -> None:
+                 full_decode: bool = False, period: float = PERIOD) -> None:
         self.context = zmq.Context()
         self.context.set(zmq.MAX_SOCKETS, len(names) + 100)
         self.timers = Timers()
@@ -355,20 +369,26 @@ class Agents:
         self._poll = select.epoll()
         for fd in self._by_fd:
             self._poll.register(fd, select.EPOLLIN)
-        self._control: Connection | None = None
+        self.period = period
+        self._last = 0.0  # when the last poll returned
 
     def registered(self) -> bool:
         return all(agent.agent_id is not None for agent in self.agents)
 
     def step(self, most: float = POLL_MOST) -> list[int]:
         """Wait up to `most` seconds (less if a timer is due sooner) for a
-        descriptor, drain the agents whose sockets signalled, fire the timers
-        due; the other descriptors that were ready (the control pipe's)."""
+        descriptor, but not before `period` has passed since the last poll,
+        drain the agents whose sockets signalled, fire the timers due; the
+        other descriptors that were ready (the control pipe's)."""
         now = time.monotonic()
+        if now < self._last + self.period:
+            time.sleep(self._last + self.period - now)
+            now = time.monotonic()
         due = self.timers.next_at()
         timeout = most if due is None else max(0.0, min(most, due - now))
         others = []
         ready = self._poll.poll(timeout)
+        self._last = time.monotonic()
         if ready:
             now, wall, by_fd = time.monotonic(), time.time(), self._by_fd
             for fd, _ in ready:
