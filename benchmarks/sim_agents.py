@@ -310,8 +310,8 @@ class SimAgent:
         task, framework_id = message.task, message.framework.id
         assert framework_id is not None and self.agent_id is not None
         task_id = task.task_id
-        self.runs[task_id] += 1
-        if self.runs[task_id] > 1:
+        runs = self.runs[task_id] = self.runs.get(task_id, 0) + 1
+        if runs > 1:
             return
         for state in (TaskState.TASK_RUNNING, TaskState.TASK_FINISHED):
             status = TaskStatus(task_id=task_id, state=state, source=Source.EXECUTOR,

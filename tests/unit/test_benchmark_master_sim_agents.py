@@ -147,6 +147,8 @@ class Master:
 
 def test_agents_register_launch_retry_and_report(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sim_agents, "REGISTER_BACKOFF", 0.05)
+    settled: list[bool] = []
+    monkeypatch.setattr(sim_agents.gc_pauses, "settle", lambda: settled.append(True))
     master = Master()
     agents = Agents([f"tcp://127.0.0.1:{master.port}"], ["sim0", "sim1"], backoff=0.2,
                     period=0.001)
@@ -214,7 +216,7 @@ def test_agents_register_launch_retry_and_report(monkeypatch: pytest.MonkeyPatch
         worker.join(5)
         agents.close()
         master.close()
-    assert not worker.is_alive()
+    assert not worker.is_alive() and settled == [True]  # (frozen, in a worker process)
     assert report["launches"] == 3 and report["duplicates"] == 1
     assert report["retried"] >= 2 and report["bad_frames"] == 0
     assert report["received"]["run_task"] == 3 and report["received"]["ping"] == 1
