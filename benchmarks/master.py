@@ -6,7 +6,8 @@
                                 [--executor-exits] [--full-decode] [--link-shards N]
 
 Starts one real `dyad-master` (standalone), `--agents` simulated agents spread
-over `--workers` processes, and `--frameworks` frameworks on the public
+over `--workers` processes (`benchmarks/sim_agents.py`: one loop a process for
+all its agents), and `--frameworks` frameworks on the public
 `SchedulerDriver` in this process. Each simulated agent speaks the real agent
 protocol on its own ZMQ connection: it registers, answers pings, and for every
 `RunTask` queues TASK_RUNNING then TASK_FINISHED on the real status-update
@@ -18,6 +19,8 @@ as the agent did before), takes acknowledgements together (`StatusUpdateAcks`;
 that any frame from the master proves the master alive, so the master skips the
 pings of agents it is busy talking to (`--ping-all`: it does not, and is pinged
 every interval).
+It reads of each frame the fields it uses (`--full-decode`: it decodes every
+frame into the full message, as the real agent does).
 Each framework launches everything it is offered (as many tasks as fit in each
 offer) until it has launched its share of `--tasks`, and acknowledges every update.
 With `--pace`, the frameworks instead hold their offers and launch from them at
@@ -500,6 +503,7 @@ def report(args: argparse.Namespace, total: int, reference: float, launchers: li
     print(f"master frames received per task: {frames / max(done, 1):.1f}; "
           f"status updates resent: {sum(r['retried'] for r in reports)}; "
           f"agent sends refused: {sum(r['send_failures'] for r in reports)}; "
+          f"frames agents could not read: {sum(r.get('bad_frames', 0) for r in reports)}; "
           f"driver sends that waited: {sum(d.send_waits for d in drivers)}; "
           f"master dropped sends: {after.get('master/dropped_sends', 0):.0f} "
           f"(to a full queue {after.get('master/sends_full', 0):.0f}, to a peer gone "

@@ -11,7 +11,7 @@ What is simulated is the shell around that, written once for a whole process
 (`Agents`), as a simulator of many agents would, and not as 5,000 copies of the
 agent's own shell (a coroutine, a future and an asyncio socket each, a
 `TimerTable` each: issue 19 measured that at 0.21 ms of CPU a task, more than
-half of what the master itself needs):
+two thirds of what the master itself took):
 
 - one `select.epoll` holds every agent's ZMQ descriptor and the control pipe,
   and one loop (no asyncio) drains each ready socket with non-blocking receives
@@ -20,7 +20,7 @@ half of what the master itself needs):
   registration's backoff, looked at after each poll;
 - an agent takes the time once a poll and its uuids from a counter behind a
   random prefix of its own (the form of `uuid4`'s, unique all the same);
-- a frame is read for the fields the agent uses (`Light`: one msgspec call
+- a frame is read for the fields the agent uses (`LIGHT`: one msgspec call
   for the frame, batch and all, against the wire's names and version), not
   built into the full message with every check the real agent makes; a frame
   that does not fit (another message type, another version) is decoded by
