@@ -10,7 +10,7 @@ master makes it say goes out as one frame (a `Batch` when it is more than one).
 What is simulated is the shell around that, written once for a whole process
 (`Agents`), as a simulator of many agents would, and not as 5,000 copies of the
 agent's own shell (a coroutine, a future and an asyncio socket each, a
-`TimerTable` each: issue 19 measured that at 0.21 ms of CPU a task, more than
+`TimerTable` each: issue 19 measured that at 0.21 ms of CPU a task, about
 two thirds of what the master itself took):
 
 - one `select.epoll` holds every agent's ZMQ descriptor and the control pipe,
