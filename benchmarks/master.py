@@ -3,10 +3,11 @@
     python -m benchmarks.master [--agents 1000] [--frameworks 1] [--tasks N]
                                 [--workers 2] [--quick] [--pace TASKS_PER_S]
                                 [--single-frames] [--ping-all] [--single-acks]
-                                [--executor-exits] [--link-shards N]
+                                [--executor-exits] [--full-decode] [--link-shards N]
 
 Starts one real `dyad-master` (standalone), `--agents` simulated agents spread
-over `--workers` processes, and `--frameworks` frameworks on the public
+over `--workers` processes (`benchmarks/sim_agents.py`: one loop a process for
+all its agents), and `--frameworks` frameworks on the public
 `SchedulerDriver` in this process. Each simulated agent speaks the real agent
 protocol on its own ZMQ connection: it registers, answers pings, and for every
 `RunTask` queues TASK_RUNNING then TASK_FINISHED on the real status-update
@@ -18,6 +19,8 @@ as the agent did before), takes acknowledgements together (`StatusUpdateAcks`;
 that any frame from the master proves the master alive, so the master skips the
 pings of agents it is busy talking to (`--ping-all`: it does not, and is pinged
 every interval).
+It reads of each frame the fields it uses (`--full-decode`: it decodes every
+frame into the full message, as the real agent does).
 Each framework launches everything it is offered (as many tasks as fit in each
 offer) until it has launched its share of `--tasks`, and acknowledges every update.
 With `--pace`, the frameworks instead hold their offers and launch from them at
@@ -58,179 +61,23 @@ from pathlib import Path
 from typing import Any
 
 import zmq
-import zmq.asyncio
 
-from agent.status_updates import SendMaster, StatusUpdateManager
+from benchmarks.sim_agents import AGENT_RESOURCES, SimAgent, agent_worker  # noqa: F401
 from dyad import gc_pauses
-from dyad.effects import ArmTimer, CancelTimer
 from dyad.ids import new_uuid
 from dyad.local import LocalCluster, http_get_json
 from dyad.messages import (
-    ACK_BATCH_CAPABILITY, BATCH_CAPABILITY, LIVENESS_CAPABILITY, AgentInfo, AgentRegistered,
-    Batch, ExecutorExited, MasterCapabilities, Message, Ping, Pong, RegisterAgent, RunTask,
-    Source, StatusUpdate, StatusUpdateAck, StatusUpdateAcks, TaskState, TaskStatus, encode,
-    encode_batch)
+    ACK_BATCH_CAPABILITY, BATCH_CAPABILITY, LIVENESS_CAPABILITY, MasterCapabilities, Message,
+    Source, StatusUpdate, TaskState, TaskStatus, encode)
 from dyad.resources import Resources
-from dyad.timers import TimerTable
-from dyad.transport import Dealer
 from frameworks import CommandInfo, Filters, FrameworkInfo, Scheduler, SchedulerDriver, TaskInfo
 
-AGENT_RESOURCES = Resources.parse("cpus:4;mem:4096;disk:10000")
 TASK = Resources.parse("cpus:1;mem:1024")  # four fill an agent: no crumbs to decline
 SLOTS_PER_AGENT = 4
 WINDOW = 64  # reference round trips in flight
 
 
-# ------------------------------------------------------------ simulated agents
-
-
-class SimAgent:
-    """A stand-in agent: the real wire protocol and status-update manager, no
-    processes. Unless told otherwise it takes `Batch` frames and sends what one
-    frame makes it say as one frame (a batch when it is more than one), and it
-    declares `LIVENESS_CAPABILITY`, as the real agent does: the master then skips
-    the pings of agents it is busy talking to. (It never gives up on the master,
-    so it keeps no silence timer.)"""
-
-    def __init__(self, name: str, endpoint: str,
-                 capabilities: tuple[str, ...] = (BATCH_CAPABILITY, LIVENESS_CAPABILITY,
-                                                  ACK_BATCH_CAPABILITY),
-                 executor_exits: bool = False) -> None:
-        self.sock = Dealer(private=True)  # only this class calls it: no rechecks needed
-        self.sock.connect(endpoint)
-        self.info = AgentInfo(hostname=name, port=5051, ip="127.0.0.1",
-                              resources=AGENT_RESOURCES)
-        self.capabilities = list(capabilities)
-        self.batches = BATCH_CAPABILITY in capabilities
-        self.agent_id: str | None = None
-        self.updates = StatusUpdateManager(seed=name)
-        self.timers = TimerTable(time.monotonic, self._retry_due)
-        self.runs: Counter[str] = Counter()
-        self.send_failures = 0
-        self.executor_exits = executor_exits
-        self.received: Counter[str] = Counter()  # messages by wire type, batches opened
-        self.sent: Counter[str] = Counter()
-        self._outbox: list[bytes] = []
-
-    async def register(self) -> None:
-        backoff = 1.0
-        while self.agent_id is None:
-            self._send(RegisterAgent(agent=self.info, capabilities=self.capabilities))
-            self._flush()
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 30.0)
-
-    async def serve(self) -> None:
-        while True:
-            message = (await self.sock.recv()).message
-            now = time.monotonic()
-            for one in message.messages if isinstance(message, Batch) else [message]:
-                self._on(one, now)
-            self._flush()
-
-    def _on(self, message: Any, now: float) -> None:
-        self.received[message.TYPE] += 1
-        if isinstance(message, Ping):
-            self._send(Pong(agent_id=message.agent_id))
-        elif isinstance(message, AgentRegistered) and self.agent_id is None:
-            self.agent_id = message.agent_id
-            self._apply(self.updates.resume(now))
-        elif isinstance(message, RunTask):
-            self._run(message, now)
-        elif isinstance(message, StatusUpdateAcks):  # as the real agent: one by one
-            for ack in message.each():
-                self._on_ack(ack, now)
-        elif isinstance(message, StatusUpdateAck):
-            self._on_ack(message, now)
-
-    def _on_ack(self, message: StatusUpdateAck, now: float) -> None:
-        self._apply(self.updates.acknowledge(
-            message.framework_id, message.task_id, message.uuid, now))
-        if self.executor_exits and not self.updates.has_stream(message.framework_id,
-                                                                message.task_id):
-            # As the agent did before it kept a command task's executor to itself:
-            # the terminal update is acknowledged, the executor is gone.
-            assert self.agent_id is not None
-            self._send(ExecutorExited(
-                agent_id=self.agent_id, framework_id=message.framework_id,
-                executor_id=message.task_id, status=0))
-
-    def _run(self, message: RunTask, now: float) -> None:
-        task, framework_id = message.task, message.framework.id
-        assert framework_id is not None and self.agent_id is not None
-        self.runs[task.task_id] += 1
-        if self.runs[task.task_id] > 1:
-            return
-        for state in (TaskState.TASK_RUNNING, TaskState.TASK_FINISHED):
-            status = TaskStatus(task_id=task.task_id, state=state, source=Source.EXECUTOR,
-                                agent_id=self.agent_id, executor_id=task.task_id,
-                                uuid=new_uuid(), timestamp=time.time())
-            self._apply(self.updates.add(
-                StatusUpdate(framework_id=framework_id, status=status), now))
-
-    def _apply(self, effects: list[Any]) -> None:
-        for effect in effects:
-            if isinstance(effect, SendMaster):
-                self._send(effect.message)
-            elif isinstance(effect, (ArmTimer, CancelTimer)):
-                self.timers.perform(effect)
-
-    def _retry_due(self, key: Any) -> None:
-        self._apply(self.updates.timer_fired(key, time.monotonic()))
-        self._flush()
-
-    def _send(self, message: Any) -> None:
-        self.sent[message.TYPE] += 1
-        self._outbox.append(encode(message))
-        if not self.batches:
-            self._flush()
-
-    def _flush(self) -> None:
-        """Send what waits: one frame, a batch when there is more than one."""
-        frames, self._outbox = self._outbox, []
-        if not frames:
-            return
-        if not self.sock.send_frame(frames[0] if len(frames) == 1 else encode_batch(frames)):
-            self.send_failures += 1  # like a frame lost on the network: retries cover it
-
-
-def agent_worker(endpoint: str | list[str], names: list[str], conn: Connection,
-                 capabilities: tuple[str, ...], executor_exits: bool) -> None:
-    """A process of simulated agents; says when all are registered, reports on "stop"."""
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    gc_pauses.install()  # as the master does: 5,000 agents are a large heap too
-    asyncio.run(_agents(endpoint, names, conn, capabilities, executor_exits))
-
-
-async def _agents(endpoint: str | list[str], names: list[str], conn: Connection,
-                  capabilities: tuple[str, ...], executor_exits: bool) -> None:
-    zmq.asyncio.Context.instance().set(zmq.MAX_SOCKETS, len(names) + 100)
-    endpoints = [endpoint] if isinstance(endpoint, str) else endpoint  # link shards: many
-    agents = [SimAgent(name, endpoints[i % len(endpoints)], capabilities, executor_exits)
-              for i, name in enumerate(names)]
-    loops = [asyncio.ensure_future(a.serve()) for a in agents]
-    loops += [asyncio.ensure_future(a.register()) for a in agents]
-    while any(a.agent_id is None for a in agents):
-        await asyncio.sleep(0.1)
-    gc_pauses.settle()  # the agents are built: as the real agent does once it is up
-    for agent in agents:  # count the flood's messages, not the registrations'
-        agent.received.clear()
-        agent.sent.clear()
-    conn.send("registered")
-    await asyncio.get_running_loop().run_in_executor(None, conn.recv)
-    conn.send({
-        "received": sum((a.received for a in agents), Counter()),
-        "sent": sum((a.sent for a in agents), Counter()),
-        "launches": sum(sum(a.runs.values()) for a in agents),
-        "duplicates": sum(n - 1 for a in agents for n in a.runs.values() if n > 1),
-        "retried": sum(a.updates.retried for a in agents),
-        "send_failures": sum(a.send_failures for a in agents),
-    })
-    for loop in loops:
-        loop.cancel()
-    for agent in agents:
-        agent.sock.close()
+# simulated agents: benchmarks/sim_agents.py
 
 
 # ------------------------------------------------------------------ frameworks
@@ -505,6 +352,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--executor-exits", action="store_true",
                         help="simulated agents report each command task's executor gone "
                              "(ExecutorExited), as the agent did before")
+    parser.add_argument("--full-decode", action="store_true",
+                        help="simulated agents decode every frame into the full message "
+                             "(dyad.messages.decode), as the real agent does, instead of "
+                             "reading only the fields they use")
     parser.add_argument("--link-shards", type=int, default=0, metavar="N",
                         help="agents connect through N link shards (dyad-link-shard) "
                              "instead of to the master itself")
@@ -568,7 +419,8 @@ def measure(args: argparse.Namespace, total: int, master_args: tuple[str, ...] =
                 parent, child = ctx.Pipe()
                 process = ctx.Process(target=agent_worker, daemon=True,
                                       args=(endpoints, names[w::args.workers], child,
-                                            capabilities, args.executor_exits))
+                                            capabilities, args.executor_exits,
+                                            getattr(args, "full_decode", False)))
                 process.start()
                 workers.append((process, parent))
             started = time.monotonic()
@@ -651,6 +503,7 @@ def report(args: argparse.Namespace, total: int, reference: float, launchers: li
     print(f"master frames received per task: {frames / max(done, 1):.1f}; "
           f"status updates resent: {sum(r['retried'] for r in reports)}; "
           f"agent sends refused: {sum(r['send_failures'] for r in reports)}; "
+          f"frames agents could not read: {sum(r.get('bad_frames', 0) for r in reports)}; "
           f"driver sends that waited: {sum(d.send_waits for d in drivers)}; "
           f"master dropped sends: {after.get('master/dropped_sends', 0):.0f} "
           f"(to a full queue {after.get('master/sends_full', 0):.0f}, to a peer gone "
