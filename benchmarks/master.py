@@ -326,7 +326,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def main(argv: list[str] | None = None) -> int:
+def arguments() -> argparse.ArgumentParser:
+    """The benchmark's flags (also how `benchmarks.usage_store` builds a run)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--agents", type=int, default=1000)
     parser.add_argument("--frameworks", type=int, default=1)
@@ -363,7 +364,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master-arg", action="append", default=[], metavar="ARG",
                         help="passed to dyad-master (repeat: --master-arg=--usage-store "
                              "--master-arg=off)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments().parse_args(argv)
     gc_pauses.install()  # the drivers' process holds every task's times
     # Each simulated agent is a connection of its own: the master holds one
     # descriptor per agent, a worker two (its socket's TCP and mailbox).
@@ -420,7 +425,7 @@ def measure(args: argparse.Namespace, total: int, master_args: tuple[str, ...] =
                 process = ctx.Process(target=agent_worker, daemon=True,
                                       args=(endpoints, names[w::args.workers], child,
                                             capabilities, args.executor_exits,
-                                            getattr(args, "full_decode", False)))
+                                            args.full_decode))
                 process.start()
                 workers.append((process, parent))
             started = time.monotonic()

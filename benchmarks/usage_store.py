@@ -173,7 +173,7 @@ def big(engine: DuckDBEngine, rows: int, target: int, small: float) -> None:
 
 def launch_run(store: str) -> tuple[float, float]:
     """Tasks/s and the master's CPU ms per task, in one run with the store on or off."""
-    args = argparse.Namespace(agents=200, frameworks=1, workers=2, timeout=600.0)
+    args = master_bench.arguments().parse_args(["--agents", "200"])
     total = args.agents * master_bench.SLOTS_PER_AGENT * 2
     launchers, _, _, _, _, cpu = master_bench.measure(args, total, ("--usage-store", store))
     accepted = [t for l in launchers for t in l.accepted_at.values()]
