@@ -36,12 +36,16 @@ from master.model import (
     UnreachableAgent, task_counter,
 )
 from master.removals import RemovalLimiter
-from master.usage.schema import TaskEvent
-from master.usage_rows import DimensionsCache, RecordUsage, task_event
+from master.usage.schema import TaskEvent, trusted_event
+from master.usage_rows import DimensionsCache, RecordUsage, source_name
 
 TERMINAL_NAMES = frozenset(state.name for state in TaskState if state.is_terminal)
 """The names of terminal task states: a str's hash is kept, an enum member's is
 computed in Python each time it is looked up."""
+TASK_STATE_FIELDS = ("framework_id", "task_id", "state", "agent_id", "source", "reason")
+"""A `task_state` entry's fields in the events log, in order (`_task_event`)."""
+MASTER_STATE_FIELDS = (*TASK_STATE_FIELDS, "message")
+"""... and those of a status the master makes up (`_master_update`)."""
 TASK_COUNTERS = {state.name: task_counter(state) for state in TaskState}
 """`task_counter` of each state, by name: made once, not once a task."""
 
@@ -312,9 +316,8 @@ class MasterBooks:
         """A status the master makes up itself: no uuid, so no acknowledgement."""
         if state.is_terminal:
             self.counters.inc(task_counter(state))
-        self.events.record(self._now, "task_state", framework_id=framework.id,
-                           task_id=task_id, state=state._name_, agent_id=agent_id,
-                           source="master", reason=reason, message=message)
+        self.events.record_values(self._now, "task_state", MASTER_STATE_FIELDS, (
+            framework.id, task_id, state._name_, agent_id, "master", reason, message))
         if self.config.record_usage:
             task = (framework.tasks.get(task_id) or framework.unreachable_tasks.get(task_id)
                     or framework.completed.get(task_id))
@@ -337,9 +340,8 @@ class MasterBooks:
         """Log `task`'s current state in the events log (and the usage store)."""
         state = task.state
         # `_name_`: the member's name without the enum property's cost (three a task).
-        self.events.record(self._now, "task_state", framework_id=task.framework_id,
-                           task_id=task.task_id, state=state._name_,
-                           agent_id=task.agent_id, source=source, reason=reason)
+        self.events.record_values(self._now, "task_state", TASK_STATE_FIELDS, (
+            task.framework_id, task.task_id, state._name_, task.agent_id, source, reason))
         if self.config.record_usage:
             framework = self.frameworks.get(task.framework_id)
             if framework is not None:
@@ -357,14 +359,15 @@ class MasterBooks:
         role = ((self.allocator.allocation_role(agent_id, framework.id)
                  if agent is not None else None) or framework.info.roles[0])
         dimensions = self._dimensions
-        who = dimensions.of(task_id, framework, agent, task, role)
+        who, cpus, mem_bytes = dimensions.parts(task_id, framework, agent, task, role)
         name = state._name_
         if name in TERMINAL_NAMES:
             dimensions.forget(framework.id, task_id)
-        self._usage_events.append(task_event(
-            task_id, framework, agent, task, role, name, self._now, reason=reason,
-            message=message, source=source, healthy=task.healthy if task else None,
-            who=who))
+        # `usage_rows.task_event`, unchecked: every value is the core's own (its
+        # clock, the task's record), so the row type's checks are skipped.
+        self._usage_events.append(trusted_event((
+            self._now, who, name, reason, message, source_name(source),
+            task.healthy if task else None, cpus, mem_bytes)))
 
     def _usage_out(self) -> None:
         """End of a step: its task events, queued by `_record_event`, as one

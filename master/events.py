@@ -39,12 +39,14 @@ class EventLog:
 
     Entries are kept as plain `(seq, time, kind, fields)` tuples and made
     `LogEntry`s only when read: the master records three a task under a launch
-    flood (issue 19), and nearly all of them fall off unread."""
+    flood (issue 19), and nearly all of them fall off unread. `record_values`
+    keeps `fields` as a `(names, values)` pair, made a dict only when read."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         if capacity < 1:
             raise ValueError(f"an events log needs room for at least one entry, not {capacity}")
-        self._entries: collections.deque[tuple[int, float, str, dict[str, Any]]] = \
+        self._entries: collections.deque[
+            tuple[int, float, str, dict[str, Any] | tuple[tuple[str, ...], tuple[Any, ...]]]] = \
             collections.deque(maxlen=capacity)
         self._last_seq = 0
 
@@ -63,6 +65,13 @@ class EventLog:
         seq = self._last_seq = self._last_seq + 1
         self._entries.append((seq, now, kind, fields))
 
+    def record_values(self, now: float, kind: str, names: tuple[str, ...],
+                      values: tuple[Any, ...]) -> None:
+        """`record(now, kind, **dict(zip(names, values)))`, without making the
+        dict: for the entries the master makes per task (`names` a constant)."""
+        seq = self._last_seq = self._last_seq + 1
+        self._entries.append((seq, now, kind, (names, values)))
+
     def since(self, seq: int, limit: int = 1000) -> list[LogEntry]:
         """Up to `limit` entries with a number above `seq`, oldest first."""
         if seq >= self._last_seq or limit <= 0:
@@ -70,7 +79,7 @@ class EventLog:
         # Numbers are consecutive, so the start is an index, not a search.
         start = max(0, seq + 1 - self.first_seq)
         entries = self._entries
-        return [LogEntry(*entries[i]) for i in range(start, min(len(entries), start + limit))]
+        return [_entry(*entries[i]) for i in range(start, min(len(entries), start + limit))]
 
     def page(self, seq: int, limit: int = 1000) -> dict[str, Any]:
         """The `GET /events` document: entries after `seq`, and where to go on."""
@@ -80,3 +89,11 @@ class EventLog:
                 # reader's `since` belongs to the previous leader's log.
                 "next": entries[-1].seq if entries else self._last_seq,
                 "events": [entry.to_json() for entry in entries]}
+
+
+def _entry(seq: int, time: float, kind: str,
+           fields: dict[str, Any] | tuple[tuple[str, ...], tuple[Any, ...]]) -> LogEntry:
+    if type(fields) is tuple:
+        names, values = fields
+        fields = dict(zip(names, values))
+    return LogEntry(seq, time, kind, fields)  # type: ignore[arg-type]

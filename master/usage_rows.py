@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from dyad.messages import ExecutorUsage, Source, UsageReport
-from master.usage.schema import Dimensions, TaskEvent, UsageSample
+from master.usage.schema import Dimensions, TaskEvent, UsageSample, trusted_dimensions
 
 if TYPE_CHECKING:
     from master.model import MasterAgent, MasterFramework, MasterTask
@@ -67,6 +67,8 @@ class Rows:
 
 
 def app_of(labels: Mapping[str, str]) -> str:
+    if not labels:  # most tasks have none
+        return ""
     for key in APP_LABELS:
         if labels.get(key):
             return labels[key]
@@ -76,41 +78,59 @@ def app_of(labels: Mapping[str, str]) -> str:
 def dimensions(task_id: str, framework: MasterFramework, agent: MasterAgent | None,
                task: MasterTask | None, role: str) -> Dimensions:
     labels = task.labels if task is not None else {}
-    return Dimensions(
-        task_id=task_id, framework_id=framework.id, role=role, app=app_of(labels),
-        agent_id=agent.id if agent is not None else (task.agent_id if task else ""),
-        hostname=agent.info.hostname if agent is not None else "",
-        agent_attributes=agent.info.attributes if agent is not None else {},
-        labels=labels)
+    # Built from the master's own records: `trusted_dimensions` is `Dimensions(...)`
+    # without attrs' generated `__init__` (the maps are converted all the same).
+    return trusted_dimensions(
+        task_id, framework.id, role, app_of(labels),
+        agent.id if agent is not None else (task.agent_id if task else ""),
+        agent.info.hostname if agent is not None else "",
+        agent.info.attributes if agent is not None else {}, labels)
+
+
+def sizes(task: MasterTask | None) -> tuple[float, int]:
+    """A task event's `cpus` and `mem_bytes`: the task's allocation (0 without a record)."""
+    if task is None:
+        return 0.0, 0
+    resources = task.resources
+    return resources.get("cpus"), int(resources.get("mem") * MIB)
 
 
 class DimensionsCache:
-    """The dimensions of tasks recently recorded, so a task's events after its
-    first reuse one value (issue 19: building them was most of what the usage
-    rows cost the master under a launch flood, three events a task). A kept
-    value is used only while what it was built from is the very same: the
-    agent's info, the task record and the role; anything else builds afresh,
-    so the rows are exactly those `dimensions` gives."""
+    """The dimensions (and row sizes, `sizes`) of tasks recently recorded, so a
+    task's events after its first reuse one value (issue 19: building them was
+    most of what the usage rows cost the master under a launch flood, three
+    events a task). A kept value is used only while what it was built from is
+    the very same: the agent's info, the task record and its resources, and the
+    role; anything else builds afresh, so the rows are exactly those
+    `dimensions` and `sizes` give."""
 
     def __init__(self, most: int = DIMENSIONS_KEPT) -> None:
         self.most = most
-        self._kept: dict[tuple[str, str], tuple[object, object, str, Dimensions]] = {}
+        self._kept: dict[tuple[str, str],
+                         tuple[object, object, str, object, tuple[Dimensions, float, int]]] = {}
 
     def __len__(self) -> int:
         return len(self._kept)
 
     def of(self, task_id: str, framework: MasterFramework, agent: MasterAgent | None,
            task: MasterTask | None, role: str) -> Dimensions:
+        return self.parts(task_id, framework, agent, task, role)[0]
+
+    def parts(self, task_id: str, framework: MasterFramework, agent: MasterAgent | None,
+              task: MasterTask | None, role: str) -> tuple[Dimensions, float, int]:
+        """The task's dimensions, `cpus` and `mem_bytes`."""
         key = (framework.id, task_id)
         info = agent.info if agent is not None else None
+        resources = task.resources if task is not None else None
         kept = self._kept.get(key)
-        if kept is not None and kept[0] is info and kept[1] is task and kept[2] == role:
-            return kept[3]
-        who = dimensions(task_id, framework, agent, task, role)
+        if (kept is not None and kept[0] is info and kept[1] is task and kept[2] == role
+                and kept[3] is resources):
+            return kept[4]
+        made = (dimensions(task_id, framework, agent, task, role), *sizes(task))
         if len(self._kept) >= self.most:
             self._kept.clear()  # rebuilt as tasks speak again: a bound, not a policy
-        self._kept[key] = (info, task, role, who)
-        return who
+        self._kept[key] = (info, task, role, resources, made)
+        return made
 
     def forget(self, framework_id: str, task_id: str) -> None:
         self._kept.pop((framework_id, task_id), None)
@@ -169,12 +189,15 @@ def task_event(task_id: str, framework: MasterFramework, agent: MasterAgent | No
                healthy: bool | None = None, who: Dimensions | None = None) -> TaskEvent:
     """A state change as a row; `task` is None for a launch refused before the
     master made a record of it. `who`: its dimensions, if the caller has them."""
-    cpus = task.resources.get("cpus") if task is not None else 0.0
-    mem = task.resources.get("mem") if task is not None else 0.0
+    cpus, mem_bytes = sizes(task)
     if who is None:
         who = dimensions(task_id, framework, agent, task, role)
     return TaskEvent(
         at=now, who=who, state=state,
-        reason=reason, message=message, source=_SOURCES.get(source, source),
-        healthy=healthy, cpus=cpus,
-        mem_bytes=int(mem * MIB))
+        reason=reason, message=message, source=source_name(source),
+        healthy=healthy, cpus=cpus, mem_bytes=mem_bytes)
+
+
+def source_name(source: str) -> str:
+    """The store's `source` for the events log's short name (others as they are)."""
+    return _SOURCES.get(source, source)

@@ -13,19 +13,28 @@ seconds since the epoch (floats); the store keeps them as UTC `TIMESTAMP`s.
 
 from __future__ import annotations
 
+import collections
 import math
 
 import attrs
 
 
-def _finite_nonnegative(_instance: object, attribute: attrs.Attribute, value: float) -> None:
+def _check_finite_nonnegative(name: str, value: float) -> None:
     if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"{attribute.name} must be a finite number >= 0, not {value!r}")
+        raise ValueError(f"{name} must be a finite number >= 0, not {value!r}")
+
+
+def _check_time(name: str, value: float) -> None:
+    if not (math.isfinite(value) and 0 <= value < 2 ** 34):  # until the year 2514
+        raise ValueError(f"{name} must be seconds since the epoch, not {value!r}")
+
+
+def _finite_nonnegative(_instance: object, attribute: attrs.Attribute, value: float) -> None:
+    _check_finite_nonnegative(attribute.name, value)
 
 
 def _time(_instance: object, attribute: attrs.Attribute, value: float) -> None:
-    if not (math.isfinite(value) and 0 <= value < 2 ** 34):  # until the year 2514
-        raise ValueError(f"{attribute.name} must be seconds since the epoch, not {value!r}")
+    _check_time(attribute.name, value)
 
 
 def _labels(value: object) -> dict[str, str]:
@@ -53,6 +62,34 @@ class Dimensions:
     revocable: bool = False
 
 
+(_SET_TASK_ID, _SET_FRAMEWORK_ID, _SET_ROLE, _SET_APP, _SET_AGENT_ID, _SET_HOSTNAME,
+ _SET_AGENT_ATTRIBUTES, _SET_LABELS, _SET_PRIORITY, _SET_REVOCABLE) = (
+    getattr(Dimensions, name).__set__ for name in (
+        "task_id", "framework_id", "role", "app", "agent_id", "hostname",
+        "agent_attributes", "labels", "priority", "revocable"))
+
+
+def trusted_dimensions(task_id: str, framework_id: str, role: str, app: str, agent_id: str,
+                       hostname: str, agent_attributes: object, labels: object) -> Dimensions:
+    """`Dimensions(...)` of these (the maps converted as its converters do), made
+    without attrs' generated `__init__`: for the master core, once a task."""
+    who = _object_new(Dimensions)
+    _SET_TASK_ID(who, task_id)
+    _SET_FRAMEWORK_ID(who, framework_id)
+    _SET_ROLE(who, role)
+    _SET_APP(who, app)
+    _SET_AGENT_ID(who, agent_id)
+    _SET_HOSTNAME(who, hostname)
+    _SET_AGENT_ATTRIBUTES(who, _labels(agent_attributes))
+    _SET_LABELS(who, _labels(labels))
+    _SET_PRIORITY(who, 0)
+    _SET_REVOCABLE(who, False)
+    return who
+
+
+_object_new = object.__new__
+
+
 @attrs.frozen(kw_only=True)
 class UsageSample:
     """One sample of what a task's executor used. `cpus_used` is cores averaged over
@@ -75,20 +112,40 @@ class UsageSample:
     sample_weight: float = attrs.field(default=1.0, validator=attrs.validators.ge(1.0))
 
 
-@attrs.frozen(kw_only=True)
-class TaskEvent:
-    """A task changed state. `cpus` and `mem_bytes` are the task's allocation, so
-    slack (allocation - usage) can be asked of the store alone."""
+_EVENT_FIELDS = ("at", "who", "state", "reason", "message", "source", "healthy", "cpus",
+                 "mem_bytes")
 
-    at: float = attrs.field(validator=_time)
-    who: Dimensions
-    state: str
-    reason: str = ""
-    message: str = ""
-    source: str = ""
-    healthy: bool | None = None
-    cpus: float = attrs.field(default=0.0, validator=_finite_nonnegative)
-    mem_bytes: int = attrs.field(default=0, validator=_finite_nonnegative)
+
+class TaskEvent(collections.namedtuple("TaskEvent", _EVENT_FIELDS,
+                                       defaults=("", "", "", None, 0.0, 0))):
+    """A task changed state. `cpus` and `mem_bytes` are the task's allocation, so
+    slack (allocation - usage) can be asked of the store alone.
+
+    A tuple (issue 19: the master makes three a task under a launch flood, and an
+    attrs instance with validators cost it ten times a tuple). Made with keywords
+    it checks its numbers as the other rows do; the master core makes its own
+    with `trusted_event`, from values it built itself (its clock, a launched
+    task's resources), which skips the checks."""
+
+    __slots__ = ()
+
+    def __new__(cls, at: float, who: Dimensions, state: str, reason: str = "",
+                message: str = "", source: str = "", healthy: bool | None = None,
+                cpus: float = 0.0, mem_bytes: int = 0) -> TaskEvent:
+        _check_time("at", at)
+        _check_finite_nonnegative("cpus", cpus)
+        _check_finite_nonnegative("mem_bytes", mem_bytes)
+        return tuple.__new__(cls, (at, who, state, reason, message, source, healthy,
+                                   cpus, mem_bytes))
+
+
+def trusted_event(values: tuple) -> TaskEvent:
+    """A `TaskEvent` of `values` in `TaskEvent` field order, unchecked: for rows
+    the master core builds from its own records (`master.usage_rows`)."""
+    return _tuple_new(TaskEvent, values)
+
+
+_tuple_new = tuple.__new__
 
 
 DIMENSION_COLUMNS = (
@@ -126,5 +183,4 @@ def usage_values(s: UsageSample) -> tuple:
 
 def event_values(e: TaskEvent) -> tuple:
     """An event's values in `EVENT_COLUMNS` order (`ts` as epoch seconds)."""
-    return (e.at, *dimension_values(e.who), e.state, e.reason, e.message, e.source,
-            e.healthy, e.cpus, e.mem_bytes)
+    return (e[0], *dimension_values(e[1]), *e[2:])  # a `TaskEvent` is a tuple

@@ -61,6 +61,42 @@ def test_master_logs_the_life_of_agents_frameworks_offers_and_tasks() -> None:
     assert removed.time == h.clock.now()
 
 
+def test_entries_kept_as_names_and_values_read_as_entries_kept_as_fields() -> None:
+    log = EventLog(capacity=4)
+    log.record(1.0, "task_state", framework_id="f", task_id="t", state="TASK_RUNNING")
+    log.record_values(2.0, "task_state", ("framework_id", "task_id", "state"),
+                      ("f", "t", "TASK_FINISHED"))
+    first, second = log.since(0)
+    assert (second.seq, second.time, second.kind) == (2, 2.0, "task_state")
+    assert second.fields == {"framework_id": "f", "task_id": "t", "state": "TASK_FINISHED"}
+    assert list(second.to_json()) == list(first.to_json())  # the same keys, in order
+    assert log.page(1)["events"] == [{"seq": 2, "time": 2.0, "type": "task_state",
+                                      "framework_id": "f", "task_id": "t",
+                                      "state": "TASK_FINISHED"}]
+
+
+def test_the_masters_task_entries_name_every_field_in_order() -> None:
+    h = Harness()
+    agent = h.register("a1")
+    fid = h.subscribe("d1")
+    offers = h.offers_to(h.allocate(), "d1")
+    h.recv("d1", launch(fid, offers, task("t1", agent), task("bad", agent, resources="cpus:99"),
+                        refuse=0))
+    h.recv("a1", StatusUpdate(framework_id=fid, status=status(
+        "t1", TaskState.TASK_RUNNING, agent_id=agent)))
+    staging, error, running = [e.to_json() for e in h.state.events.since(0)
+                               if e.kind == "task_state"]
+    base = ["seq", "time", "type", "framework_id", "task_id", "state", "agent_id", "source",
+            "reason"]
+    assert list(staging) == base and list(running) == base
+    assert list(error) == [*base, "message"]  # a status the master made up
+    assert (staging["task_id"], staging["state"], staging["agent_id"], staging["source"],
+            staging["reason"]) == ("t1", "TASK_STAGING", agent, "master", "")
+    assert (running["state"], running["source"]) == ("TASK_RUNNING", "agent")
+    assert (error["task_id"], error["state"], error["source"]) == ("bad", "TASK_ERROR", "master")
+    assert error["message"] and error["reason"]
+
+
 def test_master_logs_invalid_tasks_and_unreachable_agents() -> None:
     h = Harness(MasterConfig(agent_ping_timeout=1.0, max_agent_ping_timeouts=1))
     agent = h.register("a1")

@@ -13,7 +13,8 @@ from dyad.messages import (
 )
 from master.model import MasterConfig, Received
 from master.state import MasterState
-from master.usage_rows import DimensionsCache, RecordUsage, dimensions
+from master.usage.schema import Dimensions, TaskEvent, event_values
+from master.usage_rows import DimensionsCache, RecordUsage, dimensions, task_event
 from tests.unit.test_master_state import Harness, launch, status, task
 
 
@@ -87,6 +88,30 @@ def test_a_launch_and_its_status_updates_become_events_with_dimensions(h: Record
     assert who.agent_attributes == {"rack": "r1"} and who.labels == LABELS
     assert (running_.cpus, running_.mem_bytes) == (0.5, 256 * 2 ** 20)
     assert h.metric("master/usage_events") == 2
+
+
+def test_the_cores_unchecked_rows_are_those_the_checked_constructors_make(
+        h: Recording) -> None:
+    """The core builds its rows without the row types' checks (`trusted_event`,
+    `trusted_dimensions`); they must be the very values the checked
+    constructors give, of the same types."""
+    h.recv("a1", StatusUpdate(framework_id=h.fid, status=status(
+        "t1", TaskState.TASK_RUNNING, uuid="r1", healthy=True, message="up")))
+    h.recv("a1", StatusUpdate(framework_id=h.fid, status=status(
+        "t1", TaskState.TASK_FINISHED, uuid="r2", reason=Reason.COMMAND_EXECUTOR_FAILED)))
+    assert len(h.events) == 3
+    framework, agent = h.state.frameworks[h.fid], h.state.agents[h.aid]
+    record = framework.completed["t1"]
+    for event in h.events:
+        assert type(event) is TaskEvent and type(event.who) is Dimensions
+        assert event == TaskEvent(**event._asdict())
+        assert event.who == Dimensions(**attrs.asdict(event.who, recurse=False))
+        assert event_values(event) == event_values(task_event(
+            "t1", framework, agent, record, "eng", event.state, event.at,
+            reason=event.reason, message=event.message, source=event.source,
+            healthy=event.healthy))
+    assert [e.state for e in h.events] == ["TASK_STAGING", "TASK_RUNNING", "TASK_FINISHED"]
+    assert h.events[2].reason == Reason.COMMAND_EXECUTOR_FAILED
 
 
 def test_usage_reports_become_samples_with_throttled_time_as_deltas(h: Recording) -> None:

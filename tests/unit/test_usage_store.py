@@ -230,6 +230,13 @@ def test_rows_validate_their_numbers() -> None:
         sample(T0, cpus=-1)
     with pytest.raises(ValueError):
         sample(T0, weight=0.5)
+    event(T0, WEB, "TASK_RUNNING")
+    with pytest.raises(ValueError):
+        event(float("nan"), WEB, "TASK_RUNNING")
+    with pytest.raises(ValueError):
+        TaskEvent(at=T0, who=WEB, state="TASK_RUNNING", cpus=-1.0)
+    with pytest.raises(ValueError):
+        TaskEvent(at=T0, who=WEB, state="TASK_RUNNING", mem_bytes=float("inf"))
 
 
 @pytest.mark.parametrize("seconds", ["1700000000", "1700000000.5", "0"])
