@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from dyad.messages import ExecutorUsage, Source, UsageReport
-from master.usage.schema import Dimensions, TaskEvent, UsageSample, trusted_dimensions
+from master.usage.schema import Dimensions, TaskEvent, UsageSample
 
 if TYPE_CHECKING:
     from master.model import MasterAgent, MasterFramework, MasterTask
@@ -78,13 +78,11 @@ def app_of(labels: Mapping[str, str]) -> str:
 def dimensions(task_id: str, framework: MasterFramework, agent: MasterAgent | None,
                task: MasterTask | None, role: str) -> Dimensions:
     labels = task.labels if task is not None else {}
-    # Built from the master's own records: `trusted_dimensions` is `Dimensions(...)`
-    # without attrs' generated `__init__` (the maps are converted all the same).
-    return trusted_dimensions(
-        task_id, framework.id, role, app_of(labels),
-        agent.id if agent is not None else (task.agent_id if task else ""),
-        agent.info.hostname if agent is not None else "",
-        agent.info.attributes if agent is not None else {}, labels)
+    return Dimensions(
+        task_id=task_id, framework_id=framework.id, role=role, app=app_of(labels),
+        agent_id=agent.id if agent is not None else (task.agent_id if task else ""),
+        hostname=agent.info.hostname if agent is not None else "",
+        agent_attributes=agent.info.attributes if agent is not None else {}, labels=labels)
 
 
 def sizes(task: MasterTask | None) -> tuple[float, int]:

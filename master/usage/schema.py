@@ -62,34 +62,6 @@ class Dimensions:
     revocable: bool = False
 
 
-(_SET_TASK_ID, _SET_FRAMEWORK_ID, _SET_ROLE, _SET_APP, _SET_AGENT_ID, _SET_HOSTNAME,
- _SET_AGENT_ATTRIBUTES, _SET_LABELS, _SET_PRIORITY, _SET_REVOCABLE) = (
-    getattr(Dimensions, name).__set__ for name in (
-        "task_id", "framework_id", "role", "app", "agent_id", "hostname",
-        "agent_attributes", "labels", "priority", "revocable"))
-
-
-def trusted_dimensions(task_id: str, framework_id: str, role: str, app: str, agent_id: str,
-                       hostname: str, agent_attributes: object, labels: object) -> Dimensions:
-    """`Dimensions(...)` of these (the maps converted as its converters do), made
-    without attrs' generated `__init__`: for the master core, once a task."""
-    who = _object_new(Dimensions)
-    _SET_TASK_ID(who, task_id)
-    _SET_FRAMEWORK_ID(who, framework_id)
-    _SET_ROLE(who, role)
-    _SET_APP(who, app)
-    _SET_AGENT_ID(who, agent_id)
-    _SET_HOSTNAME(who, hostname)
-    _SET_AGENT_ATTRIBUTES(who, _labels(agent_attributes))
-    _SET_LABELS(who, _labels(labels))
-    _SET_PRIORITY(who, 0)
-    _SET_REVOCABLE(who, False)
-    return who
-
-
-_object_new = object.__new__
-
-
 @attrs.frozen(kw_only=True)
 class UsageSample:
     """One sample of what a task's executor used. `cpus_used` is cores averaged over

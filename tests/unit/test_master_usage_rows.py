@@ -92,8 +92,8 @@ def test_a_launch_and_its_status_updates_become_events_with_dimensions(h: Record
 
 def test_the_cores_unchecked_rows_are_those_the_checked_constructors_make(
         h: Recording) -> None:
-    """The core builds its rows without the row types' checks (`trusted_event`,
-    `trusted_dimensions`); they must be the very values the checked
+    """The core builds its rows without the row types' checks (`trusted_event`);
+    they must be the very values the checked
     constructors give, of the same types."""
     h.recv("a1", StatusUpdate(framework_id=h.fid, status=status(
         "t1", TaskState.TASK_RUNNING, uuid="r1", healthy=True, message="up")))
