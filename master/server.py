@@ -547,6 +547,12 @@ class MasterServer:
         self._close_sockets()  # drops anything still queued
         self.lost.set_result(reason)
 
+    def _lease_lapsed(self) -> bool:
+        """Is the lease on the ZooKeeper session unconfirmed (asked before every
+        event: a core must never act on one without it)?"""
+        lease = self._lease
+        return lease is not None and not lease.valid()
+
     async def _may_act(self) -> None:
         """Wait while the lease on the ZooKeeper session is not confirmed."""
         lease = self._lease
@@ -650,8 +656,7 @@ class MasterServer:
                     await self._work.wait()
                 self._batch.extend(self._next_batch())
             while self._batch:
-                lease = self._lease
-                if lease is not None and not lease.valid():
+                if self._lease_lapsed():
                     await self._may_act()
                 self._handle(self._batch.popleft())
             self._flush_sends()

@@ -294,10 +294,10 @@ async def test_a_loop_that_keeps_dying_takes_the_master_down(
     """A bug that kills the event loop on every event: logged, counted, restarted,
     and after a few deaths the master steps down (dyad-master then exits 75)
     instead of running as a zombie; /health says why."""
-    async def broken() -> None:
+    def broken() -> bool:
         raise RuntimeError("a bug in the shell")
 
-    monkeypatch.setattr(master, "_may_act", broken)
+    monkeypatch.setattr(master, "_lease_lapsed", broken)  # asked before every event
     for _ in range(10):  # each kills the loop once
         master.submit(AllocationTimed(0.001))
     reason = await asyncio.wait_for(master.lost, DEADLINE)
