@@ -396,8 +396,11 @@ class HierarchicalAllocator(QuotaRooms):
     def release(self, agent_id: str, framework_id: str, resources: Resources) -> None:
         """`resources` allocated to the framework on the agent are free again (a task
         ended, an executor exited, an offer came back)."""
-        agent = self._agent(agent_id)
-        self._framework(framework_id)
+        agent = self._agents.get(agent_id)  # `_agent`, `_framework`: without a call
+        if agent is None:
+            agent = self._agent(agent_id)  # raises
+        if framework_id not in self._frameworks:
+            self._framework(framework_id)  # raises
         if resources.is_empty():
             return
         held = agent.allocated.get(framework_id, EMPTY)
@@ -669,7 +672,8 @@ class HierarchicalAllocator(QuotaRooms):
             free[kind] -= milli
         self._role_sorter.allocated(role, scalars)
         self._roles[role].sorter.allocated(framework_id, scalars)
-        self._allocation_changed(role, scalars, unreserved)
+        if self._quota or self._quota_blocked or self._rooms:  # else it changes nothing
+            self._allocation_changed(role, scalars, unreserved)
 
     def _release(self, agent_id: str, agent: _Agent, framework_id: str,
                  resources: Resources, pending: dict[str, dict[str, int]] | None = None,
@@ -727,7 +731,8 @@ class HierarchicalAllocator(QuotaRooms):
         else:
             agent.allocated[framework_id] = left
         self._dirty[agent_id] = None
-        if not told:
+        # Without quota, nothing kept or blocked: `_allocation_changed` changes nothing.
+        if not told and (self._quota or self._quota_blocked or self._rooms):
             self._allocation_changed(role)
 
     def _sort_released(self) -> None:
