@@ -441,10 +441,14 @@ class Resources:
 _set = object.__setattr__
 
 
+_SETTER = Callable[[object, object], None]
+_SET_SCALARS: _SETTER = Resources.__dict__["_scalars"].__set__
+_SET_RANGES: _SETTER = Resources.__dict__["_ranges"].__set__
+
+
 def _make(scalars: dict[Key, int], ranges: dict[Key, RangeList],
           _new: Callable[[type], object] = object.__new__,
-          _set_scalars: Callable[[object, object], None] = Resources._scalars.__set__,  # type: ignore[attr-defined]
-          _set_ranges: Callable[[object, object], None] = Resources._ranges.__set__,  # type: ignore[attr-defined]
+          _set_scalars: _SETTER = _SET_SCALARS, _set_ranges: _SETTER = _SET_RANGES,
           ) -> Resources:
     # Trusted constructor: the caller hands over dicts that already keep the
     # invariants and that nobody mutates afterwards. The slots' own setters,
