@@ -122,6 +122,12 @@ class _Window:
         """The earliest time a weight may lapse (never before it)."""
         return self._order[0][0] + self.seconds if self._order else math.inf
 
+    def lapses_by(self, now: float) -> float:
+        """`lapses_at` of this window at `now` and after: a weight opened later
+        lapses `seconds` after `now` at the earliest, so an empty window bounds
+        it by that rather than never."""
+        return (self._order[0][0] if self._order else now) + self.seconds
+
 
 class Admission:
     """Offers waiting to go out, what is in flight, and how much may be (see the
@@ -149,10 +155,9 @@ class Admission:
         self._late_after = target
         self._fastest = math.inf  # the round's fastest launch
         self._bound = False  # offers waited for room since the last look
-        # The last look that let nothing out, and until when it holds: nothing
-        # opened, closed or lapsed and `allowed` unchanged means the same answer
-        # (the core asks after every event while offers wait).
-        self._full_mark: tuple[int, int, float] | None = None
+        # Until when nothing in flight can lapse, as of the last look that let
+        # nothing out: before then, in flight is the windows' totals, so a look
+        # needs no lapsing (the core asks after every event while offers wait).
         self._full_until = -math.inf
         self.held = 0
         """Offers that did not go out when made (a counter)."""
@@ -194,14 +199,16 @@ class Admission:
             self._waiting.clear()
             self._waiting_ids.clear()
             return out
-        if not fill and now < self._full_until and self._full_mark == self._mark():
+        launches, offers = self._launches, self._offers
+        if not fill and now < self._full_until and \
+                launches.total + offers.total > self.allowed * 0.75:
+            # Nothing can lapse before `_full_until`, so in flight is the totals.
             self._bound = True
             return []
         flight = self.in_flight(now)
         if not fill and flight > self.allowed * 0.75:
             self._bound = True
-            self._full_mark = self._mark()
-            self._full_until = min(self._launches.lapses_at(), self._offers.lapses_at())
+            self._full_until = min(launches.lapses_by(now), offers.lapses_by(now))
             return []
         out = []
         while self._waiting and flight < self.allowed:
@@ -214,9 +221,6 @@ class Admission:
                 out.append(offer)
         self._bound = bool(self._waiting_ids)
         return out
-
-    def _mark(self) -> tuple[int, int, float]:
-        return (self._launches.changes, self._offers.changes, self.allowed)
 
     def _expected(self, offer: Offer) -> float:
         mean = self._per_offer.get(offer.framework_id)

@@ -513,9 +513,13 @@ class MasterState(PreemptionHandlers, AgentHandlers, AckHandlers):
             return
         agent = self.agents[offers[0].agent_id]
         remaining = lent = EMPTY
+        known = False  # some offer held resources the allocator knows of
         for offer in offers:
-            remaining = remaining + offer.resources
-            lent = lent + offer.revocable
+            if offer.resources:
+                known = True
+                remaining = remaining + offer.resources
+            if offer.revocable:
+                lent = lent + offer.revocable
             self._forget_offer(offer)
         self.counters.inc("master/offers_accepted", len(offers))
         seen: set[str] = set()
@@ -526,7 +530,7 @@ class MasterState(PreemptionHandlers, AgentHandlers, AckHandlers):
             for task in op.tasks:
                 remaining, lent = self._launch(framework, agent, task, seen, remaining, lent)
         self.admission.accepted(framework.id, len(offers), len(launches))
-        if any(offer.resources for offer in offers):  # else the allocator never knew
+        if known:  # else the allocator never knew
             self.allocator.close_offer(framework.id, agent.id, remaining)
         if not (remaining.is_empty() and lent.is_empty()):
             if message.filters.refuse_seconds > 0:
@@ -585,9 +589,11 @@ class MasterState(PreemptionHandlers, AgentHandlers, AckHandlers):
         self.admission.launched((framework.id, task.task_id), self._now)
         agent.tasks.add((framework.id, task.task_id))
         agent.used = agent.used + needed
-        agent.revocable_used = agent.revocable_used + borrowed
         self._send(agent.peer, RunTask(framework=framework.info, task=task))
-        return remaining - needed, lent - borrowed
+        if borrowed:  # a revocable task's (`EMPTY` for every other)
+            agent.revocable_used = agent.revocable_used + borrowed
+            lent = lent - borrowed
+        return remaining - needed, lent
 
     def _on_kill(self, peer: str, message: Kill) -> None:
         framework = self._owned_framework(peer, message)

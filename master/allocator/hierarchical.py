@@ -174,11 +174,16 @@ class HierarchicalAllocator(QuotaRooms):
         self._plans: dict[tuple[str, bool], _Plan | tuple[()]] = {}  # `_plan`, until needs change
         self._memo: tuple[Resources | None, dict[str, int]] = (None, {})
         self._demands = Demands()  # declared demand bounds offers (`request`)
+        # role -> framework -> scalar milli released and not told the sorters yet
+        # (no quota: nothing reads them before `_sort_released`).
+        self._unsorted: dict[str, dict[str, dict[str, int]]] = {}
         self.last_considered = 0  # agents looked at by the last pass
 
     # ------------------------------------------------------------------ agents
 
     def add_agent(self, agent_id: str, total: Resources) -> None:
+        if self._unsorted:
+            self._sort_released()
         if agent_id in self._agents:
             raise AllocatorError(f"agent {agent_id} is already known")
         agent = _Agent(total)
@@ -193,6 +198,8 @@ class HierarchicalAllocator(QuotaRooms):
         self._consumption_changed()
 
     def remove_agent(self, agent_id: str) -> None:
+        if self._unsorted:
+            self._sort_released()
         agent = self._agent(agent_id)
         for framework_id in list(agent.allocated):
             self._release(agent_id, agent, framework_id, agent.allocated[framework_id])
@@ -240,6 +247,8 @@ class HierarchicalAllocator(QuotaRooms):
     def add_framework(self, framework_id: str, roles: Iterable[str], active: bool = True) -> None:
         """Add a framework, or change the roles of a known one. What it holds stays
         charged to the role it was allocated in."""
+        if self._unsorted:
+            self._sort_released()
         roles = tuple(dict.fromkeys(roles))
         if not roles:
             raise AllocatorError(f"framework {framework_id} has no roles")
@@ -263,6 +272,8 @@ class HierarchicalAllocator(QuotaRooms):
 
     def remove_framework(self, framework_id: str) -> None:
         """Forget the framework; everything allocated to it is free again."""
+        if self._unsorted:
+            self._sort_released()
         framework = self._framework(framework_id)
         self._unfilter(framework_id, framework)
         for agent_id in sorted(framework.agents):
@@ -275,6 +286,8 @@ class HierarchicalAllocator(QuotaRooms):
         self._demands.clear(framework_id)
 
     def activate(self, framework_id: str) -> None:
+        if self._unsorted:
+            self._sort_released()
         framework = self._framework(framework_id)
         if not framework.active:
             framework.active = True
@@ -282,11 +295,15 @@ class HierarchicalAllocator(QuotaRooms):
             self._all_dirty = True
 
     def deactivate(self, framework_id: str) -> None:
+        if self._unsorted:
+            self._sort_released()
         self._framework(framework_id).active = False
         self._sync(framework_id)
         self._demands.clear(framework_id)
 
     def suppress(self, framework_id: str) -> None:
+        if self._unsorted:
+            self._sort_released()
         self._framework(framework_id).suppressed = True
         self._sync(framework_id)
         self._demands.clear(framework_id)
@@ -300,6 +317,8 @@ class HierarchicalAllocator(QuotaRooms):
 
     def revive(self, framework_id: str) -> None:
         """Resume offers and drop every filter the framework set."""
+        if self._unsorted:
+            self._sort_released()
         framework = self._framework(framework_id)
         if framework.suppressed:
             framework.suppressed = False
@@ -337,11 +356,15 @@ class HierarchicalAllocator(QuotaRooms):
 
     def set_weight(self, role: str, weight: float) -> None:
         """Weight of `role`'s subtree among its siblings (default 1.0)."""
+        if self._unsorted:
+            self._sort_released()
         self._role_sorter.update_weight(role, weight)
 
     def set_quota(self, role: str, quota: Quota | None) -> None:
         """Set (or, with None or an empty `Quota`, clear) the quota of `role`. The
         caller checks that the whole set is coherent (`policy.check_quotas`)."""
+        if self._unsorted:
+            self._sort_released()
         if quota is None or quota.is_empty():
             self._quota.pop(role, None)
         else:
@@ -357,6 +380,8 @@ class HierarchicalAllocator(QuotaRooms):
     def update_used(self, agent_id: str, framework_id: str, delta: Resources) -> None:
         """Charge `delta` to a framework on an agent without an offer: tasks and
         executors that an agent reported when it re-registered."""
+        if self._unsorted:
+            self._sort_released()
         agent = self._agent(agent_id)
         framework = self._framework(framework_id)
         if delta.is_empty():
@@ -371,8 +396,11 @@ class HierarchicalAllocator(QuotaRooms):
     def release(self, agent_id: str, framework_id: str, resources: Resources) -> None:
         """`resources` allocated to the framework on the agent are free again (a task
         ended, an executor exited, an offer came back)."""
-        agent = self._agent(agent_id)
-        self._framework(framework_id)
+        agent = self._agents.get(agent_id)  # `_agent`, `_framework`: without a call
+        if agent is None:
+            agent = self._agent(agent_id)  # raises
+        if framework_id not in self._frameworks:
+            self._framework(framework_id)  # raises
         if resources.is_empty():
             return
         held = agent.allocated.get(framework_id, EMPTY)
@@ -430,6 +458,8 @@ class HierarchicalAllocator(QuotaRooms):
 
     def share(self, framework_id: str) -> float:
         """Unweighted dominant share of all the framework holds, over its roles."""
+        if self._unsorted:
+            self._sort_released()
         self._framework(framework_id)
         held: Counter[str] = Counter()
         for role in self._roles.values():
@@ -439,10 +469,14 @@ class HierarchicalAllocator(QuotaRooms):
 
     def role_shares(self) -> dict[str, float]:
         """Weighted dominant share of every role that has frameworks or allocations."""
+        if self._unsorted:
+            self._sort_released()
         return {role: self._role_sorter.share(role) for role in sorted(self._roles)}
 
     def role_allocation(self, role: str) -> dict[str, int]:
         """Scalar milli allocated to `role`'s subtree (what quota counts)."""
+        if self._unsorted:
+            self._sort_released()
         return self._role_sorter.allocation(role)
 
     # -------------------------------------------------------------- allocation
@@ -450,6 +484,8 @@ class HierarchicalAllocator(QuotaRooms):
     def allocate(self, now: float) -> list[Allocation]:
         """Run one pass over the agents that may yield an offer; the returned
         resources are now allocated (as offers)."""
+        if self._unsorted:
+            self._sort_released()
         self._expire_filters(now)
         if self._all_dirty:
             candidates = list(self._agents)
@@ -636,7 +672,8 @@ class HierarchicalAllocator(QuotaRooms):
             free[kind] -= milli
         self._role_sorter.allocated(role, scalars)
         self._roles[role].sorter.allocated(framework_id, scalars)
-        self._allocation_changed(role, scalars, unreserved)
+        if self._quota or self._quota_blocked or self._rooms:  # else it changes nothing
+            self._allocation_changed(role, scalars, unreserved)
 
     def _release(self, agent_id: str, agent: _Agent, framework_id: str,
                  resources: Resources, pending: dict[str, dict[str, int]] | None = None,
@@ -656,8 +693,21 @@ class HierarchicalAllocator(QuotaRooms):
             free[kind] += milli
         told = False
         if pending is None:
-            self._role_sorter.unallocated(role, scalars)
-            self._roles[role].sorter.unallocated(framework_id, scalars)
+            if self._quota:  # its rooms read the role sorter: tell them now
+                self._role_sorter.unallocated(role, scalars)
+                self._roles[role].sorter.unallocated(framework_id, scalars)
+            else:
+                # Told at the next read instead (`_sort_released`): tasks end by
+                # the dozen between passes, and a sorter's sums come out the same.
+                by_framework = self._unsorted.get(role)
+                if by_framework is None:
+                    by_framework = self._unsorted[role] = {}
+                adding = by_framework.get(framework_id)
+                if adding is None:
+                    by_framework[framework_id] = dict(scalars)
+                else:
+                    for kind, milli in scalars.items():
+                        adding[kind] = adding.get(kind, 0) + milli
         else:
             adding = pending.get(role)
             if adding is None:
@@ -681,8 +731,24 @@ class HierarchicalAllocator(QuotaRooms):
         else:
             agent.allocated[framework_id] = left
         self._dirty[agent_id] = None
-        if not told:
+        # Without quota, nothing kept or blocked: `_allocation_changed` changes nothing.
+        if not told and (self._quota or self._quota_blocked or self._rooms):
             self._allocation_changed(role)
+
+    def _sort_released(self) -> None:
+        """Tell the sorters what `_release` kept back (`_unsorted`), by role and
+        framework in the order first released: before anything reads or reshapes
+        them. Sums and counts do not depend on the order they are told in, and
+        a sorter's order is a function of them, so it is the order it would be."""
+        unsorted, self._unsorted = self._unsorted, {}
+        for role, by_framework in unsorted.items():
+            total: dict[str, int] = {}
+            sorter = self._roles[role].sorter
+            for framework_id, scalars in by_framework.items():
+                sorter.unallocated(framework_id, scalars)
+                for kind, milli in scalars.items():
+                    total[kind] = total.get(kind, 0) + milli
+            self._role_sorter.unallocated(role, total)
 
     def _unallocate(self, framework_id: str, pending: dict[str, dict[str, int]]) -> None:
         for role, scalars in pending.items():
@@ -734,6 +800,8 @@ class HierarchicalAllocator(QuotaRooms):
         """Drop the framework from `role`'s sorter once it neither subscribes to the
         role (or is `leaving` altogether) nor holds anything charged to it; drop the
         role once no framework is left in it."""
+        if self._unsorted:
+            self._sort_released()
         framework = self._frameworks[framework_id]
         if framework.charged.get(role) or (not leaving and role in framework.roles):
             return
