@@ -79,6 +79,7 @@ from master.allocator.policy import Quota
 from master.allocator.quota_rooms import QuotaRooms, _cut, _Plan, _Rooms, allowed_roles
 from master.allocator.quota_rooms import _cut_entries  # noqa: F401 (tests reach it here)
 from master.allocator.sorter import DRFSorter, Sorter
+from master.allocator.sorting import SorterBooks, _Framework, _Role, told
 
 __all__ = ["Allocation", "AllocatorError", "HierarchicalAllocator", "allowed_roles"]
 
@@ -113,29 +114,7 @@ class _Agent:
         self.reserved = total.roles() - {UNRESERVED} != set()
 
 
-class _Framework:
-    __slots__ = ("roles", "active", "suppressed", "filters", "agents", "charged", "active_in")
-
-    def __init__(self, roles: tuple[str, ...], active: bool) -> None:
-        self.roles = roles
-        self.active = active
-        self.suppressed = False
-        self.filters: dict[str, float] = {}  # agent id -> refused until
-        self.agents: set[str] = set()  # agents where it holds an allocation
-        self.charged: Counter[str] = Counter()  # role -> agents charged to it
-        self.active_in: set[str] = set()  # roles whose sorter has it active
-
-
-class _Role:
-    __slots__ = ("sorter", "active", "clients")
-
-    def __init__(self, sorter: Sorter) -> None:
-        self.sorter = sorter
-        self.active = 0  # frameworks active in `sorter`
-        self.clients = 0  # frameworks in `sorter`
-
-
-class HierarchicalAllocator(QuotaRooms):
+class HierarchicalAllocator(SorterBooks, QuotaRooms):
     """See the module docstring. `min_allocatable` maps a resource name to an
     amount: resources are worth offering if they hold *any* of those amounts.
     `sorter` makes the sorters (one over roles, one per role)."""
@@ -181,9 +160,8 @@ class HierarchicalAllocator(QuotaRooms):
 
     # ------------------------------------------------------------------ agents
 
+    @told
     def add_agent(self, agent_id: str, total: Resources) -> None:
-        if self._unsorted:
-            self._sort_released()
         if agent_id in self._agents:
             raise AllocatorError(f"agent {agent_id} is already known")
         agent = _Agent(total)
@@ -197,9 +175,8 @@ class HierarchicalAllocator(QuotaRooms):
         self._dirty[agent_id] = None
         self._consumption_changed()
 
+    @told
     def remove_agent(self, agent_id: str) -> None:
-        if self._unsorted:
-            self._sort_released()
         agent = self._agent(agent_id)
         for framework_id in list(agent.allocated):
             self._release(agent_id, agent, framework_id, agent.allocated[framework_id])
@@ -244,11 +221,10 @@ class HierarchicalAllocator(QuotaRooms):
 
     # -------------------------------------------------------------- frameworks
 
+    @told
     def add_framework(self, framework_id: str, roles: Iterable[str], active: bool = True) -> None:
         """Add a framework, or change the roles of a known one. What it holds stays
         charged to the role it was allocated in."""
-        if self._unsorted:
-            self._sort_released()
         roles = tuple(dict.fromkeys(roles))
         if not roles:
             raise AllocatorError(f"framework {framework_id} has no roles")
@@ -270,10 +246,9 @@ class HierarchicalAllocator(QuotaRooms):
                 self._forget_client(role, framework_id, leaving=False)
         self._all_dirty = True
 
+    @told
     def remove_framework(self, framework_id: str) -> None:
         """Forget the framework; everything allocated to it is free again."""
-        if self._unsorted:
-            self._sort_released()
         framework = self._framework(framework_id)
         self._unfilter(framework_id, framework)
         for agent_id in sorted(framework.agents):
@@ -285,25 +260,22 @@ class HierarchicalAllocator(QuotaRooms):
         del self._frameworks[framework_id]
         self._demands.clear(framework_id)
 
+    @told
     def activate(self, framework_id: str) -> None:
-        if self._unsorted:
-            self._sort_released()
         framework = self._framework(framework_id)
         if not framework.active:
             framework.active = True
             self._sync(framework_id)
             self._all_dirty = True
 
+    @told
     def deactivate(self, framework_id: str) -> None:
-        if self._unsorted:
-            self._sort_released()
         self._framework(framework_id).active = False
         self._sync(framework_id)
         self._demands.clear(framework_id)
 
+    @told
     def suppress(self, framework_id: str) -> None:
-        if self._unsorted:
-            self._sort_released()
         self._framework(framework_id).suppressed = True
         self._sync(framework_id)
         self._demands.clear(framework_id)
@@ -315,10 +287,9 @@ class HierarchicalAllocator(QuotaRooms):
         self._framework(framework_id)
         self._dirty.update(dict.fromkeys(self._demands.declare(framework_id, requests)))
 
+    @told
     def revive(self, framework_id: str) -> None:
         """Resume offers and drop every filter the framework set."""
-        if self._unsorted:
-            self._sort_released()
         framework = self._framework(framework_id)
         if framework.suppressed:
             framework.suppressed = False
@@ -354,17 +325,15 @@ class HierarchicalAllocator(QuotaRooms):
 
     # ------------------------------------------------------------------ policy
 
+    @told
     def set_weight(self, role: str, weight: float) -> None:
         """Weight of `role`'s subtree among its siblings (default 1.0)."""
-        if self._unsorted:
-            self._sort_released()
         self._role_sorter.update_weight(role, weight)
 
+    @told
     def set_quota(self, role: str, quota: Quota | None) -> None:
         """Set (or, with None or an empty `Quota`, clear) the quota of `role`. The
         caller checks that the whole set is coherent (`policy.check_quotas`)."""
-        if self._unsorted:
-            self._sort_released()
         if quota is None or quota.is_empty():
             self._quota.pop(role, None)
         else:
@@ -377,11 +346,10 @@ class HierarchicalAllocator(QuotaRooms):
 
     # -------------------------------------------------------------- accounting
 
+    @told
     def update_used(self, agent_id: str, framework_id: str, delta: Resources) -> None:
         """Charge `delta` to a framework on an agent without an offer: tasks and
         executors that an agent reported when it re-registered."""
-        if self._unsorted:
-            self._sort_released()
         agent = self._agent(agent_id)
         framework = self._framework(framework_id)
         if delta.is_empty():
@@ -456,10 +424,9 @@ class HierarchicalAllocator(QuotaRooms):
         """The role the framework's allocation on the agent is charged to."""
         return self._agent(agent_id).role_of.get(framework_id)
 
+    @told
     def share(self, framework_id: str) -> float:
         """Unweighted dominant share of all the framework holds, over its roles."""
-        if self._unsorted:
-            self._sort_released()
         self._framework(framework_id)
         held: Counter[str] = Counter()
         for role in self._roles.values():
@@ -467,25 +434,22 @@ class HierarchicalAllocator(QuotaRooms):
                 held.update(role.sorter.client_allocation(framework_id))
         return _dominant(held, self._total)
 
+    @told
     def role_shares(self) -> dict[str, float]:
         """Weighted dominant share of every role that has frameworks or allocations."""
-        if self._unsorted:
-            self._sort_released()
         return {role: self._role_sorter.share(role) for role in sorted(self._roles)}
 
+    @told
     def role_allocation(self, role: str) -> dict[str, int]:
         """Scalar milli allocated to `role`'s subtree (what quota counts)."""
-        if self._unsorted:
-            self._sort_released()
         return self._role_sorter.allocation(role)
 
     # -------------------------------------------------------------- allocation
 
+    @told
     def allocate(self, now: float) -> list[Allocation]:
         """Run one pass over the agents that may yield an offer; the returned
         resources are now allocated (as offers)."""
-        if self._unsorted:
-            self._sort_released()
         self._expire_filters(now)
         if self._all_dirty:
             candidates = list(self._agents)
@@ -735,83 +699,12 @@ class HierarchicalAllocator(QuotaRooms):
         if not told and (self._quota or self._quota_blocked or self._rooms):
             self._allocation_changed(role)
 
-    def _sort_released(self) -> None:
-        """Tell the sorters what `_release` kept back (`_unsorted`), by role and
-        framework in the order first released: before anything reads or reshapes
-        them. Sums and counts do not depend on the order they are told in, and
-        a sorter's order is a function of them, so it is the order it would be."""
-        unsorted, self._unsorted = self._unsorted, {}
-        for role, by_framework in unsorted.items():
-            total: dict[str, int] = {}
-            sorter = self._roles[role].sorter
-            for framework_id, scalars in by_framework.items():
-                sorter.unallocated(framework_id, scalars)
-                for kind, milli in scalars.items():
-                    total[kind] = total.get(kind, 0) + milli
-            self._role_sorter.unallocated(role, total)
-
     def _unallocate(self, framework_id: str, pending: dict[str, dict[str, int]]) -> None:
         for role, scalars in pending.items():
             self._role_sorter.unallocated(role, scalars)
             self._roles[role].sorter.unallocated(framework_id, scalars)
             self._allocation_changed(role)
         pending.clear()
-
-    # ------------------------------------------------------------ roles/clients
-
-    def _role(self, role: str) -> _Role:
-        known = self._roles.get(role)
-        if known is None:
-            sorter = self._make_sorter()
-            sorter.add_total(self._total)
-            known = self._roles[role] = _Role(sorter)
-            self._role_sorter.add(role)
-        return known
-
-    def _sync(self, framework_id: str) -> None:
-        """Make the framework active exactly in the sorters of its roles while it is
-        active and not suppressed, and a role active while it has such frameworks."""
-        framework = self._frameworks[framework_id]
-        wanted = framework.active and not framework.suppressed
-        for name in framework.roles:
-            self._set_active(name, framework, framework_id, wanted)
-        for name in list(framework.active_in):
-            if name not in framework.roles:
-                self._set_active(name, framework, framework_id, False)
-
-    def _set_active(self, name: str, framework: _Framework, framework_id: str, on: bool) -> None:
-        if on == (name in framework.active_in):
-            return
-        role = self._roles[name]
-        if on:
-            framework.active_in.add(name)
-            role.sorter.activate(framework_id)
-            role.active += 1
-            if role.active == 1:
-                self._role_sorter.activate(name)
-        else:
-            framework.active_in.discard(name)
-            role.sorter.deactivate(framework_id)
-            role.active -= 1
-            if role.active == 0:
-                self._role_sorter.deactivate(name)
-
-    def _forget_client(self, role: str, framework_id: str, leaving: bool) -> None:
-        """Drop the framework from `role`'s sorter once it neither subscribes to the
-        role (or is `leaving` altogether) nor holds anything charged to it; drop the
-        role once no framework is left in it."""
-        if self._unsorted:
-            self._sort_released()
-        framework = self._frameworks[framework_id]
-        if framework.charged.get(role) or (not leaving and role in framework.roles):
-            return
-        self._set_active(role, framework, framework_id, False)
-        known = self._roles[role]
-        known.sorter.remove(framework_id)
-        known.clients -= 1
-        if not known.clients:
-            self._role_sorter.remove(role)
-            del self._roles[role]
 
     def _agent(self, agent_id: str) -> _Agent:
         try:
