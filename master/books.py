@@ -36,8 +36,8 @@ from master.model import (
     UnreachableAgent, task_counter,
 )
 from master.removals import RemovalLimiter
-from master.usage.schema import TaskEvent, trusted_event
-from master.usage_rows import DimensionsCache, RecordUsage, source_name
+from master.usage.schema import TaskEvent
+from master.usage_rows import DimensionsCache, RecordUsage, task_event
 
 TERMINAL_NAMES = frozenset(state.name for state in TaskState if state.is_terminal)
 """The names of terminal task states: a str's hash is kept, an enum member's is
@@ -354,20 +354,15 @@ class MasterBooks:
         """Queue the row of a state change; `_usage_out` makes this step's rows one
         `RecordUsage` effect at its end."""
         self.counters.inc("master/usage_events")
-        agent = self.agents.get(agent_id)
-        # `_role_of`, inline: this runs three times a task.
-        role = ((self.allocator.allocation_role(agent_id, framework.id)
-                 if agent is not None else None) or framework.info.roles[0])
-        dimensions = self._dimensions
-        who, cpus, mem_bytes = dimensions.parts(task_id, framework, agent, task, role)
+        agent, role = self.agents.get(agent_id), self._role_of(framework, agent_id)
+        parts = self._dimensions.parts(task_id, framework, agent, task, role)
         name = state._name_
         if name in TERMINAL_NAMES:
-            dimensions.forget(framework.id, task_id)
-        # `usage_rows.task_event`, unchecked: every value is the core's own (its
-        # clock, the task's record), so the row type's checks are skipped.
-        self._usage_events.append(trusted_event((
-            self._now, who, name, reason, message, source_name(source),
-            task.healthy if task else None, cpus, mem_bytes)))
+            self._dimensions.forget(framework.id, task_id)
+        self._usage_events.append(task_event(
+            task_id, framework, agent, task, role, name, self._now, reason=reason,
+            message=message, source=source, healthy=task.healthy if task else None,
+            parts=parts))
 
     def _usage_out(self) -> None:
         """End of a step: its task events, queued by `_record_event`, as one

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from dyad.messages import ExecutorUsage, Source, UsageReport
-from master.usage.schema import Dimensions, TaskEvent, UsageSample
+from master.usage.schema import Dimensions, TaskEvent, UsageSample, trusted_event
 
 if TYPE_CHECKING:
     from master.model import MasterAgent, MasterFramework, MasterTask
@@ -110,10 +110,6 @@ class DimensionsCache:
     def __len__(self) -> int:
         return len(self._kept)
 
-    def of(self, task_id: str, framework: MasterFramework, agent: MasterAgent | None,
-           task: MasterTask | None, role: str) -> Dimensions:
-        return self.parts(task_id, framework, agent, task, role)[0]
-
     def parts(self, task_id: str, framework: MasterFramework, agent: MasterAgent | None,
               task: MasterTask | None, role: str) -> tuple[Dimensions, float, int]:
         """The task's dimensions, `cpus` and `mem_bytes`."""
@@ -184,16 +180,17 @@ def _throttled_delta(task: MasterTask, usage: ExecutorUsage) -> float:
 def task_event(task_id: str, framework: MasterFramework, agent: MasterAgent | None,
                task: MasterTask | None, role: str, state: str, now: float, *,
                reason: str = "", message: str = "", source: str = "",
-               healthy: bool | None = None, who: Dimensions | None = None) -> TaskEvent:
+               healthy: bool | None = None,
+               parts: tuple[Dimensions, float, int] | None = None) -> TaskEvent:
     """A state change as a row; `task` is None for a launch refused before the
-    master made a record of it. `who`: its dimensions, if the caller has them."""
-    cpus, mem_bytes = sizes(task)
-    if who is None:
-        who = dimensions(task_id, framework, agent, task, role)
-    return TaskEvent(
-        at=now, who=who, state=state,
-        reason=reason, message=message, source=source_name(source),
-        healthy=healthy, cpus=cpus, mem_bytes=mem_bytes)
+    master made a record of it. `parts`: its dimensions, `cpus` and `mem_bytes`,
+    if the caller has them (`DimensionsCache.parts`). Built unchecked
+    (`trusted_event`): every value is the master core's own, its clock and the
+    task's record."""
+    who, cpus, mem_bytes = (parts if parts is not None
+                            else (dimensions(task_id, framework, agent, task, role), *sizes(task)))
+    return trusted_event((now, who, state, reason, message, source_name(source), healthy,
+                          cpus, mem_bytes))
 
 
 def source_name(source: str) -> str:

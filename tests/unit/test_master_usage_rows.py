@@ -171,14 +171,14 @@ def test_kept_dimensions_are_what_building_them_gives_and_follow_what_changed() 
     aid = h.register("a1", hostname="host-1", attributes={"rack": "r1"})
     framework, agent = h.state.frameworks[fid], h.state.agents[aid]
     cache = DimensionsCache(most=2)
-    first = cache.of("t1", framework, agent, None, "eng")
+    first = cache.parts("t1", framework, agent, None, "eng")[0]
     assert first == dimensions("t1", framework, agent, None, "eng")
-    assert cache.of("t1", framework, agent, None, "eng") is first
-    assert cache.of("t1", framework, agent, None, "web").role == "web"  # another role
+    assert cache.parts("t1", framework, agent, None, "eng")[0] is first
+    assert cache.parts("t1", framework, agent, None, "web")[0].role == "web"  # another role
     agent.info = attrs.evolve(agent.info, hostname="host-2")  # re-registered, say
-    assert cache.of("t1", framework, agent, None, "web").hostname == "host-2"
-    cache.of("t2", framework, agent, None, "eng")
-    cache.of("t3", framework, agent, None, "eng")  # over `most`: starts afresh
+    assert cache.parts("t1", framework, agent, None, "web")[0].hostname == "host-2"
+    cache.parts("t2", framework, agent, None, "eng")[0]
+    cache.parts("t3", framework, agent, None, "eng")[0]  # over `most`: starts afresh
     assert len(cache) == 1
     cache.forget(fid, "t3")
     assert len(cache) == 0
