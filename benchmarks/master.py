@@ -499,7 +499,9 @@ def report(args: argparse.Namespace, total: int, reference: float, launchers: li
           + " ".join(f"{percentile(part, 0.99):.0f}" for part in tenths))
     print(f"admission: offers held {after.get('master/offers_held', 0):.0f}, tasks allowed in"
           f" flight at the end {after.get('master/admission_allowed', 0):.0f}, cuts "
-          f"{after.get('master/admission_cuts', 0):.0f}")
+          f"{after.get('master/admission_cuts', 0):.0f}; offers declined "
+          f"{after.get('master/offers_declined', 0):.0f}, withdrawn unseen at a suppress "
+          f"{after.get('master/offers_withdrawn', 0):.0f}")
     print(f"frameworks that got offers and launched: "
           f"{sum(1 for l in launchers if l.launched)} of {len(launchers)}")
     print(f"lost: {lost} (must be 0), of them ended otherwise: "

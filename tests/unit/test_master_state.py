@@ -1125,6 +1125,13 @@ class MasterMachine(RuleBasedStateMachine):
             self.feed(self.h.recv(agent_peer, StatusUpdate(framework_id=fid, status=status(
                 t["id"], data.draw(st.sampled_from([TaskState.TASK_RUNNING, TaskState.TASK_FINISHED]))))))
 
+    @rule(peer=frameworks, suppress=st.booleans())
+    def suppress_or_revive(self, peer: str, suppress: bool) -> None:
+        fid = self.fid(peer)
+        if fid is not None:
+            message = Suppress(framework_id=fid) if suppress else Revive(framework_id=fid)
+            self.feed(self.h.recv(peer, message))
+
     @rule(peer=consumes(frameworks))
     def tear_down_framework(self, peer: str) -> None:
         fid = self.fid(peer)
