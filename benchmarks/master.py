@@ -502,6 +502,9 @@ def report(args: argparse.Namespace, total: int, reference: float, launchers: li
           f"{after.get('master/admission_cuts', 0):.0f}; offers declined "
           f"{after.get('master/offers_declined', 0):.0f}, withdrawn unseen at a suppress "
           f"{after.get('master/offers_withdrawn', 0):.0f}")
+    print(f"usage store: task events made {after.get('master/usage_events', 0):.0f}, "
+          f"written by the end {after.get('usage/events', 0):.0f}, dropped "
+          f"{after.get('usage/dropped', 0):.0f} (the store writes behind the flood)")
     print(f"frameworks that got offers and launched: "
           f"{sum(1 for l in launchers if l.launched)} of {len(launchers)}")
     print(f"lost: {lost} (must be 0), of them ended otherwise: "

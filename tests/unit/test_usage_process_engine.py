@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from master.usage import QueryError, QueryRefused, QueryTimeout, StoreConfig, UsageStore
-from master.usage.process_engine import EngineFailed, ProcessEngine
+from master.usage.process_engine import NICENESS, EngineFailed, ProcessEngine
 from tests.unit.test_usage_store import JOB, T0, WEB, event, sample
 
 
@@ -89,3 +89,9 @@ def test_a_stuck_child_is_killed_and_no_call_waits_for_ever() -> None:
     with pytest.raises(QueryError):
         engine.query("SELECT 1", 1, 1)
     engine.close()
+
+
+def test_the_child_yields_the_cpu_to_the_master(engine: ProcessEngine) -> None:
+    engine.counts()  # answered: the child is up and has set its priority
+    child = os.getpriority(os.PRIO_PROCESS, engine._process.pid)
+    assert child == min(19, os.getpriority(os.PRIO_PROCESS, 0) + NICENESS)
