@@ -87,6 +87,8 @@ class _Run:
     seen: list[psutil.Process] = attrs.field(factory=list)  # at the last sample
     held: bool = False  # a direct run: the holder's child, or adopted from a dead holder
     exit: asyncio.Future[int] | None = None  # held by a live holder: its status, when told
+    # Its end (`Containerizer._final`) begun before its launch returned (`_held_exited`).
+    final: asyncio.Future[RunSample | None] | None = None
 
 
 # What `_start` is given: the run, its launch, its argv and environment, its user.
@@ -167,6 +169,7 @@ class Containerizer:
                                   self._holder_gone) if work_dir else None
         self._home: list[str] | None = None  # the holder's own cgroups, made once
         self._together = Together(HELD_LONGEST)  # held starts answered together
+        self._answered: dict[RunKey, _Run] = {}  # held runs started, their launch held back
         self.run_log = RunLog(log, lambda delay, callback:
                               asyncio.get_running_loop().call_later(delay, callback))
 
@@ -223,29 +226,36 @@ class Containerizer:
         if self._holder is None:
             raise LaunchError("direct runs need the agent's holder: no work dir given")
         try:
-            pid, started = await self._together.run(self._hold(key, effect, argv, env, run_as))
+            run = await self._together.run(self._hold(key, effect, argv, env, run_as))
         except (OSError, HolderGone) as exc:
             # The holder may have started it before it went: nobody must keep it.
             unsure = [effect.sandbox_dir] if isinstance(exc, HolderGone) else []
             await asyncio.to_thread(self._undo, key, unsure)
             raise LaunchError(f"{argv[0]}: {exc}") from exc
-        run = self._runs[key] = _Run(pid, started, None, held=True,
-                                     exit=asyncio.get_running_loop().create_future())
-        if key in self._holder.ended:  # it ended before we heard it started
-            self._held_exited(key, self._holder.ended[key])
-        elif key not in self._holder.live:  # its holder died since it answered
+        finally:
+            self._answered.pop(key, None)
+        self._runs[key] = run
+        assert run.exit is not None
+        if not run.exit.done() and key not in self._holder.live:  # its holder died since
             asyncio.ensure_future(self._orphaned({key: run}))
         run.waiter = asyncio.ensure_future(self._reap(key, run))
-        return pid, started
+        return run.pid, run.started
 
     async def _hold(self, key: RunKey, effect: LaunchExecutor, argv: list[str],
-                    env: dict[str, str], run_as: users.RunAs | None) -> tuple[int, float]:
+                    env: dict[str, str], run_as: users.RunAs | None) -> _Run:
+        """The run, started; a run that ends while its launch is held back (with the
+        rest of its flood) has its end begun at once (`_held_exited`)."""
         assert self._holder is not None
         await self._prepares.run((key, effect, argv, env, run_as))
         join = self.isolator.join_files(key) if run_as is None else None
-        return await self._holder.start(
+        pid, started = await self._holder.start(
             key, argv if join is not None else self.isolator.wrap(key, argv),
             effect.sandbox_dir, env, join or [], (self._home or []) if join else [])
+        run = self._answered[key] = _Run(pid, started, None, held=True,
+                                         exit=asyncio.get_running_loop().create_future())
+        if key in self._holder.ended:  # it ended before we heard it started
+            self._held_exited(key, self._holder.ended[key])
+        return run
 
     def _prepare(self, start: _Start) -> None:
         """A direct run's sandbox, logs and cgroups (blocking: off the loop). The
@@ -273,9 +283,17 @@ class Containerizer:
         self.isolator.cleanup(key)
 
     def _held_exited(self, key: RunKey, status: int) -> None:
-        run = self._runs.get(key)
-        if run is not None and run.exit is not None and not run.exit.done():
-            run.exit.set_result(status)
+        """A held run ended. One whose launch is still held back (the rest of its
+        flood is being started) is ended at once -- its last sample, its leftovers
+        killed, its cgroups gone -- on a worker thread while the holder goes on
+        starting the others, not after the flood's starts, where every end
+        waited for them: its end is told only once its launch was (`_reap`)."""
+        run = self._runs.get(key) or self._answered.get(key)
+        if run is None or run.exit is None or run.exit.done():
+            return
+        run.exit.set_result(status)
+        if key not in self._runs:
+            run.final = asyncio.ensure_future(self._ends.run((key, run, status)))
 
     def _holder_gone(self, live: dict[RunKey, tuple[int, float]]) -> None:
         held = {key: run for key, run in self._runs.items()
@@ -459,7 +477,7 @@ class Containerizer:
         else:
             status = UNKNOWN_EXIT
             await self._watcher.ended(descriptor)
-        final = await self._ends.run((key, run, status))
+        final = await (run.final or self._ends.run((key, run, status)))
         del self._runs[key]
         description = describe_command_exit(status) if run.held else describe_exit(status)
         self.run_log.ended(key, run.pid, status)

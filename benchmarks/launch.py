@@ -176,6 +176,22 @@ def cpu_seconds(pid: int, thread: int | None = None, children: bool = False) -> 
     return sum(int(f) for f in fields[first:first + 2]) / os.sysconf("SC_CLK_TCK")
 
 
+def threads_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds so far of `pid`'s live threads other than its main one, by name
+    with its digits dropped (``asyncio_3`` and ``asyncio_5`` are one pool): what
+    "worker threads" is made of (the agent's pool, ZeroMQ's I/O thread, ...)."""
+    spent: dict[str, float] = {}
+    for entry in Path(f"/proc/{pid}/task").iterdir():
+        if int(entry.name) == pid:
+            continue
+        try:
+            name = (entry / "comm").read_text().strip().rstrip("0123456789")
+            spent[name] = spent.get(name, 0.0) + cpu_seconds(pid, int(entry.name))
+        except (OSError, ValueError):  # the thread ended meanwhile
+            continue
+    return spent
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -247,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             pids = [cluster.master.process.pid] + [a.process.pid for a in cluster.agent_children]
             cpu_before = [cpu_seconds(pid) for pid in pids]
             agent_loops_before = sum(cpu_seconds(pid, pid) for pid in pids[1:])
+            threads_before = [threads_cpu(pid) for pid in pids[1:]]
             rss_before = [rss_mib(pid) for pid in pids]
             holder_pids = holders(work)  # started with the agents
             holders_before = sum(cpu_seconds(pid) for pid in holder_pids)  # forked at start
@@ -256,6 +273,11 @@ def main(argv: list[str] | None = None) -> int:
             framework_cpu = (time.process_time() - framework_before) / args.tasks
             cpu_spent = [cpu_seconds(pid) - b for pid, b in zip(pids, cpu_before)]
             agent_loops = sum(cpu_seconds(pid, pid) for pid in pids[1:]) - agent_loops_before
+            agent_threads: dict[str, float] = {}
+            for pid, before in zip(pids[1:], threads_before):
+                for name, spent in threads_cpu(pid).items():
+                    agent_threads[name] = (agent_threads.get(name, 0.0) + spent
+                                           - before.get(name, 0.0))
             rss_grown = [rss_mib(pid) - b for pid, b in zip(pids, rss_before)]
             checkpoints = sum(http_get_json(f"{a.url}/metrics/snapshot")[
                 "agent/checkpoints_written"] for a in cluster.agent_children)
@@ -310,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
           f"KiB RSS grown; master per task: {cpu_spent[0] / args.tasks * 1000:.1f} ms CPU; "
           f"framework (driver) per task: {framework_cpu * 1000:.1f} ms CPU; agent "
           f"checkpoints written: {checkpoints}")
+    print("agent worker threads per task, by name: " + ", ".join(
+        f"{name} {spent / args.tasks * 1000:.2f} ms" for name, spent in
+        sorted(agent_threads.items(), key=lambda item: -item[1])))
     print(f"overhead per task beyond its own process (holder + agent): "
           f"{(holder_cpu + agents_cpu) * 1000:.1f} ms CPU, "
           f"{holder_rss + max(0.0, agents_rss):.1f} MiB RSS")

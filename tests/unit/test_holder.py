@@ -21,7 +21,7 @@ from agent import held, holder
 from agent.containerizer import Containerizer, describe_command_exit, stop_unrecorded
 from agent.held import HolderGone, HolderLink, run_key
 from agent.isolation import PosixIsolator
-from agent.model import UNKNOWN_EXIT, LaunchExecutor, RunKey
+from agent.model import UNKNOWN_EXIT, LaunchExecutor, Limits, RunKey
 from dyad.messages import CommandInfo
 from tests.helpers import wait_for
 
@@ -360,4 +360,42 @@ async def test_the_containerizer_ends_the_runs_of_a_dead_holder_with_no_status(
         "f", "e", "next", CommandInfo(shell="exit 4"), {}, str(tmp_path / "next"), held=True))
     await wait_for(lambda: len(ended) == 2, what="the next end")
     assert ended[("f", "e", "next")] == (4, "Command exited with status 4")
+    containerizer.close()
+
+
+async def test_a_run_that_ends_while_its_launch_is_held_back_is_ended_meanwhile(
+        tmp_path: Path) -> None:
+    """Starts answered together (`agent.trips.Together`): a run that ends while
+    the others of its flood are still starting has its end (cgroups gone,
+    leftovers killed) done meanwhile, and told only after its launch returned."""
+    order: list[str] = []
+
+    class Recorded(PosixIsolator):
+        def prepare(self, key: RunKey, limits: Limits) -> None:
+            if key[2] == "slow":
+                time.sleep(0.5)  # the quick one starts and ends meanwhile
+            super().prepare(key, limits)
+
+        def cleanup(self, key: RunKey) -> None:
+            order.append(f"cleanup {key[2]}")
+            super().cleanup(key)
+
+    containerizer = Containerizer(lambda key, status, _, said: order.append(
+        f"ended {key[2]} {status}"), BASE, Recorded(), work_dir=str(tmp_path))
+    await containerizer.connect_holder()
+
+    async def launch(run: str, command: CommandInfo) -> None:
+        await containerizer.launch(LaunchExecutor("f", "e", run, command, {},
+                                                  str(tmp_path / run), held=True))
+        order.append(f"launched {run}")
+
+    async def quick() -> None:
+        await asyncio.sleep(0.05)  # the slow one's trip has left: this one has its own
+        await launch("quick", CommandInfo(shell="exit 3"))
+
+    await asyncio.gather(launch("slow", CommandInfo(argv=["true"])), quick())
+    await wait_for(lambda: len(order) == 6, what="both ends")
+    assert order.index("cleanup quick") < order.index("launched quick") \
+        < order.index("ended quick 3")
+    assert order.index("launched slow") < order.index("ended slow 0")
     containerizer.close()
