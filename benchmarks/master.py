@@ -500,8 +500,7 @@ def report(args: argparse.Namespace, total: int, reference: float, launchers: li
     print(f"admission: offers held {after.get('master/offers_held', 0):.0f}, tasks allowed in"
           f" flight at the end {after.get('master/admission_allowed', 0):.0f}, cuts "
           f"{after.get('master/admission_cuts', 0):.0f}; offers declined "
-          f"{after.get('master/offers_declined', 0):.0f}, withdrawn unseen at a suppress "
-          f"{after.get('master/offers_withdrawn', 0):.0f}")
+          f"{after.get('master/offers_declined', 0):.0f}")
     print(f"usage store: task events made {after.get('master/usage_events', 0):.0f}, "
           f"written by the end {after.get('usage/events', 0):.0f}, dropped "
           f"{after.get('usage/dropped', 0):.0f} (the store writes behind the flood)")

@@ -37,9 +37,7 @@ for at most `offer_seconds` (a framework sitting on its offers holds no
 launches up), so one framework cannot stall the others' offers. Waiting offers
 are let out in the order of the pass that made them (frameworks taking turns,
 as the allocator ordered them within each); their offer timeout starts when
-they go out, and one rescinded while it waits is never announced. A framework
-that suppresses offers has its waiting ones taken back the same way, unseen
-(master/state.py): it asked for no more, and would only decline them. `limit` 0
+they go out, and one rescinded while it waits is never announced. `limit` 0
 turns admission off: every offer goes out at once.
 
 Pure: the core tells it what happened, with the time, and asks what may go.

@@ -118,8 +118,6 @@ COUNTERS = {
     "master/admission_cuts": "Times admission cut the tasks allowed in flight: a launch "
                              "took longer than its target (master/admission.py).",
     "master/offers_rescinded": "Offers taken back (timeout, agent lost, framework gone).",
-    "master/offers_withdrawn": "Offers waiting in admission, never announced, taken back "
-                               "when their framework suppressed offers.",
     "master/offers_accepted": "Offers accepted by frameworks.",
     "master/offers_frames": "Offers frames sent (a pass's offers to a framework are split to fit the frame budget).",
     "master/offers_too_large": "Offers no frame could hold; returned to the allocator, never sent.",

@@ -289,15 +289,6 @@ class MasterState(PreemptionHandlers, AgentHandlers, AckHandlers):
         if framework is not None:
             framework.suppressed = True
             self.allocator.suppress(framework.id)
-            # Offers still waiting in admission (master/admission.py) were never
-            # announced: a framework that asked for no more offers would only decline
-            # them, each decline asking for an allocation pass. They go back now,
-            # unseen, and the other frameworks get their resources at the next pass.
-            unseen = [self.offers[offer_id] for offer_id in sorted(framework.offers)
-                      if self.admission.waiting(offer_id)]
-            if unseen:
-                self.counters.inc("master/offers_withdrawn", len(unseen))
-                self._return_offers(framework.id, unseen, 0.0)
 
     def _on_request(self, peer: str, message: RequestResources) -> None:
         framework = self._owned_framework(peer, message)

@@ -17,7 +17,6 @@ from dyad.messages import (
     Offers,
     Rescind,
     StatusUpdate,
-    Suppress,
     TaskState,
     Teardown,
 )
@@ -202,27 +201,6 @@ def test_a_waiting_offer_rescinded_is_never_announced() -> None:
     assert h.metric("master/offers_waiting") == 0
 
 
-def test_a_suppress_takes_back_unseen_offers_for_the_others() -> None:
-    h, fid, _ = flood()
-    sent = {o.id for o in h.offers_to(h.allocate(), "f1")}
-    h.subscribe("f2")  # late: everything is offered to f1 already
-    waiting = h.metric("master/offers_waiting")
-    assert waiting > 0
-    sends = h.recv("f1", Suppress(framework_id=fid))
-    assert not messages(sends, Rescind)  # never seen: nothing to tell
-    assert not h.offers_to(sends, "f1")
-    assert h.metric("master/offers_waiting") == 0
-    assert h.state.counters["master/offers_withdrawn"] == waiting
-    assert set(h.state.frameworks[fid].offers) == sent  # what it saw, it keeps
-    # the resources are the other framework's at the next pass (made, and waiting
-    # in turn while f1's offers out fill what may be in flight)
-    h.allocate()
-    fid2 = h.drivers["f2"]
-    made = {h.state.offers[o].agent_id for o in h.state.frameworks[fid2].offers}
-    assert len(made) == waiting
-    assert not made & {h.state.offers[o].agent_id for o in sent}
-
-
 class AdmittingMachine(MasterMachine):
     """The master's state machine with admission on and tight (4 tasks in
     flight): the books stay valid, and a framework is never sent an offer that
@@ -247,12 +225,6 @@ class AdmittingMachine(MasterMachine):
     def nothing_seen_still_waits(self) -> None:
         for offers in self.held.values():
             assert not any(self.h.state.admission.waiting(o) for o in offers)
-
-    @invariant()
-    def a_suppressed_framework_has_nothing_waiting(self) -> None:
-        for framework in self.h.state.frameworks.values():
-            if framework.suppressed:
-                assert not any(self.h.state.admission.waiting(o) for o in framework.offers)
 
 
 AdmittingMachine.TestCase.settings = settings(
