@@ -17,8 +17,9 @@ kills are judged at the same instants the policy sees):
   `DEFAULT_MEMORY_VARIANTS`, then `SPIKE`, `LEARNED` and `PEAK_ONLY` (earlier
   memory rules, not defaults now) in turn, through the full policy
   (`Autopilot` in `auto`: evidence, bounds, hysteresis, the OOM raise);
-- **meta+mem-double-7d, meta+mem-first-7d**: the meta-recommender's CPU variants
-  with the options `DOUBLE` and `FIRST` as the memory rule (not defaults);
+- **meta+mem-fleet-7d, meta+mem-double-7d, meta+mem-first-7d**: the
+  meta-recommender's CPU variants with `FLEET` (the default before), `DOUBLE` and
+  `FIRST` as the memory rule (not defaults);
 - **meta**: the policy with every variant, the meta-recommender choosing per app.
 
 Each starts from the user's limits. Rules of the simulated world, the same for all:
@@ -328,9 +329,12 @@ LEARNED = MemoryVariant("mem-learned-7d", window=7 * 86400.0, margin=0.05, spike
 jumps in the week), shown alone for comparison (docs/autopilot.md)."""
 
 
-DOUBLE = attrs.evolve(DEFAULT_MEMORY_VARIANTS[0], name="mem-double-7d", double=0.01,
-                      double_after=6)
-"""Not a default: the default with room for two jumps at once for the apps with 6
+FLEET = MemoryVariant("mem-fleet-7d", window=7 * 86400.0, margin=0.02, jitter=0.05,
+                      prior=0.75, prior_from=0.10, drift=86400.0, drift_cap=0.03)
+"""Not a default (the default before the clock, session 29): the window's peak, room
+from the fleet's jumps, a narrowing margin; the memory rule of `DOUBLE` and `FIRST`."""
+DOUBLE = attrs.evolve(FLEET, name="mem-double-7d", double=0.01, double_after=6)
+"""Not a default: `FLEET` with room for two jumps at once for the apps with 6
 jumps in the window that fit 1% of the fleet's calm peaks, cheapest first."""
 FIRST = attrs.evolve(DOUBLE, name="mem-first-7d", first_rate=0.05,
                      first_horizon=12 * 3600.0, first_alike=True)
@@ -349,7 +353,7 @@ def approaches() -> dict[str, Config | None]:
         mem = memory[k % len(memory)]
         out[f"{cpu.name}+{mem.name}"] = attrs.evolve(base, cpu_variants=(cpu,),
                                                      memory_variants=(mem,))
-    for mem in (DOUBLE, FIRST):  # the meta-recommender's CPU, another memory rule
+    for mem in (FLEET, DOUBLE, FIRST):  # the meta-recommender's CPU, another memory rule
         out[f"meta+{mem.name}"] = attrs.evolve(base, memory_variants=(mem,))
     out["meta"] = base
     return out

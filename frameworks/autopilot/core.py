@@ -13,7 +13,8 @@ that make it safe to act on live here, and apply to every variant alike:
   limit, memory is cut only by at least `mem_min_cut` (2%: a margin that narrows
   once an app is seen not to grow must be able to come down; None: `min_change`),
   and a raise is never held back (a
-  memory limit under the window's peak plus margin is a kill waiting to happen),
+  memory limit under the recommended peak plus margin, the window's or the clock's,
+  is a kill waiting to happen),
   and limits change at most once per `min_interval`...
 - ...except after an OOM kill (`TaskOomKilled`): memory is raised at once to at
   least `oom_growth` times the limit the task died at, the kill counts as a
@@ -330,7 +331,7 @@ class Autopilot:
         keep_cpus = self._bound_cpus(app.spec, app.current.cpus)
         keep_mem = self._bound_mem(app.spec, app.current.mem_bytes)
         cpus = rec.cpus if moved(keep_cpus, rec.cpus, step) else keep_cpus
-        # Memory below the recommendation is below the window's peak plus margin: a
+        # Memory below the recommendation is below the peak it expects plus margin: a
         # kill waiting to happen, so any raise goes ahead; cuts need min_change.
         held = app.last_oom_at is not None and now - app.last_oom_at < self.config.oom_hold
         cut = step if self.config.mem_min_cut is None else self.config.mem_min_cut
