@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import AsyncIterator
@@ -369,15 +370,21 @@ async def test_a_run_that_ends_while_its_launch_is_held_back_is_ended_meanwhile(
     the others of its flood are still starting has its end (cgroups gone,
     leftovers killed) done meanwhile, and told only after its launch returned."""
     order: list[str] = []
+    slow_preparing, quick_cleaned = threading.Event(), threading.Event()
 
     class Recorded(PosixIsolator):
         def prepare(self, key: RunKey, limits: Limits) -> None:
             if key[2] == "slow":
-                time.sleep(0.5)  # the quick one starts and ends meanwhile
+                slow_preparing.set()
+                # The quick one starts and ends meanwhile (or, broken, does not
+                # end before this lets go: the order below then fails).
+                quick_cleaned.wait(10)
             super().prepare(key, limits)
 
         def cleanup(self, key: RunKey) -> None:
             order.append(f"cleanup {key[2]}")
+            if key[2] == "quick":
+                quick_cleaned.set()
             super().cleanup(key)
 
     containerizer = Containerizer(lambda key, status, _, said: order.append(
@@ -390,7 +397,8 @@ async def test_a_run_that_ends_while_its_launch_is_held_back_is_ended_meanwhile(
         order.append(f"launched {run}")
 
     async def quick() -> None:
-        await asyncio.sleep(0.05)  # the slow one's trip has left: this one has its own
+        # Once the slow one's trip has left, this one has its own.
+        await wait_for(slow_preparing.is_set, what="the slow one preparing")
         await launch("quick", CommandInfo(shell="exit 3"))
 
     await asyncio.gather(launch("slow", CommandInfo(argv=["true"])), quick())
