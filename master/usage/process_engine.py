@@ -33,9 +33,11 @@ NICENESS = 10
 """Added to the child's nice value: the store is an observer, so where CPU is short
 (a launch flood on the master's host) its inserts wait for the master, the agents
 and the frameworks rather than the other way round. Measured, 10,000 simulated
-agents and 10 frameworks on 2 cores: 2-5% more tasks/s (docs/operations.md);
+agents and 10 frameworks on 2 cores: 2-5% more tasks/s (docs/usage-store.md);
 the store catches up when the flood ends, and what does not fit in the master's
-buffer meanwhile is dropped and counted (`usage/dropped`), as before."""
+buffer meanwhile is dropped and counted (`usage/dropped`), as before. Queries run
+in this process too, so on a host short of CPU they also wait (their time limit
+still holds)."""
 ANSWER_WAIT = 60.0
 """Seconds a write or a count may take before the child is called stuck: killed,
 so that no call waits on it for ever (a late answer would also answer the wrong
