@@ -36,10 +36,9 @@ from master.model import (
     UnreachableAgent, task_counter,
 )
 from master.removals import RemovalLimiter
-from master.usage.schema import TaskEvent
-from master.usage_rows import DimensionsCache, RecordUsage, task_event
+from master.usage.schema import FORGET_ALL, TERMINAL_STATES, TaskEvent
+from master.usage_rows import RecordUsage, ToldTasks, task_event, task_facts
 
-TERMINAL_NAMES = frozenset(state.name for state in TaskState if state.is_terminal)
 """The names of terminal task states: a str's hash is kept, an enum member's is
 computed in Python each time it is looked up."""
 TASK_STATE_FIELDS = ("framework_id", "task_id", "state", "agent_id", "source", "reason")
@@ -102,7 +101,7 @@ class MasterBooks:
         self.allocation_seconds = Histogram(LATENCY_BOUNDS)
         self._now = start_time
         self._out: list[Effect] = []
-        self._dimensions = DimensionsCache()  # of the usage store's rows
+        self._told = ToldTasks()  # which tasks' facts the usage store has
         self._usage_events: list[TaskEvent] = []  # this step's, for `_usage_out`
 
     # ============================================== effects and refusals
@@ -351,18 +350,26 @@ class MasterBooks:
     def _record_event(self, framework: MasterFramework, task_id: str,
                       task: MasterTask | None, state: TaskState, source: str, reason: str,
                       message: str, agent_id: str) -> None:
-        """Queue the row of a state change; `_usage_out` makes this step's rows one
+        """Queue the row of a state change, with the task's facts if the store
+        has not been told them; `_usage_out` makes this step's rows one
         `RecordUsage` effect at its end."""
         self.counters.inc("master/usage_events")
-        agent, role = self.agents.get(agent_id), self._role_of(framework, agent_id)
-        parts = self._dimensions.parts(task_id, framework, agent, task, role)
+        key = (framework.id, task_id)
+        agent = self.agents.get(agent_id)
+        told = self._told
+        facts = None
+        if not told.knows(key, task, agent):
+            facts = task_facts(framework, agent, task, self._role_of(framework, agent_id))
+            told.tell(key, task, agent)
+        if told.pending:
+            told.pending = False
+            self._usage_events.append(FORGET_ALL)
         name = state._name_
-        if name in TERMINAL_NAMES:
-            self._dimensions.forget(framework.id, task_id)
+        if name in TERMINAL_STATES:
+            told.forget(key)
         self._usage_events.append(task_event(
-            task_id, framework, agent, task, role, name, self._now, reason=reason,
-            message=message, source=source, healthy=task.healthy if task else None,
-            parts=parts))
+            framework.id, task_id, name, self._now, reason, message, source,
+            task.healthy if task else None, facts))
 
     def _usage_out(self) -> None:
         """End of a step: its task events, queued by `_record_event`, as one

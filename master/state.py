@@ -125,7 +125,9 @@ class MasterState(PreemptionHandlers, AgentHandlers, AckHandlers):
         """Apply one event at time `now`; return what the shell must do, in order."""
         self._now = now
         self._out = []
-        self._usage_events.clear()  # a failed step's rows went with its effects
+        if self._usage_events:  # a failed step's: they went with its effects, and
+            self._usage_events.clear()  # the store must hear the facts they told again
+            self._told.forget_all()
         self._persist_pending = False
         if self._allocate_at is None:
             self._arm_allocation(now + self.config.allocation_interval)

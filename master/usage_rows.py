@@ -2,11 +2,11 @@
 knows (docs/usage-store.md).
 
 The core emits one `RecordUsage(samples, events)` effect per `UsageReport` and
-per task state change it sees or makes, only when `MasterConfig.record_usage` is
-set (the shell has a store). Building the rows is pure: the agent's report plus
-the master's task, framework and agent records. The shell only appends them to
-the store's buffer, so ingestion costs the event loop a few attribute reads per
-executor and never a wait.
+per step with task state changes it sees or makes, only when
+`MasterConfig.record_usage` is set (the shell has a store). Building the rows is
+pure: the agent's report plus the master's task, framework and agent records. The
+shell only appends them to the store's buffer, so ingestion costs the event loop a
+few attribute reads per executor and never a wait.
 
 Rules worth knowing when reading the store:
 
@@ -19,6 +19,12 @@ Rules worth knowing when reading the store:
 - the agent reports throttled time cumulatively; rows hold the change since the
   previous report of the same executor (the first report after a launch, or after
   a master failover, counts from the executor's start);
+- an event row carries its task's facts (`TaskFacts`) only when the store has
+  not been told them (`ToldTasks`); the store joins them to the task's later
+  rows. So a task's events share the role its first row in this master was
+  charged to, and its agent's registration and record as they were then, until
+  either is replaced (the next row carries them afresh);
+- `priority` and `revocable` are the task's (dyad/priority.py, master/revocable.py);
 - `app` is the service app (`DYAD_APP_ID`) or batch job (`DYAD_JOB_ID`) label;
 - `source` is the wire's (`SOURCE_MASTER`, `SOURCE_AGENT`, `SOURCE_EXECUTOR`).
 """
@@ -31,7 +37,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from dyad.messages import ExecutorUsage, Source, UsageReport
-from master.usage.schema import Dimensions, TaskEvent, UsageSample, trusted_event
+from master.usage.schema import TASKS_TOLD, Dimensions, TaskEvent, TaskFacts, UsageSample
 
 if TYPE_CHECKING:
     from master.model import MasterAgent, MasterFramework, MasterTask
@@ -41,9 +47,7 @@ MIB = 2 ** 20
 # The events log's short names for who made a status; the store keeps the wire's.
 _SOURCES = {"master": Source.MASTER, "agent": Source.AGENT, "executor": Source.EXECUTOR}
 
-DIMENSIONS_KEPT = 100_000
-"""Tasks whose dimensions `DimensionsCache` keeps at most (a task's are dropped
-once its terminal state is recorded)."""
+_tuple_new = tuple.__new__
 
 RoleOf = Callable[["MasterFramework", str], str]
 """The role a framework's resources on an agent (by id) are charged to."""
@@ -75,59 +79,75 @@ def app_of(labels: Mapping[str, str]) -> str:
     return ""
 
 
+def task_facts(framework: MasterFramework, agent: MasterAgent | None,
+               task: MasterTask | None, role: str) -> TaskFacts:
+    """What a task's rows share: its agent (the agent's current registration),
+    labels, priority and allocation (0 without a record: a launch refused before
+    the master made one), and `role`."""
+    if task is None:
+        labels: dict[str, str] = {}
+        priority, revocable, cpus, mem_bytes = 0, False, 0.0, 0
+    else:
+        labels, priority, revocable = task.labels, task.priority, task.revocable
+        resources = task.resources
+        cpus, mem_bytes = resources.get("cpus"), int(resources.get("mem") * MIB)
+    if agent is not None:
+        agent_id, hostname, attributes = agent.id, agent.info.hostname, agent.info.attributes
+    else:
+        agent_id, hostname, attributes = (task.agent_id if task else ""), "", {}
+    return _tuple_new(TaskFacts, (role, app_of(labels), agent_id, hostname, attributes, labels,
+                                  priority, revocable, cpus, mem_bytes))
+
+
 def dimensions(task_id: str, framework: MasterFramework, agent: MasterAgent | None,
                task: MasterTask | None, role: str) -> Dimensions:
-    labels = task.labels if task is not None else {}
-    return Dimensions(
-        task_id=task_id, framework_id=framework.id, role=role, app=app_of(labels),
-        agent_id=agent.id if agent is not None else (task.agent_id if task else ""),
-        hostname=agent.info.hostname if agent is not None else "",
-        agent_attributes=agent.info.attributes if agent is not None else {}, labels=labels)
+    """A sample's dimensions: the same facts as its task's events have."""
+    facts = task_facts(framework, agent, task, role)
+    return Dimensions(task_id=task_id, framework_id=framework.id, role=role, app=facts.app,
+                      agent_id=facts.agent_id, hostname=facts.hostname,
+                      agent_attributes=facts.agent_attributes, labels=facts.labels,
+                      priority=facts.priority, revocable=facts.revocable)
 
 
-def sizes(task: MasterTask | None) -> tuple[float, int]:
-    """A task event's `cpus` and `mem_bytes`: the task's allocation (0 without a record)."""
-    if task is None:
-        return 0.0, 0
-    resources = task.resources
-    return resources.get("cpus"), int(resources.get("mem") * MIB)
+class ToldTasks:
+    """Which tasks' facts the usage store has been sent (the master's half of
+    `master.usage.schema.KnownTasks`), so that a task's events after its first
+    carry only its ids and state (issue 19: building and sending every event's
+    dimensions was most of what the store cost the master under a launch flood,
+    three events a task). A task's facts are sent again when what they came
+    from is not the very same: the task's record, or its agent's registration.
+    The role is the one the task's first row was charged to.
 
+    Both halves forget a task after its terminal row, and everything at a
+    `FORGET_ALL` row, which `forget_all` asks the caller to send (`pending`):
+    at the bound `most`, or when a failed step's rows were lost."""
 
-class DimensionsCache:
-    """The dimensions (and row sizes, `sizes`) of tasks recently recorded, so a
-    task's events after its first reuse one value (issue 19: building them was
-    most of what the usage rows cost the master under a launch flood, three
-    events a task). A kept value is used only while what it was built from is
-    the very same: the agent's info, the task record and its resources, and the
-    role; anything else builds afresh, so the rows are exactly those
-    `dimensions` and `sizes` give."""
-
-    def __init__(self, most: int = DIMENSIONS_KEPT) -> None:
+    def __init__(self, most: int = TASKS_TOLD) -> None:
         self.most = most
-        self._kept: dict[tuple[str, str],
-                         tuple[object, object, str, object, tuple[Dimensions, float, int]]] = {}
+        self.pending = False  # a `FORGET_ALL` row must go before the next row
+        self._told: dict[tuple[str, str], tuple[object, object]] = {}
 
     def __len__(self) -> int:
-        return len(self._kept)
+        return len(self._told)
 
-    def parts(self, task_id: str, framework: MasterFramework, agent: MasterAgent | None,
-              task: MasterTask | None, role: str) -> tuple[Dimensions, float, int]:
-        """The task's dimensions, `cpus` and `mem_bytes`."""
-        key = (framework.id, task_id)
-        info = agent.info if agent is not None else None
-        resources = task.resources if task is not None else None
-        kept = self._kept.get(key)
-        if (kept is not None and kept[0] is info and kept[1] is task and kept[2] == role
-                and kept[3] is resources):
-            return kept[4]
-        made = (dimensions(task_id, framework, agent, task, role), *sizes(task))
-        if len(self._kept) >= self.most:
-            self._kept.clear()  # rebuilt as tasks speak again: a bound, not a policy
-        self._kept[key] = (info, task, role, resources, made)
-        return made
+    def knows(self, key: tuple[str, str], task: MasterTask | None,
+              agent: MasterAgent | None) -> bool:
+        told = self._told.get(key)
+        return (told is not None and told[0] is task
+                and told[1] is (agent.info if agent is not None else None))
 
-    def forget(self, framework_id: str, task_id: str) -> None:
-        self._kept.pop((framework_id, task_id), None)
+    def tell(self, key: tuple[str, str], task: MasterTask | None,
+             agent: MasterAgent | None) -> None:
+        if len(self._told) >= self.most:
+            self.forget_all()
+        self._told[key] = (task, agent.info if agent is not None else None)
+
+    def forget(self, key: tuple[str, str]) -> None:
+        self._told.pop(key, None)
+
+    def forget_all(self) -> None:
+        self._told.clear()
+        self.pending = True
 
 
 def usage_samples(report: UsageReport, agent: MasterAgent,
@@ -177,20 +197,13 @@ def _throttled_delta(task: MasterTask, usage: ExecutorUsage) -> float:
     return delta if delta >= 0 else total
 
 
-def task_event(task_id: str, framework: MasterFramework, agent: MasterAgent | None,
-               task: MasterTask | None, role: str, state: str, now: float, *,
-               reason: str = "", message: str = "", source: str = "",
-               healthy: bool | None = None,
-               parts: tuple[Dimensions, float, int] | None = None) -> TaskEvent:
-    """A state change as a row; `task` is None for a launch refused before the
-    master made a record of it. `parts`: its dimensions, `cpus` and `mem_bytes`,
-    if the caller has them (`DimensionsCache.parts`). Built unchecked
-    (`trusted_event`): every value is the master core's own, its clock and the
-    task's record."""
-    who, cpus, mem_bytes = (parts if parts is not None
-                            else (dimensions(task_id, framework, agent, task, role), *sizes(task)))
-    return trusted_event((now, who, state, reason, message, source_name(source), healthy,
-                          cpus, mem_bytes))
+def task_event(framework_id: str, task_id: str, state: str, now: float, reason: str,
+               message: str, source: str, healthy: bool | None,
+               facts: TaskFacts | None) -> TaskEvent:
+    """A state change as a row, unchecked: every value is the master core's own,
+    its clock and the task's record. `facts`: None if the store has them."""
+    return _tuple_new(TaskEvent, (now, framework_id, task_id, state, reason, message,
+                                  source_name(source), healthy, facts))
 
 
 def source_name(source: str) -> str:

@@ -28,7 +28,8 @@ from typing import Any
 import duckdb
 
 from master.usage.schema import (
-    EVENT_COLUMNS, TABLES, USAGE_COLUMNS, TaskEvent, UsageSample, event_values, usage_values)
+    EVENT_COLUMNS, TABLES, TASKS_TOLD, USAGE_COLUMNS, KnownTasks, TaskEvent, UsageSample,
+    usage_values)
 from master.usage.store import (
     Expired, QueryError, QueryRefused, QueryResult, QueryTimeout)
 
@@ -74,8 +75,14 @@ def _parameters(columns: tuple[tuple[str, str], ...], rows: list[tuple]) -> list
         values = [row[i] for row in rows]
         if kind == _MAP:
             distinct: dict[tuple, int] = {}
-            index = [distinct.setdefault(tuple(sorted(m.items())), len(distinct) + 1)
-                     for m in values]
+            seen: dict[int, int] = {}  # by id: a task's rows share one map object
+            index = []
+            for m in values:
+                at = seen.get(id(m))
+                if at is None:
+                    at = seen[id(m)] = distinct.setdefault(tuple(sorted(m.items())),
+                                                           len(distinct) + 1)
+                index.append(at)
             keys = [[k for k, _ in m] for m in distinct]
             vals = [[v for _, v in m] for m in distinct]
             maps += [keys, vals]
@@ -101,6 +108,7 @@ class DuckDBEngine:
         self._db.execute("SET lock_configuration = true")
         self._usage_sql = _insert_sql("task_usage", USAGE_COLUMNS)
         self._event_sql = _insert_sql("task_events", EVENT_COLUMNS)
+        self.tasks = KnownTasks(most=2 * TASKS_TOLD)  # beyond the master's: a bound on loss only
         self._reader = self._db.cursor()
         self._querying = threading.Lock()
         self._closed = False
@@ -108,15 +116,17 @@ class DuckDBEngine:
     # -- writer thread ----------------------------------------------------------------
 
     def insert(self, samples: Sequence[UsageSample], events: Sequence[TaskEvent]) -> None:
-        self.insert_values([usage_values(s) for s in samples], [event_values(e) for e in events])
+        self.insert_values([usage_values(s) for s in samples], events)
 
-    def insert_values(self, samples: list[tuple], events: list[tuple]) -> None:
-        """`insert` of rows already turned into values (`usage_values`,
-        `event_values`): what the store's own process is sent."""
+    def insert_values(self, samples: list[tuple], events: Sequence[TaskEvent]) -> None:
+        """`insert` of samples already turned into values (`usage_values`): what
+        the store's own process is sent. Events are joined to their tasks' facts
+        here (`KnownTasks`), in the order they came."""
         if samples:
             self._db.execute(self._usage_sql, _parameters(USAGE_COLUMNS, samples))
-        if events:
-            self._db.execute(self._event_sql, _parameters(EVENT_COLUMNS, events))
+        rows = self.tasks.values(events)
+        if rows:
+            self._db.execute(self._event_sql, _parameters(EVENT_COLUMNS, rows))
 
     def expire(self, older_than: float, max_rows: int | None) -> Expired:
         gone = []

@@ -4,8 +4,9 @@ Why: in the master's process the store cost a quarter of the master's CPU under 
 launch flood (DuckDB converting the Python lists it is handed runs under the GIL,
 and its inserts on the master's cores), and the master's one event loop is what
 bounds its throughput (docs/operations.md). Here the master's writer thread only
-turns rows into plain tuples and pickles them down a pipe; the child builds the
-columns and runs DuckDB.
+turns samples into plain tuples and pickles them and the events (tuples already)
+down a pipe; the child joins events to their tasks' facts, builds the columns and
+runs DuckDB.
 
 Two pipes, one per caller thread (`UsageStore` writes from one thread and queries
 from another, and an engine must let the two overlap); the child serves each pipe
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
-from master.usage.schema import TaskEvent, UsageSample, event_values, usage_values
+from master.usage.schema import TaskEvent, UsageSample, usage_values
 from master.usage.store import Expired, QueryError, QueryResult
 
 CLOSE_WAIT = 5.0  # seconds the child gets to close its database before it is killed
@@ -65,8 +66,8 @@ class ProcessEngine:
         self.answer_wait = ANSWER_WAIT
 
     def insert(self, samples: Sequence[UsageSample], events: Sequence[TaskEvent]) -> None:
-        self._call(self._writes, "insert", [usage_values(s) for s in samples],
-                   [event_values(e) for e in events])
+        # Events go as they are: the child joins them to their tasks' facts.
+        self._call(self._writes, "insert", [usage_values(s) for s in samples], list(events))
 
     def expire(self, older_than: float, max_rows: int | None) -> Expired:
         return self._call(self._writes, "expire", older_than, max_rows)  # type: ignore[no-any-return]

@@ -6,17 +6,24 @@ dimensions, so any group-by needs no join):
 - `task_usage`: one row per usage sample of a task's executor;
 - `task_events`: one row per task state change.
 
-Rows are plain frozen values built by the master shell from what it already knows
-(the agent's `UsageReport`, its own task, framework and agent records). Times are
-seconds since the epoch (floats); the store keeps them as UTC `TIMESTAMP`s.
+Rows are plain frozen values built by the master core from what it already knows
+(the agent's `UsageReport`, its own task, framework and agent records). A sample
+carries its `Dimensions`; an event carries its task's `TaskFacts` only when the
+store has not heard them, and the store joins them to the task's later events
+(`KnownTasks`): a table stays wide, and the master builds and sends a task's
+dimensions once, not once an event. Times are seconds since the epoch (floats);
+the store keeps them as UTC `TIMESTAMP`s.
 """
 
 from __future__ import annotations
 
-import collections
 import math
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import attrs
+
+from dyad.messages import TaskState
 
 
 def _check_finite_nonnegative(name: str, value: float) -> None:
@@ -84,40 +91,118 @@ class UsageSample:
     sample_weight: float = attrs.field(default=1.0, validator=attrs.validators.ge(1.0))
 
 
-_EVENT_FIELDS = ("at", "who", "state", "reason", "message", "source", "healthy", "cpus",
-                 "mem_bytes")
+class TaskFacts(NamedTuple):
+    """What a task's event rows share (every `Dimensions` column but the task's
+    own ids, and its allocation): sent with the first row of a task that the
+    store has not heard of, and joined to its later rows by the store
+    (`KnownTasks`), so the master makes and sends these once a task, not once an
+    event. The maps are the master's own (str to str)."""
+
+    role: str
+    app: str
+    agent_id: str
+    hostname: str
+    agent_attributes: dict[str, str]
+    labels: dict[str, str]
+    priority: int
+    revocable: bool
+    cpus: float  # the task's allocation, so slack (allocation - usage) can be
+    mem_bytes: int  # asked of the store alone
 
 
-class TaskEvent(collections.namedtuple("TaskEvent", _EVENT_FIELDS,
-                                       defaults=("", "", "", None, 0.0, 0))):
-    """A task changed state. `cpus` and `mem_bytes` are the task's allocation, so
-    slack (allocation - usage) can be asked of the store alone.
+class TaskEvent(NamedTuple):
+    """A task changed state: one `task_events` row once the store has joined it
+    to its task's facts. `facts` is None when the store already holds them
+    (`KnownTasks`).
 
-    A tuple (issue 19: the master makes three a task under a launch flood, and an
-    attrs instance with validators cost it ten times a tuple). Made with keywords
-    it checks its numbers as the other rows do; the master core makes its own
-    with `trusted_event`, from values it built itself (its clock, a launched
-    task's resources), which skips the checks."""
+    A plain tuple (issue 19: the master makes three a task under a launch flood,
+    and an attrs instance with validators cost it ten times a tuple). The master
+    core makes its own unchecked, from values it built itself (its clock, a
+    launched task's record); tools and tests make them with `of`, which checks
+    the numbers as the other rows do."""
 
-    __slots__ = ()
+    at: float
+    framework_id: str
+    task_id: str
+    state: str  # "" only in `FORGET_ALL`
+    reason: str = ""
+    message: str = ""
+    source: str = ""
+    healthy: bool | None = None
+    facts: TaskFacts | None = None
 
-    def __new__(cls, at: float, who: Dimensions, state: str, reason: str = "",
-                message: str = "", source: str = "", healthy: bool | None = None,
-                cpus: float = 0.0, mem_bytes: int = 0) -> TaskEvent:
+    @classmethod
+    def of(cls, at: float, who: Dimensions, state: str, reason: str = "",
+           message: str = "", source: str = "", healthy: bool | None = None,
+           cpus: float = 0.0, mem_bytes: int = 0) -> TaskEvent:
+        """The event, checked, carrying `who`'s facts."""
         _check_time("at", at)
         _check_finite_nonnegative("cpus", cpus)
         _check_finite_nonnegative("mem_bytes", mem_bytes)
-        return tuple.__new__(cls, (at, who, state, reason, message, source, healthy,
-                                   cpus, mem_bytes))
+        if not state:
+            raise ValueError("an event needs a state")
+        return cls(at, who.framework_id, who.task_id, state, reason, message, source, healthy,
+                   TaskFacts(who.role, who.app, who.agent_id, who.hostname,
+                             who.agent_attributes, who.labels, who.priority, who.revocable,
+                             cpus, mem_bytes))
 
 
-def trusted_event(values: tuple) -> TaskEvent:
-    """A `TaskEvent` of `values` in `TaskEvent` field order, unchecked: for rows
-    the master core builds from its own records (`master.usage_rows`)."""
-    return _tuple_new(TaskEvent, values)
+TASKS_TOLD = 100_000
+"""Tasks whose facts the master's `ToldTasks` keeps at most (a task's are
+dropped after its terminal row); past it, both halves forget all."""
+
+FORGET_ALL = TaskEvent(0.0, "", "", "")
+"""Not a row: the store forgets every task's facts here (the master forgot
+what it had told it: its bound, or a failed step's rows lost)."""
+
+TERMINAL_STATES = frozenset(state.name for state in TaskState if state.is_terminal)
+"""A task's facts are forgotten after its row in one of these states."""
+
+NO_FACTS = TaskFacts("", "", "", "", {}, {}, 0, False, 0.0, 0)
+"""The facts of a row whose task the store was never told of (its first rows
+were dropped, or failed to write): only its ids are known."""
 
 
-_tuple_new = tuple.__new__
+class KnownTasks:
+    """The store's half of the master's `master.usage_rows.ToldTasks`: each task's
+    facts from the row that carried them, until its row in a terminal state or a
+    `FORGET_ALL`. Fed every row in the order the master made them, it holds what
+    the master believes it holds, so `values` gives each row the `Dimensions`
+    the master would have built for it. `most` is only a bound against rows
+    that were lost (a dropped terminal row leaves its facts here until the next
+    `FORGET_ALL`)."""
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self.unknown = 0  # rows written with `NO_FACTS`
+        self._facts: dict[tuple[str, str], TaskFacts] = {}
+
+    def __len__(self) -> int:
+        return len(self._facts)
+
+    def values(self, events: Sequence[TaskEvent]) -> list[tuple]:
+        """The rows' values in `EVENT_COLUMNS` order (`ts` as epoch seconds)."""
+        known = self._facts
+        out: list[tuple] = []
+        for at, framework_id, task_id, state, reason, message, source, healthy, facts in events:
+            if not state:  # FORGET_ALL
+                known.clear()
+                continue
+            key = (framework_id, task_id)
+            if facts is not None:
+                if len(known) >= self.most:
+                    known.clear()
+                known[key] = facts
+            else:
+                facts = known.get(key)
+                if facts is None:
+                    facts = NO_FACTS
+                    self.unknown += 1
+            if state in TERMINAL_STATES:
+                known.pop(key, None)
+            out.append((at, task_id, framework_id, *facts[:8], state, reason, message, source,
+                        healthy, facts[8], facts[9]))
+        return out
 
 
 DIMENSION_COLUMNS = (
@@ -151,8 +236,3 @@ def usage_values(s: UsageSample) -> tuple:
     return (s.at, *dimension_values(s.who), s.executor_id, s.cpus_used, s.cpus_limit,
             s.cpus_throttled_secs, s.mem_rss_bytes, s.mem_limit_bytes, s.oom_events,
             s.disk_used_bytes, s.disk_limit_bytes, s.sample_weight)
-
-
-def event_values(e: TaskEvent) -> tuple:
-    """An event's values in `EVENT_COLUMNS` order (`ts` as epoch seconds)."""
-    return (e[0], *dimension_values(e[1]), *e[2:])  # a `TaskEvent` is a tuple

@@ -137,18 +137,23 @@ class UsageStore:
 
     def submit(self, samples: Iterable[UsageSample] = (),
                events: Iterable[TaskEvent] = ()) -> bool:
-        """Buffer rows for the writer; False if the buffer was full and they were dropped."""
+        """Buffer rows for the writer; False if the buffer was full and they were
+        dropped (all but the events that carry a task's facts)."""
         kept = self._sample(samples)
         events = list(events)
+        accepted = True
         if len(self._samples) + len(self._events) + len(kept) + len(events) \
                 > self.config.max_buffered:
-            self.stats["dropped"] += len(kept) + len(events)
-            return False
+            # Full: drop, but keep the rows that tell the store a task's facts (one
+            # a task) and `FORGET_ALL`, so the task's later rows still join.
+            telling = [e for e in events if e[8] is not None or not e[3]]
+            self.stats["dropped"] += len(kept) + len(events) - len(telling)
+            kept, events, accepted = [], telling, False
         self._samples.extend(kept)
         self._events.extend(events)
         if self._drain is None or self._drain.done():
             self._drain = asyncio.get_running_loop().create_task(self._write())
-        return True
+        return accepted
 
     def _sample(self, samples: Iterable[UsageSample]) -> list[UsageSample]:
         rate = self.config.sample_rate

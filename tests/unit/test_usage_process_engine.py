@@ -9,7 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from master.usage import QueryError, QueryRefused, QueryTimeout, StoreConfig, UsageStore
+from master.usage import (
+    QueryError, QueryRefused, QueryTimeout, StoreConfig, TaskEvent, UsageStore)
 from master.usage.process_engine import NICENESS, EngineFailed, ProcessEngine
 from tests.unit.test_usage_store import JOB, T0, WEB, event, sample
 
@@ -28,8 +29,13 @@ def test_rows_written_there_are_answered_here(engine: ProcessEngine) -> None:
                           "GROUP BY ALL ORDER BY role", 10, 5)
     assert result.rows == (("batch", 1, "r2"), ("prod", 10, "r1"))
     assert engine.counts() == {"task_usage": 11, "task_events": 2}
+    # A later event without its task's facts is joined to them there.
+    engine.insert([], [TaskEvent(T0 + 2, WEB.framework_id, WEB.task_id, "TASK_FAILED")])
+    failed = engine.query("SELECT app, hostname, cpus FROM task_events "
+                          "WHERE state = 'TASK_FAILED'", 10, 5)
+    assert failed.rows == (("/web", "h1", 1.0),)
     gone = engine.expire(older_than=T0 + 5, max_rows=None)
-    assert (gone.samples, gone.events) == (6, 2)
+    assert (gone.samples, gone.events) == (6, 3)
 
 
 def test_refusals_come_back_as_themselves(engine: ProcessEngine) -> None:

@@ -27,7 +27,7 @@ def sample(at: float, who: Dimensions = WEB, cpus: float = 0.5, mem: int = 30 <<
 
 
 def event(at: float, who: Dimensions, state: str, reason: str = "") -> TaskEvent:
-    return TaskEvent(at=at, who=who, state=state, reason=reason, cpus=1.0, mem_bytes=512 << 20)
+    return TaskEvent.of(at=at, who=who, state=state, reason=reason, cpus=1.0, mem_bytes=512 << 20)
 
 
 @pytest.fixture
@@ -98,6 +98,27 @@ async def test_submit_never_waits_and_drops_when_full() -> None:
         await store.flush()
         assert (await store.counts())["task_usage"] == 13
         assert store.stats["dropped"] == 5
+    finally:
+        await store.close()
+
+
+async def test_a_full_buffer_keeps_the_rows_that_tell_a_tasks_facts() -> None:
+    """Dropping a task's first row would leave its later rows without their
+    dimensions: when full, the store keeps the rows that carry facts (one a task)
+    and drops the rest, counted."""
+    store = UsageStore(DuckDBEngine(threads=1), StoreConfig(max_buffered=2))
+    try:
+        first = event(T0, WEB, "TASK_STAGING")
+        later = TaskEvent(T0 + 1, WEB.framework_id, WEB.task_id, "TASK_RUNNING")
+        assert store.submit([sample(T0), sample(T0 + 1)])
+        assert not store.submit([], [first, later])  # full: `later` goes, `first` stays
+        await store.flush()
+        assert store.stats["dropped"] == 1
+        assert store.submit([], [later._replace(at=T0 + 2)])
+        await store.flush()
+        rows = await store.query("SELECT state, app, labels['team'] FROM task_events "
+                                 "ORDER BY ts")
+        assert rows.rows == (("TASK_STAGING", "/web", "shop"), ("TASK_RUNNING", "/web", "shop"))
     finally:
         await store.close()
 
@@ -234,9 +255,9 @@ def test_rows_validate_their_numbers() -> None:
     with pytest.raises(ValueError):
         event(float("nan"), WEB, "TASK_RUNNING")
     with pytest.raises(ValueError):
-        TaskEvent(at=T0, who=WEB, state="TASK_RUNNING", cpus=-1.0)
+        TaskEvent.of(at=T0, who=WEB, state="TASK_RUNNING", cpus=-1.0)
     with pytest.raises(ValueError):
-        TaskEvent(at=T0, who=WEB, state="TASK_RUNNING", mem_bytes=float("inf"))
+        TaskEvent.of(at=T0, who=WEB, state="TASK_RUNNING", mem_bytes=float("inf"))
 
 
 @pytest.mark.parametrize("seconds", ["1700000000", "1700000000.5", "0"])

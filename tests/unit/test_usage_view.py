@@ -46,7 +46,7 @@ def sample(at: float, who: Dimensions, cpus: float, limit: float, mem: int,
 
 
 def launch(at: float, who: Dimensions, cpus: float, mem_mib: int) -> TaskEvent:
-    return TaskEvent(at=at, who=who, state="TASK_STAGING", cpus=cpus, mem_bytes=mem_mib * MIB)
+    return TaskEvent.of(at=at, who=who, state="TASK_STAGING", cpus=cpus, mem_bytes=mem_mib * MIB)
 
 
 @pytest.fixture
@@ -63,7 +63,7 @@ async def cluster() -> AsyncIterator[tuple[TestClient, UsageService, Clock]]:
         [launch(T0 - 10, WEB1, 1.0, 512), launch(T0 - 5, WEB2, 1.0, 512),
          launch(T0 + 120, Dimensions(task_id="web.3", framework_id="svc", role="prod",
                                      app="/web"), 0.5, 128),
-         TaskEvent(at=T0 + 100, who=JOB, state="TASK_FAILED",
+         TaskEvent.of(at=T0 + 100, who=JOB, state="TASK_FAILED",
                    reason=usage_view.OOM_REASON, message="memory limit")])
     app = web.Application()
     app.add_routes(routes(lambda request: service))
