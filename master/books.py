@@ -39,8 +39,6 @@ from master.removals import RemovalLimiter
 from master.usage.schema import FORGET_ALL, TERMINAL_STATES, TaskEvent
 from master.usage_rows import RecordUsage, ToldTasks, task_event, task_facts
 
-"""The names of terminal task states: a str's hash is kept, an enum member's is
-computed in Python each time it is looked up."""
 TASK_STATE_FIELDS = ("framework_id", "task_id", "state", "agent_id", "source", "reason")
 """A `task_state` entry's fields in the events log, in order (`_task_event`)."""
 MASTER_STATE_FIELDS = (*TASK_STATE_FIELDS, "message")

@@ -156,7 +156,9 @@ FORGET_ALL = TaskEvent(0.0, "", "", "")
 what it had told it: its bound, or a failed step's rows lost)."""
 
 TERMINAL_STATES = frozenset(state.name for state in TaskState if state.is_terminal)
-"""A task's facts are forgotten after its row in one of these states."""
+"""A task's facts are forgotten after its row in one of these states. Names, not
+members: a str's hash is kept, an enum member's is computed in Python each time
+it is looked up (the master checks every event's state)."""
 
 NO_FACTS = TaskFacts("", "", "", "", {}, {}, 0, False, 0.0, 0)
 """The facts of a row whose task the store was never told of (its first rows
