@@ -89,8 +89,9 @@ def task_facts(framework: MasterFramework, agent: MasterAgent | None,
         priority, revocable, cpus, mem_bytes = 0, False, 0.0, 0
     else:
         labels, priority, revocable = task.labels, task.priority, task.revocable
-        resources = task.resources
-        cpus, mem_bytes = resources.get("cpus"), int(resources.get("mem") * MIB)
+        totals = task.resources.scalar_items()  # one pass, not one a name
+        cpus = totals.get("cpus", 0) / 1000
+        mem_bytes = totals.get("mem", 0) * MIB // 1000
     if agent is not None:
         agent_id, hostname, attributes = agent.id, agent.info.hostname, agent.info.attributes
     else:

@@ -11,7 +11,8 @@ import pytest
 
 from master.usage import (
     QueryError, QueryRefused, QueryTimeout, StoreConfig, TaskEvent, UsageStore)
-from master.usage.process_engine import NICENESS, EngineFailed, ProcessEngine
+from master.usage.duckdb_engine import DuckDBEngine
+from master.usage.process_engine import _ROWS, NICENESS, EngineFailed, ProcessEngine
 from tests.unit.test_usage_store import JOB, T0, WEB, event, sample
 
 
@@ -38,6 +39,25 @@ def test_rows_written_there_are_answered_here(engine: ProcessEngine) -> None:
     assert (gone.samples, gone.events) == (6, 3)
 
 
+def test_every_column_crosses_the_pipe_as_it_is_written_here() -> None:
+    """The rows go as msgpack (lists back, not tuples): what the child stores is
+    what the in-process engine stores, maps, None and booleans included."""
+    samples = [sample(T0 + i, WEB) for i in range(3)] + [sample(T0, JOB, cpus=2.5)]
+    events = [event(T0, WEB, "TASK_RUNNING"), event(T0 + 1, JOB, "TASK_FINISHED"),
+              TaskEvent(T0 + 2, WEB.framework_id, WEB.task_id, "TASK_FAILED", "r", "m",
+                        "SOURCE_AGENT", True)]
+    here, there = DuckDBEngine(memory_limit="256MB", threads=1), ProcessEngine("256MB", 1)
+    try:
+        for e in (here, there):
+            e.insert(samples, events)
+        for table in ("task_usage", "task_events"):
+            sql = f"SELECT * FROM {table} ORDER BY ALL"
+            assert there.query(sql, 100, 5).rows == here.query(sql, 100, 5).rows
+    finally:
+        here.close()
+        there.close()
+
+
 def test_refusals_come_back_as_themselves(engine: ProcessEngine) -> None:
     with pytest.raises(QueryRefused, match="only SELECT"):
         engine.query("DELETE FROM task_usage", 10, 5)
@@ -51,7 +71,7 @@ def test_a_failed_write_is_an_error_the_store_counts() -> None:
     engine = ProcessEngine(memory_limit="256MB", threads=1)
     try:
         with pytest.raises(EngineFailed):
-            engine._call(engine._writes, "insert", [("not", "a row")], [])
+            engine._call(engine._writes, "insert", _ROWS.encode(([("not", "a row")], [])))
         engine.insert([sample(T0)], [])  # the child still serves
         assert engine.counts()["task_usage"] == 1
     finally:
