@@ -13,9 +13,10 @@ Safety of user queries rests on DuckDB's own guards first, and on ours second:
 - `fetchmany(limit + 1)` bounds the rows (DuckDB streams, so an enormous result
   is never built), and a timer interrupts the cursor at the deadline.
 
-Ingestion hands DuckDB whole columns as typed lists (one `INSERT ... SELECT
-unnest(...)` per batch) rather than a statement per row: per-row inserts are two
-orders of magnitude slower.
+Ingestion hands DuckDB whole columns as NumPy arrays (one `INSERT ... SELECT`
+from them per batch) rather than a statement per row: per-row inserts are two
+orders of magnitude slower, and typed Python lists bound as parameters twice
+as slow as the arrays.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import duckdb
+import numpy as np
 
 from master.usage.schema import (
     EVENT_COLUMNS, TABLES, TASKS_TOLD, USAGE_COLUMNS, KnownTasks, TaskEvent, UsageSample,
@@ -45,34 +47,40 @@ MACROS = (
 )
 
 
+_ROWS_VIEW = "_rows"
+"""The name a batch's columns are registered under on the writer's connection
+(the query cursor, a connection of its own, never sees it)."""
+_NUMPY = {"VARCHAR": object, "BOOLEAN": object, "DOUBLE": np.float64, "TIMESTAMP": np.float64,
+          "BIGINT": np.int64, "INTEGER": np.int32, _MAP: np.int32}
+"""How each column type travels: strings and nullable booleans as object arrays
+(DuckDB reads None as NULL), numbers as typed arrays, a map as an index into
+the batch's distinct maps."""
+
+
 def _insert_sql(table: str, columns: tuple[tuple[str, str], ...]) -> str:
-    """``INSERT INTO table SELECT ... FROM (SELECT unnest(?::T[]) AS c, ...)``.
+    """``INSERT INTO table SELECT ... FROM _rows``, `_rows` the batch's columns.
 
     Maps are sent once per distinct value (agents share attributes, tasks share
     labels) as two lists of keys and values, and each row carries an index."""
-    inner, outer = [], []
+    outer = []
     for name, kind in columns:
         if kind == _MAP:
-            inner.append(f"unnest(?::INTEGER[]) AS {name}")
             outer.append(f"map((?::VARCHAR[][])[{name}], (?::VARCHAR[][])[{name}])")
         elif name == "ts":
-            inner.append("unnest(?::DOUBLE[]) AS ts")
             outer.append("make_timestamp((ts * 1000000)::BIGINT)")
         else:
-            inner.append(f"unnest(?::{kind}[]) AS {name}")
             outer.append(name)
-    return (f"INSERT INTO {table} SELECT {', '.join(outer)} "
-            f"FROM (SELECT {', '.join(inner)})")
+    return f"INSERT INTO {table} SELECT {', '.join(outer)} FROM {_ROWS_VIEW}"
 
 
-def _parameters(columns: tuple[tuple[str, str], ...], rows: list[tuple]) -> list[Any]:
-    """Column lists in the order `_insert_sql` binds them. The outer SELECT's map
-    parameters bind before the inner SELECT's unnests (DuckDB numbers `?` by
-    position in the text), so they come first."""
+def _columns(columns: tuple[tuple[str, str], ...], rows: Sequence[Sequence[Any]]
+             ) -> tuple[dict[str, np.ndarray], list[Any]]:
+    """The rows as one NumPy array a column, which DuckDB scans in C++ (binding
+    the same values as Python lists cost twice as much: docs/usage-store.md),
+    and the maps' keys and values in the order `_insert_sql` binds them."""
+    arrays: dict[str, np.ndarray] = {}
     maps: list[Any] = []
-    inner: list[Any] = []
-    for i, (_, kind) in enumerate(columns):
-        values = [row[i] for row in rows]
+    for (name, kind), values in zip(columns, zip(*rows)):
         if kind == _MAP:
             distinct: dict[tuple, int] = {}
             seen: dict[int, int] = {}  # by id: a task's rows share one map object
@@ -83,13 +91,10 @@ def _parameters(columns: tuple[tuple[str, str], ...], rows: list[tuple]) -> list
                     at = seen[id(m)] = distinct.setdefault(tuple(sorted(m.items())),
                                                            len(distinct) + 1)
                 index.append(at)
-            keys = [[k for k, _ in m] for m in distinct]
-            vals = [[v for _, v in m] for m in distinct]
-            maps += [keys, vals]
-            inner.append(index)
-        else:
-            inner.append(values)
-    return maps + inner
+            maps += [[[k for k, _ in m] for m in distinct], [[v for _, v in m] for m in distinct]]
+            values = index
+        arrays[name] = np.array(values, dtype=_NUMPY[kind])
+    return arrays, maps
 
 
 class DuckDBEngine:
@@ -123,10 +128,19 @@ class DuckDBEngine:
         the store's own process is sent. Events are joined to their tasks' facts
         here (`KnownTasks`), in the order they came."""
         if samples:
-            self._db.execute(self._usage_sql, _parameters(USAGE_COLUMNS, samples))
+            self._insert(self._usage_sql, USAGE_COLUMNS, samples)
         rows = self.tasks.values(events)
         if rows:
-            self._db.execute(self._event_sql, _parameters(EVENT_COLUMNS, rows))
+            self._insert(self._event_sql, EVENT_COLUMNS, rows)
+
+    def _insert(self, sql: str, columns: tuple[tuple[str, str], ...],
+                rows: Sequence[Sequence[Any]]) -> None:
+        arrays, maps = _columns(columns, rows)
+        self._db.register(_ROWS_VIEW, arrays)
+        try:
+            self._db.execute(sql, maps)
+        finally:
+            self._db.unregister(_ROWS_VIEW)
 
     def expire(self, older_than: float, max_rows: int | None) -> Expired:
         gone = []

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from master.usage import (
     Dimensions, DuckDBEngine, QueryBusy, QueryError, QueryRefused, QueryTimeout,
@@ -264,3 +266,47 @@ def test_rows_validate_their_numbers() -> None:
 def test_epoch_ts_takes_whole_and_fractional_epoch_seconds(engine, seconds: str) -> None:
     result = engine.query(f"SELECT epoch(epoch_ts({seconds}))", 1, 5)
     assert result.rows == ((float(seconds),),)
+
+
+_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
+_maps = st.dictionaries(_text, _text, max_size=3)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.lists(st.tuples(
+    st.floats(0, 2 ** 33), _text, st.sampled_from(["prod", ""]), _maps, _maps,
+    st.integers(0, 2 ** 31 - 1), st.booleans(), st.floats(0, 1e6), st.integers(0, 2 ** 62),
+    st.one_of(st.none(), st.booleans())), min_size=1, max_size=20))
+def test_any_rows_come_back_as_they_went_in(rows: list[tuple]) -> None:
+    """Each batch crosses to DuckDB as one NumPy array a column: every value the
+    row types take (None, empty and non-ASCII strings, maps, large integers, both
+    booleans) reads back as it was, in either table."""
+    engine = DuckDBEngine(memory_limit="256MB", threads=1)
+    try:
+        samples, events = [], []
+        for i, (at, text, role, attrs_, labels, priority, revocable, cpus, big, healthy) \
+                in enumerate(rows):
+            who = Dimensions(task_id=f"t{i}", framework_id=text, role=role, app=text,
+                             agent_id="a", hostname=text, agent_attributes=attrs_,
+                             labels=labels, priority=priority, revocable=revocable)
+            samples.append(UsageSample(at=at, who=who, executor_id=text, cpus_used=cpus,
+                                       mem_rss_bytes=big, mem_limit_bytes=big))
+            events.append(TaskEvent.of(at=at, who=who, state="TASK_RUNNING", message=text,
+                                       healthy=healthy, cpus=cpus, mem_bytes=big))
+        engine.insert(samples, events)
+        got = engine.query("SELECT task_id, framework_id, role, agent_attributes, labels, "
+                           "priority, revocable, cpus_used, mem_rss_bytes, executor_id, "
+                           "epoch(ts) FROM task_usage ORDER BY task_id", 100, 5).rows
+        want = sorted((s.who.task_id, s.who.framework_id, s.who.role, s.who.agent_attributes,
+                       s.who.labels, s.who.priority, s.who.revocable, s.cpus_used,
+                       s.mem_rss_bytes, s.executor_id) for s in samples)
+        assert [g[:10] for g in got] == want
+        assert all(abs(g[10] - s.at) < 1e-5 for g, s in zip(got, sorted(
+            samples, key=lambda s: s.who.task_id)))
+        events_back = engine.query("SELECT task_id, message, healthy, labels, cpus, mem_bytes "
+                                   "FROM task_events ORDER BY task_id", 100, 5).rows
+        assert list(events_back) == sorted(
+            (e.task_id, e.message, e.healthy, e.facts.labels, e.facts.cpus, e.facts.mem_bytes)
+            for e in events)
+    finally:
+        engine.close()
