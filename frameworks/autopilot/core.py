@@ -216,12 +216,16 @@ class _App:
     def configure(self, spec: AutopilotSpec, instances: int | None,
                   config: HorizontalConfig) -> None:
         """Horizontal state follows the spec: made when asked for, dropped (with its
-        samples) when the spec no longer asks."""
+        samples) when the spec no longer asks; an edited target or bound starts the
+        stabilization afresh (its recommendations were for the old one)."""
+        edited = spec.horizontal != self.spec.horizontal
         self.spec, self.instances = spec, instances
         if spec.horizontal is None or instances is None:
             self.sizer = self.advice = None
         elif self.sizer is None:
             self.sizer = HorizontalSizer(config)
+        elif edited:
+            self.sizer.restart()
 
     def _bound_cpus(self, value: float) -> float:
         if self.spec is not self._cpu_bounds_spec:

@@ -82,6 +82,12 @@ class HorizontalSizer:
         and non-negative by the caller)."""
         self._samples.setdefault(task_id, deque()).append((at, cpus))
 
+    def restart(self) -> None:
+        """Forget the recommendations (not the samples): the spec they were made
+        for changed."""
+        self._history.clear()
+        self._ready_since = None
+
     def step(self, now: float, current: int, cpu_limit: float,
              spec: HorizontalSpec) -> InstancesAdvice:
         """The desired instances now for an app running `current` tasks of
@@ -93,8 +99,7 @@ class HorizontalSizer:
         samples = sum(n for _, n in live)
         bounded = _clamp(current, spec)
         if current < 1 or cpu_limit <= 0 or samples < c.min_samples:
-            self._ready_since = None
-            self._history.clear()
+            self.restart()
         if current < 1 or cpu_limit <= 0:
             return self._bounded(current, bounded, False, "no running instances to measure")
         if samples < c.min_samples:

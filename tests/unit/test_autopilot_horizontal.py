@@ -12,7 +12,7 @@ from dyad.effects import ArmTimer, TimerFired
 from frameworks.autopilot import (
     AUTO, MIB, RECOMMEND, AppConfigured, ApplyInstances, ApplyLimits, Autopilot,
     AutopilotSpec, Config, Evaluate, HorizontalConfig, HorizontalSizer, HorizontalSpec,
-    Limits, Recommended, UsageSampled)
+    InstancesAdvice, Limits, Recommended, UsageSampled)
 
 SPEC = HorizontalSpec(target=0.5, min=1, max=10)
 CONFIG = HorizontalConfig(window=60, fresh=15, stabilization=300, min_samples=3, interval=0)
@@ -236,3 +236,32 @@ def test_any_usage_stays_within_bounds_and_never_scales_down_before_the_window(
 def test_the_same_events_give_the_same_effects(minutes, spec) -> None:
     app = AutopilotSpec(AUTO, horizontal=spec)
     assert drive(app, minutes) == drive(app, minutes)
+
+
+def test_an_edited_horizontal_block_restarts_the_stabilization() -> None:
+    pilot, now = Autopilot(PILOT), 0.0
+
+    def minute() -> None:  # 4 tasks at 0.25 cores each, then a step
+        nonlocal now
+        for _ in range(6):
+            now += 10
+            for i in range(4):
+                pilot.handle(UsageSampled("/a", now, 0.25, 100 * MIB, task_id=f"t{i}"), now)
+        pilot.handle(TimerFired(Evaluate("/a")), now)
+
+    def advice() -> InstancesAdvice:
+        rec = pilot.recommendation("/a")
+        assert rec is not None and rec.instances is not None
+        return rec.instances
+
+    pilot.handle(AppConfigured("/a", AutopilotSpec(RECOMMEND, horizontal=SPEC), LIMITS, 4), 0)
+    for _ in range(6):
+        minute()
+    assert advice().instances == 2  # 1 core at 50%: 2, after the window
+    edited = AutopilotSpec(RECOMMEND, horizontal=HorizontalSpec(target=0.4, min=1, max=10))
+    pilot.handle(AppConfigured("/a", edited, LIMITS, 4), now)
+    minute()
+    assert advice().instances == 4 and "fewer only after 300s" in advice().explain
+    for _ in range(5):
+        minute()
+    assert advice().instances == 3  # 1 core at 40%: 3
