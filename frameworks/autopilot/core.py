@@ -30,8 +30,10 @@ Apps with a `horizontal` spec also get an instance count (`horizontal`, whose
 rule and damping apply) on every step, with its own evidence rule (no warmup: load
 is read over a few minutes); in `auto` `ApplyInstances` scales the app, at most once
 per `HorizontalConfig.interval`, and never in a step that applied limits (the
-upgrade rolls first; the count follows at a later step, sized for the new limit).
-The count in force is the one `AppConfigured.instances` last said.
+upgrade rolls first; the count follows at a later step). The count in force is the
+one `AppConfigured.instances` last said. With a horizontal spec, `auto` applies
+memory only: CPU stays at the app's limit (within its bounds), which utilization
+is measured against; sizing both is a feedback loop.
 """
 
 from __future__ import annotations
@@ -392,7 +394,11 @@ class Autopilot:
         # applied limit is always within them, even after the bounds were edited.
         keep_cpus = self._bound_cpus(app.spec, app.current.cpus)
         keep_mem = self._bound_mem(app.spec, app.current.mem_bytes)
-        cpus = rec.cpus if moved(keep_cpus, rec.cpus, step) else keep_cpus
+        # With horizontal sizing the CPU limit is what utilization is measured
+        # against: sizing it too would chase the count (lower limit, higher
+        # utilization, more instances, lower use per task, lower limit...).
+        cpus = (rec.cpus if moved(keep_cpus, rec.cpus, step)
+                and app.spec.horizontal is None else keep_cpus)
         # Memory below the recommendation is below the peak it expects plus margin: a
         # kill waiting to happen, so any raise goes ahead; cuts need min_change.
         held = app.last_oom_at is not None and now - app.last_oom_at < self.config.oom_hold
@@ -415,6 +421,9 @@ class Autopilot:
                                   app.ooms, (reason, *self._oom_reasons(app)), app.advice)
         reasons = [f"cpus {cpu.value:.3f}: {cpu.explanation}",
                    f"mem {mem.value / MIB:.0f} MiB: {mem.explanation}"]
+        if app.spec.horizontal is not None:
+            reasons.append("cpus not applied: horizontal sizing measures utilization "
+                           "against the current limit")
         reasons += self._oom_reasons(app)
         return Recommendation(app.app_id, now, True, cpu.value, int(mem.value),
                               app.current, cpu.variant, mem.variant, samples, app.ooms,

@@ -97,13 +97,12 @@ class HorizontalSizer:
         self._prune(now)
         live = self._live()
         samples = sum(n for _, n in live)
-        bounded = _clamp(current, spec)
         if current < 1 or cpu_limit <= 0 or samples < c.min_samples:
             self.restart()
         if current < 1 or cpu_limit <= 0:
-            return self._bounded(current, bounded, False, "no running instances to measure")
+            return _bounded(current, current, spec, False, "no running instances to measure")
         if samples < c.min_samples:
-            return self._bounded(current, bounded, False, (
+            return _bounded(current, current, spec, False, (
                 f"waiting for evidence: {samples} of {c.min_samples} samples of live "
                 f"tasks in {c.window:.0f}s"))
         per_task = spec.target * cpu_limit
@@ -115,7 +114,7 @@ class HorizontalSizer:
         need = load / per_task if seen > 1.0 else (load + missing * cpu_limit) / per_task
         ratio = need / current
         if abs(ratio - 1.0) <= c.tolerance or (ratio - 1.0) * (seen - 1.0) <= 0:
-            raw = bounded
+            raw = _clamp(current, spec)
         else:
             raw = _clamp(math.ceil(need - 1e-9), spec)
         if self._ready_since is None:
@@ -141,13 +140,7 @@ class HorizontalSizer:
                 why += f"; held: fewer only after {c.stabilization:.0f}s of evidence"
             elif raw < current:
                 why += f"; held: {stable} wanted within the last {c.stabilization:.0f}s"
-        return self._bounded(current, _clamp(desired, spec), True, why)
-
-    @staticmethod
-    def _bounded(current: int, desired: int, ready: bool, why: str) -> InstancesAdvice:
-        if desired != current and not ready:
-            why += f"; {current} is outside the bounds: {desired}"
-        return InstancesAdvice(desired, current, ready, why)
+        return _bounded(current, desired, spec, True, why)
 
     def _prune(self, now: float) -> None:
         c = self.config
@@ -169,6 +162,15 @@ class HorizontalSizer:
         return [(sum(cpus for _, cpus in s) / len(s), len(s))
                 for _, s in sorted(self._samples.items())
                 if s[-1][0] >= newest - self.config.fresh]
+
+
+def _bounded(current: int, desired: int, spec: HorizontalSpec, ready: bool,
+             why: str) -> InstancesAdvice:
+    """The advice, within the bounds whatever the evidence said."""
+    bounded = _clamp(desired, spec)
+    if bounded != desired:
+        why += f"; {desired} is outside [{spec.min}, {spec.max}]: {bounded}"
+    return InstancesAdvice(bounded, current, ready, why)
 
 
 def _clamp(value: int, spec: HorizontalSpec) -> int:

@@ -5,6 +5,7 @@ the tolerance band or on too few samples."""
 
 from __future__ import annotations
 
+import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -265,3 +266,13 @@ def test_an_edited_horizontal_block_restarts_the_stabilization() -> None:
     for _ in range(5):
         minute()
     assert advice().instances == 3  # 1 core at 40%: 3
+
+
+def test_with_horizontal_sizing_auto_sizes_memory_and_holds_cpu() -> None:
+    config = attrs.evolve(PILOT, warmup=120, min_samples=5)
+    effects = drive(APP, [1.0] * 10, config=config)
+    limits = [e.limits for _, e in effects if isinstance(e, ApplyLimits)]
+    assert limits and all(lim.cpus == LIMITS.cpus for lim in limits)
+    assert limits[0].mem_bytes < LIMITS.mem_bytes  # 100 MiB used of 512
+    rec = [e.recommendation for _, e in effects if isinstance(e, Recommended)][-1]
+    assert any("cpus not applied" in reason for reason in rec.reasons)
