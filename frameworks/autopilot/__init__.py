@@ -9,27 +9,29 @@
     ...  # the shell feeds TimerFired(Evaluate("/web")) when the ArmTimer comes due
 
 No I/O: the service framework and the simulator feed it events and carry out its
-`ApplyLimits` / `Recommended` effects. See docs/autopilot.md.
+`ApplyLimits` / `ApplyInstances` / `Recommended` effects. See docs/autopilot.md.
 """
 
 from frameworks.autopilot.core import (
-    AppConfigured, AppRemoved, ApplyLimits, Autopilot, Config, Evaluate, Recommendation,
-    Recommended, TaskOomKilled, UsageSampled)
+    AppConfigured, AppRemoved, ApplyInstances, ApplyLimits, Autopilot, Config, Evaluate,
+    Recommendation, Recommended, TaskOomKilled, UsageSampled)
 from frameworks.autopilot.histogram import DecayingHistogram, Scale
+from frameworks.autopilot.horizontal import HorizontalConfig, HorizontalSizer, InstancesAdvice
 from frameworks.autopilot.meta import Choice, Costs, MetaRecommender
 from frameworks.autopilot.recommenders import (
     DEFAULT_CPU_VARIANTS, DEFAULT_MEMORY_VARIANTS, CpuRecommender, CpuVariant,
     MemoryRecommender, MemoryVariant)
 from frameworks.autopilot.spec import (
-    AUTO, MIB, MODES, OFF, RECOMMEND, AutopilotSpec, Bounds, Limits, SpecInvalid,
-    parse_spec, unparse_spec)
+    AUTO, MIB, MODES, OFF, RECOMMEND, AutopilotSpec, Bounds, HorizontalSpec, Limits,
+    SpecInvalid, parse_spec, unparse_spec)
 from frameworks.autopilot.window import SlidingPeak
 
 __all__ = [
     "AUTO", "DEFAULT_CPU_VARIANTS", "DEFAULT_MEMORY_VARIANTS", "MIB", "MODES", "OFF",
-    "RECOMMEND", "AppConfigured", "AppRemoved", "ApplyLimits", "Autopilot",
-    "AutopilotSpec", "Bounds", "Choice", "Config", "Costs", "CpuRecommender",
-    "CpuVariant", "DecayingHistogram", "Evaluate", "Limits", "MemoryRecommender",
+    "RECOMMEND", "AppConfigured", "AppRemoved", "ApplyInstances", "ApplyLimits",
+    "Autopilot", "AutopilotSpec", "Bounds", "Choice", "Config", "Costs", "CpuRecommender",
+    "CpuVariant", "DecayingHistogram", "Evaluate", "HorizontalConfig", "HorizontalSizer",
+    "HorizontalSpec", "InstancesAdvice", "Limits", "MemoryRecommender",
     "MemoryVariant", "MetaRecommender", "Recommendation", "Recommended", "Scale",
     "SlidingPeak", "SpecInvalid", "TaskOomKilled", "UsageSampled", "parse_spec",
     "unparse_spec",

@@ -25,6 +25,15 @@ that make it safe to act on live here, and apply to every variant alike:
 `Recommended` is emitted whenever the recommendation changes; `ApplyLimits` asks the
 service framework to roll the app to new limits. The app's next `AppConfigured`
 (its definition after the upgrade, or an operator's edit) sets what is current.
+
+Apps with a `horizontal` spec also get an instance count (`horizontal`, whose
+rule and damping apply) on every step, with its own evidence rule (no warmup: load
+is read over a few minutes); in `auto` `ApplyInstances` scales the app, at most once
+per `HorizontalConfig.interval`, and never in a step that applied limits (the
+upgrade rolls first; the count follows at a later step). The count in force is the
+one `AppConfigured.instances` last said. With a horizontal spec, `auto` applies
+memory only: CPU stays at the app's limit (within its bounds), which utilization
+is measured against; sizing both is a feedback loop.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ import attrs
 
 from dyad.effects import ArmTimer, CancelTimer, TimerFired, TimerKey, UnknownTimer
 from frameworks.autopilot.fleet import FleetJumps
+from frameworks.autopilot.horizontal import HorizontalConfig, HorizontalSizer, InstancesAdvice
 from frameworks.autopilot.meta import Costs, MetaRecommender, moved
 from frameworks.autopilot.recommenders import (
     DEFAULT_CPU_VARIANTS, DEFAULT_MEMORY_VARIANTS, CpuVariant, MemoryVariant)
@@ -57,6 +67,7 @@ class Config:
     oom_hold: float = attrs.field(default=24 * 3600.0, validator=attrs.validators.ge(0.0))
     floor: Limits = Limits(cpus=0.01, mem_bytes=32 * MIB)
     cap: Limits = Limits(cpus=64.0, mem_bytes=256 * 1024 * MIB)
+    horizontal: HorizontalConfig = HorizontalConfig()
 
     def __attrs_post_init__(self) -> None:
         if not self.cpu_variants or not self.memory_variants:
@@ -69,11 +80,14 @@ class Config:
 
 @attrs.frozen
 class AppConfigured:
-    """An app's autopilot spec and its current task limits (on create and update)."""
+    """An app's autopilot spec and its current task limits (on create and update).
+    `instances`: the app's instance count, which horizontal sizing starts from
+    (None: unknown, so no horizontal sizing)."""
 
     app_id: str
     spec: AutopilotSpec
     limits: Limits
+    instances: int | None = None
 
 
 @attrs.frozen
@@ -95,6 +109,7 @@ class UsageSampled:
     cpus: float
     mem_bytes: float
     mem_allowance_bytes: float = 0.0
+    task_id: str = ""  # horizontal sizing sums the tasks' loads
 
 
 @attrs.frozen
@@ -129,6 +144,7 @@ class Recommendation:
     samples: int
     ooms: int
     reasons: tuple[str, ...]
+    instances: InstancesAdvice | None = None  # apps with a horizontal spec, once stepped
 
     @property
     def slack_removed(self) -> Limits:
@@ -153,8 +169,17 @@ class ApplyLimits:
     oom: bool = False
 
 
+@attrs.frozen
+class ApplyInstances:
+    """Auto mode with a horizontal spec: scale the app to `instances` tasks."""
+
+    app_id: str
+    instances: int
+    reason: str
+
+
 Event = AppConfigured | AppRemoved | UsageSampled | TaskOomKilled | TimerFired
-Effect = Recommended | ApplyLimits | ArmTimer | CancelTimer
+Effect = Recommended | ApplyLimits | ApplyInstances | ArmTimer | CancelTimer
 
 
 class _App:
@@ -164,6 +189,10 @@ class _App:
         self.app_id = app_id
         self.spec = spec
         self.current = limits
+        self.instances: int | None = None
+        self.sizer: HorizontalSizer | None = None
+        self.advice: InstancesAdvice | None = None
+        self.last_scaled: float | None = None
         # Bounds are read at each use, so an edit of the app's min/max applies to
         # the evidence already gathered.
         self.cpu = MetaRecommender([v.build() for v in config.cpu_variants], config.costs,
@@ -186,6 +215,19 @@ class _App:
         self.last_oom_at: float | None = None
         self.published: Recommendation | None = None
 
+    def configure(self, spec: AutopilotSpec, instances: int | None,
+                  config: HorizontalConfig) -> None:
+        """Horizontal state follows the spec: made when asked for, dropped (with its
+        samples) when the spec no longer asks; an edited target or bound starts the
+        stabilization afresh (its recommendations were for the old one)."""
+        edited = spec.horizontal != self.spec.horizontal
+        self.spec, self.instances = spec, instances
+        if spec.horizontal is None or instances is None:
+            self.sizer = self.advice = None
+        elif self.sizer is None:
+            self.sizer = HorizontalSizer(config)
+        elif edited:
+            self.sizer.restart()
 
     def _bound_cpus(self, value: float) -> float:
         if self.spec is not self._cpu_bounds_spec:
@@ -252,10 +294,12 @@ class Autopilot:
             return [CancelTimer(Evaluate(event.app_id))]
         if app is None:
             app = self._apps[event.app_id] = _App(event.app_id, event.spec, event.limits, self)
+            app.configure(event.spec, event.instances, self.config.horizontal)
             app.published = self._recommend(app, now)
             return [Recommended(app.published),
                     ArmTimer(Evaluate(event.app_id), now + self.config.step)]
-        app.spec, app.current = event.spec, event.limits
+        app.current = event.limits
+        app.configure(event.spec, event.instances, self.config.horizontal)
         return self._publish(app, self._recommend(app, now))
 
     def _sampled(self, event: UsageSampled) -> None:
@@ -272,6 +316,8 @@ class Autopilot:
             return
         app.cpu.observe(event.at, event.cpus)
         app.mem.observe(event.at, max(0.0, event.mem_bytes - event.mem_allowance_bytes))
+        if app.sizer is not None:
+            app.sizer.observe(event.task_id, event.at, event.cpus)
         if app.first_sample is None or event.at < app.first_sample:
             app.first_sample = event.at
 
@@ -313,11 +359,29 @@ class Autopilot:
             app.current, app.last_applied = target, now
             effects.append(ApplyLimits(app.app_id, target, reason))
             recommendation = attrs.evolve(recommendation, current=target)
+        if app.sizer is not None:
+            scale = self._size(app, now, resized=target is not None)
+            if scale is not None:
+                effects.append(scale)
+            recommendation = attrs.evolve(recommendation, instances=app.advice)
         effects.extend(self._publish(app, recommendation))
         effects.append(ArmTimer(Evaluate(app.app_id), now + self.config.step))
         return effects
 
     # -- rules ------------------------------------------------------------------------
+
+    def _size(self, app: _App, now: float, resized: bool) -> ApplyInstances | None:
+        """Step the app's sizer; in auto, the scale to apply now, if any."""
+        assert app.sizer is not None and app.spec.horizontal is not None
+        assert app.instances is not None
+        advice = app.advice = app.sizer.step(now, app.instances, app.current.cpus,
+                                             app.spec.horizontal)
+        interval = self.config.horizontal.interval
+        if (app.spec.mode != AUTO or resized or advice.instances == app.instances
+                or (app.last_scaled is not None and now - app.last_scaled < interval)):
+            return None
+        app.last_scaled = now
+        return ApplyInstances(app.app_id, advice.instances, advice.explain)
 
     def _target(self, app: _App, rec: Recommendation, now: float) -> Limits | None:
         """The limits to apply now in auto mode, or None to leave them."""
@@ -330,7 +394,11 @@ class Autopilot:
         # applied limit is always within them, even after the bounds were edited.
         keep_cpus = self._bound_cpus(app.spec, app.current.cpus)
         keep_mem = self._bound_mem(app.spec, app.current.mem_bytes)
-        cpus = rec.cpus if moved(keep_cpus, rec.cpus, step) else keep_cpus
+        # With horizontal sizing the CPU limit is what utilization is measured
+        # against: sizing it too would chase the count (lower limit, higher
+        # utilization, more instances, lower use per task, lower limit...).
+        cpus = (rec.cpus if moved(keep_cpus, rec.cpus, step)
+                and app.spec.horizontal is None else keep_cpus)
         # Memory below the recommendation is below the peak it expects plus margin: a
         # kill waiting to happen, so any raise goes ahead; cuts need min_change.
         held = app.last_oom_at is not None and now - app.last_oom_at < self.config.oom_hold
@@ -350,13 +418,16 @@ class Autopilot:
                       f"{span:.0f}s of {config.warmup:.0f}s")
             return Recommendation(app.app_id, now, False, app.current.cpus,
                                   app.current.mem_bytes, app.current, "", "", samples,
-                                  app.ooms, (reason, *self._oom_reasons(app)))
+                                  app.ooms, (reason, *self._oom_reasons(app)), app.advice)
         reasons = [f"cpus {cpu.value:.3f}: {cpu.explanation}",
                    f"mem {mem.value / MIB:.0f} MiB: {mem.explanation}"]
+        if app.spec.horizontal is not None:
+            reasons.append("cpus not applied: horizontal sizing measures utilization "
+                           "against the current limit")
         reasons += self._oom_reasons(app)
         return Recommendation(app.app_id, now, True, cpu.value, int(mem.value),
                               app.current, cpu.variant, mem.variant, samples, app.ooms,
-                              tuple(reasons))
+                              tuple(reasons), app.advice)
 
     @staticmethod
     def _oom_reasons(app: _App) -> list[str]:
@@ -387,8 +458,10 @@ class Autopilot:
 
 def _gist(rec: Recommendation) -> tuple:
     """What makes a recommendation news (not its time, sample count or wording)."""
+    advice = rec.instances
     return (rec.ready, rec.cpus, rec.mem_bytes, rec.current, rec.cpu_variant,
-            rec.mem_variant, rec.ooms)
+            rec.mem_variant, rec.ooms,
+            None if advice is None else (advice.ready, advice.instances, advice.current))
 
 
 def _clamp(value: float, low: float | None, high: float | None, default_low: float,

@@ -1,9 +1,13 @@
 """What an app asks of the autopilot, as written in its definition:
 
     "autopilot": {"mode": "off" | "recommend" | "auto",
-                  "min": {"cpus": 0.1, "mem": 64}, "max": {"cpus": 4, "mem": 4096}}
+                  "min": {"cpus": 0.1, "mem": 64}, "max": {"cpus": 4, "mem": 4096},
+                  "horizontal": {"target": 0.6, "min": 1, "max": 10}}
 
-`mem` is in MiB, as everywhere in app definitions. `parse_spec` is the only way that
+`mem` is in MiB, as everywhere in app definitions. `horizontal` (optional; absent:
+no horizontal sizing) asks for instances sized to a target CPU utilization per
+task, within [min, max] (`frameworks.autopilot.horizontal`). Its `min` is at least
+1: an app at 0 instances has no usage to measure, so nothing could scale it back. `parse_spec` is the only way that
 JSON becomes an `AutopilotSpec`; it names every problem (path, message) at once so
 the service API can answer 422 with all of them.
 """
@@ -19,6 +23,7 @@ import attrs
 MIB = 2 ** 20
 OFF, RECOMMEND, AUTO = "off", "recommend", "auto"
 MODES = (OFF, RECOMMEND, AUTO)
+MOST_INSTANCES = 10_000  # an app definition's own cap on `instances`
 
 
 @attrs.frozen
@@ -40,9 +45,19 @@ class Bounds:
 
 
 @attrs.frozen
+class HorizontalSpec:
+    """Instances for a target CPU utilization per task, within [min, max]."""
+
+    target: float
+    min: int
+    max: int
+
+
+@attrs.frozen
 class AutopilotSpec:
     mode: str = attrs.field(default=OFF, validator=attrs.validators.in_(MODES))
     bounds: Bounds = Bounds()
+    horizontal: HorizontalSpec | None = None
 
 
 class SpecInvalid(ValueError):
@@ -85,8 +100,9 @@ def parse_spec(obj: Any, path: str = "/autopilot") -> AutopilotSpec:
         raise SpecInvalid([(path, "must be an object")])
     problems: list[tuple[str, str]] = []
     for key in obj:
-        if key not in ("mode", "min", "max"):
-            problems.append((f"{path}/{key}", "unknown field (mode, min and max are known)"))
+        if key not in ("mode", "min", "max", "horizontal"):
+            problems.append((f"{path}/{key}",
+                             "unknown field (mode, min, max and horizontal are known)"))
     mode = obj.get("mode", OFF)
     if mode not in MODES:
         problems.append((f"{path}/mode", f"must be one of {', '.join(MODES)}"))
@@ -95,9 +111,43 @@ def parse_spec(obj: Any, path: str = "/autopilot") -> AutopilotSpec:
     for name, low, high in (("cpus", min_cpus, max_cpus), ("mem", min_mem, max_mem)):
         if low is not None and high is not None and low > high:
             problems.append((f"{path}/min/{name}", f"exceeds max ({low:g} > {high:g})"))
+    horizontal = _horizontal(obj.get("horizontal"), f"{path}/horizontal", problems)
     if problems:
         raise SpecInvalid(problems)
-    return AutopilotSpec(mode, Bounds(min_cpus, max_cpus, _bytes(min_mem), _bytes(max_mem)))
+    return AutopilotSpec(mode, Bounds(min_cpus, max_cpus, _bytes(min_mem), _bytes(max_mem)),
+                         horizontal)
+
+
+def _horizontal(obj: Any, path: str, problems: list[tuple[str, str]]) -> HorizontalSpec | None:
+    if obj is None:
+        return None
+    if not isinstance(obj, Mapping):
+        problems.append((path, "must be an object with target, min and max"))
+        return None
+    before = len(problems)
+    for key in obj:
+        if key not in ("target", "min", "max"):
+            problems.append((f"{path}/{key}", "unknown field (target, min and max are known)"))
+    target = obj.get("target")
+    if target is None:
+        problems.append((f"{path}/target", "is required"))
+    elif _number(target) is None or target > 1:
+        problems.append((f"{path}/target", "must be a number in (0, 1]"))
+    counts = []
+    for key in ("min", "max"):
+        value = obj.get(key)
+        if value is None:
+            problems.append((f"{path}/{key}", "is required"))
+        elif (isinstance(value, bool) or not isinstance(value, int)
+              or not 1 <= value <= MOST_INSTANCES):
+            problems.append((f"{path}/{key}", f"must be an integer in [1, {MOST_INSTANCES}]"))
+        else:
+            counts.append(value)
+    if len(counts) == 2 and counts[0] > counts[1]:
+        problems.append((f"{path}/min", f"exceeds max ({counts[0]} > {counts[1]})"))
+    if len(problems) > before:
+        return None
+    return HorizontalSpec(float(target), counts[0], counts[1])
 
 
 def _bytes(mib: float | None) -> int | None:
@@ -113,4 +163,7 @@ def unparse_spec(spec: AutopilotSpec) -> dict[str, Any]:
                  if v is not None}
         if entry:
             out[side] = entry
+    h = spec.horizontal
+    if h is not None:
+        out["horizontal"] = {"target": h.target, "min": h.min, "max": h.max}
     return out

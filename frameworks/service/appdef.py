@@ -23,7 +23,8 @@ import attrs
 
 from dyad import priority as priorities
 from dyad.messages import CommandInfo, HealthCheck, HealthCheckType
-from frameworks.autopilot.spec import AutopilotSpec, SpecInvalid, parse_spec, unparse_spec
+from frameworks.autopilot.spec import (
+    MOST_INSTANCES, AutopilotSpec, SpecInvalid, parse_spec, unparse_spec)
 from frameworks.service.app_container import (
     AppContainer, ContainerInvalid, container_to_json, parse_container)
 from frameworks.service.resident import (
@@ -36,7 +37,7 @@ _SEGMENT = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?")
 RESERVED_SEGMENTS = frozenset({"tasks", "restart", "versions", "delay", "recommendation"})
 """Last segments that would make an app's URL ambiguous with its sub-resources."""
 MAX_ID_LENGTH = 200
-MAX_INSTANCES = 10_000
+MAX_INSTANCES = MOST_INSTANCES  # the autopilot's horizontal max obeys it too
 MAX_PORTS = 100
 MAX_SCALAR = 1e9
 YOUNGEST_FIRST, OLDEST_FIRST = "YOUNGEST_FIRST", "OLDEST_FIRST"

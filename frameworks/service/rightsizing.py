@@ -22,6 +22,13 @@ autopilot raises only above the definition's limit). Any other change never
 overrides an operator's deployment (or the app's own creation): the limits are
 `defer`red and applied once the app is free (`due`), unless its cpus or mem were
 changed meanwhile, which then win.
+
+Horizontal sizing's `ApplyInstances` becomes `scale(core, apply)`: a `PutApp` with
+the new `instances`, as an operator's scale (a scale deployment, no task
+restarted). It is skipped, not deferred, while any deployment holds the app
+(counted in `autopilot_scales_skipped`): a count sized on the load of a moment
+goes stale, and the autopilot asks again at a later step. For apps with a
+horizontal spec `sync` also tells the autopilot the app's instance count.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from frameworks.autopilot import (
     AppConfigured,
     ApplyLimits,
     AppRemoved,
+    ApplyInstances,
     Autopilot,
     AutopilotSpec,
     Config,
@@ -77,7 +85,7 @@ class RightSizing:
     def __init__(self, config: Config = Config()) -> None:
         self.pilot = Autopilot(config)
         self.counters: Counter[str] = Counter()
-        self._told: dict[str, tuple[AutopilotSpec, Limits]] = {}
+        self._told: dict[str, tuple[AutopilotSpec, Limits, int | None]] = {}
         self._deployments: dict[str, str] = {}  # app id -> the autopilot's last deployment
         self._pending: dict[str, tuple[ApplyLimits, Limits]] = {}  # deferred, app's limits
 
@@ -93,7 +101,10 @@ class RightSizing:
             effects += self.pilot.handle(AppRemoved(app_id), now)
         for app_id in sorted(apps):
             app = apps[app_id]
-            told = (app.autopilot, limits_of(app))
+            # The count matters only to horizontal sizing: other apps are not told
+            # of every scale.
+            told = (app.autopilot, limits_of(app),
+                    None if app.autopilot.horizontal is None else app.instances)
             if self._told.get(app_id) == told or (
                     app.autopilot.mode == OFF and app_id not in self._told):
                 continue
@@ -123,7 +134,7 @@ class RightSizing:
             mem = _version_mem(core, s.app_id, task.config_version) if task else 0
             allowance = max(0.0, s.mem_limit_bytes - mem) if mem and s.mem_limit_bytes else 0.0
             effects += self.pilot.handle(UsageSampled(s.app_id, s.at, s.cpus, s.mem_bytes,
-                                                      allowance), now)
+                                                      allowance, s.task_id), now)
         return effects
 
     def upgrade(self, core: ServiceCore, apply: ApplyLimits) -> PutApp | None:
@@ -136,6 +147,17 @@ class RightSizing:
         return PutApp(attrs.evolve(app, cpus=apply.limits.cpus,
                                    mem=apply.limits.mem_bytes / MIB),
                       force=ours or (apply.oom and running is not None))
+
+    def scale(self, core: ServiceCore, apply: ApplyInstances) -> PutApp | None:
+        """The command that scales the app to the autopilot's count (None: the app
+        is gone, already at that count, or under a deployment: skipped)."""
+        app = core.apps.get(apply.app_id)
+        if app is None or app.instances == apply.instances:
+            return None
+        if core.deployment_of(app.id) is not None:
+            self.counters["autopilot_scales_skipped"] += 1
+            return None
+        return PutApp(attrs.evolve(app, instances=apply.instances))
 
     def defer(self, core: ServiceCore, apply: ApplyLimits) -> None:
         """The app is locked by a deployment not ours: apply once it is free."""
@@ -175,7 +197,8 @@ def _version_mem(core: ServiceCore, app_id: str, config_version: str) -> int:
 
 def recommendation_json(app: AppDefinition, rec: Recommendation | None) -> dict[str, Any]:
     """`GET /v2/apps/{id}/recommendation`: current vs recommended (mem in MiB, as in
-    app definitions), the variants chosen, the evidence and the reasons."""
+    app definitions), the variants chosen, the evidence and the reasons; with a
+    horizontal spec, `instances`: current vs recommended count and why."""
     body: dict[str, Any] = {"appId": app.id, "autopilot": unparse_spec(app.autopilot),
                             "current": {"cpus": app.cpus, "mem": app.mem}}
     if rec is None:
@@ -186,4 +209,12 @@ def recommendation_json(app: AppDefinition, rec: Recommendation | None) -> dict[
         "mem": rec.mem_bytes / MIB, "cpuVariant": rec.cpu_variant,
         "memVariant": rec.mem_variant, "samples": rec.samples, "ooms": rec.ooms,
         "slackRemoved": {"cpus": round(slack.cpus, 6), "mem": slack.mem_bytes / MIB},
-        "reasons": list(rec.reasons)}}
+        "reasons": list(rec.reasons), **_instances_json(app, rec)}}
+
+
+def _instances_json(app: AppDefinition, rec: Recommendation) -> dict[str, Any]:
+    advice = rec.instances
+    if advice is None:
+        return {}
+    return {"instances": {"ready": advice.ready, "current": app.instances,
+                          "recommended": advice.instances, "reason": advice.explain}}

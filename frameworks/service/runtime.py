@@ -17,7 +17,7 @@ from dyad.clock import Clock
 from dyad.effects import ArmTimer, CancelTimer, TimerFired
 from dyad.messages import MasterInfo, Offer, TaskStatus
 from dyad.timers import TimerTable
-from frameworks.autopilot import ApplyLimits, Config, Evaluate, Recommended
+from frameworks.autopilot import ApplyInstances, ApplyLimits, Config, Evaluate, Recommended
 from frameworks.autopilot.core import Effect as AutopilotEffect
 from frameworks.scheduler import Scheduler
 from frameworks.effects import perform
@@ -90,6 +90,8 @@ class ServiceRuntime:
         for effect in effects:
             if isinstance(effect, ApplyLimits):
                 self._apply(effect)
+            elif isinstance(effect, ApplyInstances):
+                self._scale(effect)
             elif isinstance(effect, Recommended):
                 log.debug("autopilot: %s", effect.recommendation)
             else:
@@ -111,6 +113,15 @@ class ServiceRuntime:
         log.info("autopilot: %s to cpus %.3f mem %.0f MiB (deployment %s): %s",
                  effect.app_id, effect.limits.cpus, effect.limits.mem_bytes / 2 ** 20,
                  outcome.deployment_id, effect.reason)
+
+    def _scale(self, effect: ApplyInstances) -> None:
+        command = self.rightsizing.scale(self.core, effect)
+        if command is None or self.failed is not None:
+            return
+        outcome = self.execute(command)  # no deployment holds the app: cannot conflict
+        self.rightsizing.counters["autopilot_scales"] += 1
+        log.info("autopilot: %s to %d instances (deployment %s): %s", effect.app_id,
+                 effect.instances, outcome.deployment_id, effect.reason)
 
     def _check(self) -> None:
         if self.failed is not None:

@@ -13,6 +13,7 @@ from frameworks.autopilot import (
     MIB, AutopilotSpec, Bounds, Costs, CpuVariant, DecayingHistogram, MemoryVariant,
     MetaRecommender, Scale, SlidingPeak, SpecInvalid, parse_spec, unparse_spec)
 from frameworks.autopilot.jumps import LEVEL_SETTLE, JumpLog
+from frameworks.autopilot.spec import HorizontalSpec
 
 SCALE = Scale(low=0.001, high=1000.0, ratio=1.05)
 values = st.floats(min_value=0.001, max_value=1000.0, allow_nan=False)
@@ -231,6 +232,37 @@ def test_spec_names_every_problem() -> None:
         parse_spec([])
     with pytest.raises(SpecInvalid):
         parse_spec({"min": {"cpus": True}})
+
+
+def test_a_horizontal_block_round_trips_and_defaults_to_none() -> None:
+    spec = parse_spec({"mode": "auto", "horizontal": {"target": 0.6, "min": 1, "max": 10}})
+    assert spec.horizontal == HorizontalSpec(0.6, 1, 10)
+    assert parse_spec(unparse_spec(spec)) == spec
+    assert unparse_spec(spec)["horizontal"] == {"target": 0.6, "min": 1, "max": 10}
+    assert parse_spec({"mode": "auto"}).horizontal is None
+    assert "horizontal" not in unparse_spec(parse_spec({"mode": "auto"}))
+
+
+def test_a_horizontal_block_names_every_problem() -> None:
+    def problems(horizontal: object) -> list[tuple[str, str]]:
+        with pytest.raises(SpecInvalid) as caught:
+            parse_spec({"mode": "auto", "horizontal": horizontal})
+        return caught.value.details
+
+    h = "/autopilot/horizontal"
+    assert problems({"target": 0, "min": 0, "max": True, "step": 2}) == [
+        (f"{h}/step", "unknown field (target, min and max are known)"),
+        (f"{h}/target", "must be a number in (0, 1]"),
+        (f"{h}/min", "must be an integer in [1, 10000]"),
+        (f"{h}/max", "must be an integer in [1, 10000]")]
+    assert problems({"target": 1.5, "min": 5, "max": 3}) == [
+        (f"{h}/target", "must be a number in (0, 1]"), (f"{h}/min", "exceeds max (5 > 3)")]
+    assert problems({"min": 1.5, "max": 10_001}) == [
+        (f"{h}/target", "is required"), (f"{h}/min", "must be an integer in [1, 10000]"),
+        (f"{h}/max", "must be an integer in [1, 10000]")]
+    assert problems([1]) == [(h, "must be an object with target, min and max")]
+    assert parse_spec({"horizontal": {"target": 1, "min": 3, "max": 3}}).horizontal == \
+        HorizontalSpec(1.0, 3, 3)
 
 
 def test_a_spike_variant_adds_room_after_a_jump_and_none_for_slow_moves() -> None:

@@ -27,7 +27,7 @@ from frameworks.service.core import (
     ServiceCore,
     StatusReceived,
 )
-from frameworks.service.records import UPGRADE
+from frameworks.service.records import RESTART, SCALE, UPGRADE
 from frameworks.service.rightsizing import Sample, recommendation_json
 from frameworks.service.runtime import ServiceRuntime
 from frameworks.service.store import FileStore
@@ -40,15 +40,25 @@ APP = {"id": "/web", "cmd": "sleep 1000", "instances": 2, "cpus": 1.0, "mem": 51
        "autopilot": {"mode": "auto", "min": {"mem": 64}}}
 
 
-@pytest.fixture
-def runtime(tmp_path: Path) -> Iterator[ServiceRuntime]:
+def make_runtime(tmp_path: Path, config: Config) -> Iterator[ServiceRuntime]:
     store = FileStore(tmp_path)
     core = ServiceCore(ServiceConfig(), iter(f"{i:04d}" for i in range(1, 10**6)).__next__)
-    runtime = ServiceRuntime(core, store, FakeClock(1_000_000.0), autopilot=PILOT)
+    runtime = ServiceRuntime(core, store, FakeClock(1_000_000.0), autopilot=config)
     runtime.driver = FakeSchedulerDriver()
     yield runtime
     runtime.close()
     store.close()
+
+
+@pytest.fixture
+def runtime(tmp_path: Path) -> Iterator[ServiceRuntime]:
+    yield from make_runtime(tmp_path, PILOT)
+
+
+@pytest.fixture
+def horizontal(tmp_path: Path) -> Iterator[ServiceRuntime]:
+    """Vertical sizing never ready (a long warmup), so only the count moves."""
+    yield from make_runtime(tmp_path, Config(step=0.01, warmup=1e9, min_samples=5))
 
 
 def start(runtime: ServiceRuntime, app: dict[str, Any]) -> None:
@@ -177,3 +187,54 @@ def test_apps_without_autopilot_are_not_followed(runtime: ServiceRuntime) -> Non
     runtime.execute(PutApp(parse_app(app)))
     assert runtime.rightsizing.followed() == []
     assert recommendation_json(runtime.core.apps["/web"], None)["recommendation"] is None
+
+
+SCALED = {**APP, "autopilot": {"mode": "auto",
+                               "horizontal": {"target": 0.5, "min": 1, "max": 6}}}
+
+
+def feed_tasks(runtime: ServiceRuntime, n: int, cpus: float) -> None:
+    """`n` rounds of samples, 10 s apart, of every task the app has, each at `cpus`."""
+    clock = runtime.clock
+    assert isinstance(clock, FakeClock)
+    for _ in range(n):
+        clock.advance(10.0)
+        runtime.sampled([Sample("/web", clock.now(), cpus, 30e6, task.task_id)
+                         for task in runtime.core.tasks.values()])
+
+
+async def test_auto_with_horizontal_scales_the_app(horizontal: ServiceRuntime) -> None:
+    runtime = horizontal
+    start(runtime, SCALED)
+    assert runtime.core.deployment_of("/web") is None  # created: both tasks run
+    feed_tasks(runtime, 3, 0.9)  # 1.8 cores at 0.5 a task: 4 instances
+    await wait_for(lambda: runtime.core.apps["/web"].instances == 4, 5, "the scale-up")
+    deployment = runtime.core.deployment_of("/web")
+    assert deployment is not None and deployment.kind == SCALE
+    assert runtime.core.apps["/web"].mem == 512  # the limits were not touched
+    assert runtime.rightsizing.counters["autopilot_scales"] == 1
+    answer = recommendation_json(runtime.core.apps["/web"],
+                                 runtime.rightsizing.pilot.recommendation("/web"))
+    instances = answer["recommendation"]["instances"]
+    assert instances["current"] == 4 and instances["ready"]
+    assert "4 wanted" in instances["reason"]
+    assert answer["autopilot"]["horizontal"] == {"target": 0.5, "min": 1, "max": 6}
+
+
+async def test_horizontal_skips_an_app_under_deployment(horizontal: ServiceRuntime) -> None:
+    runtime = horizontal
+    start(runtime, SCALED)
+    runtime.execute(RestartApp("/web"))  # the operator's deployment, still rolling
+    feed_tasks(runtime, 3, 0.9)
+    await wait_for(lambda: runtime.rightsizing.counters["autopilot_scales_skipped"], 5,
+                   "the autopilot to skip")
+    assert runtime.core.apps["/web"].instances == 2
+    assert runtime.core.deployment_of("/web").kind == RESTART
+
+
+def test_a_horizontal_blocks_errors_have_paths_and_editing_it_restarts_nothing() -> None:
+    with pytest.raises(AppInvalid) as bad:
+        parse_app({**SCALED, "autopilot": {"mode": "auto", "horizontal": {
+            "target": 0.5, "min": 4, "max": 2}}})
+    assert bad.value.details == [("/autopilot/horizontal/min", "exceeds max (4 > 2)")]
+    assert parse_app(SCALED).same_config(parse_app(APP))
