@@ -193,11 +193,16 @@ def format_recommendation(answer: dict[str, Any]) -> str:
              f"  {'':12}{'current':>10}{'recommended':>14}",
              f"  {'cpus':12}{current['cpus']:>10g}{rec['cpus']:>14g}",
              f"  {'mem (MiB)':12}{current['mem']:>10g}{rec['mem']:>14g}"]
+    instances = rec.get("instances")  # only with a horizontal spec
+    if instances is not None:
+        lines.append(f"  {'instances':12}{instances['current']:>10}{instances['recommended']:>14}")
     if rec["ready"]:
         lines.append(f"  variants    {rec['cpuVariant']}, {rec['memVariant']}; would free "
                      f"cpus {rec['slackRemoved']['cpus']:g}, mem "
                      f"{rec['slackRemoved']['mem']:g} MiB")
     lines += [f"  - {reason}" for reason in rec["reasons"]]
+    if instances is not None:
+        lines.append(f"  - instances: {instances['reason']}")
     return "\n".join(lines) + "\n"
 
 

@@ -80,3 +80,18 @@ async def test_api_errors_exit_1(client: Client, capsys: pytest.CaptureFixture[s
     args = build_parser().parse_args(["apps", "--service", client.base, "remove", "/nope"])
     assert await asyncio.to_thread(apps_cli.run, args) == 1
     assert "App '/nope' does not exist" in capsys.readouterr().err
+
+
+def test_recommend_prints_the_instance_count_of_a_horizontal_app() -> None:
+    answer = {"appId": "/web", "autopilot": {"mode": "auto"}, "current": {"cpus": 0.5, "mem": 256},
+              "recommendation": {
+                  "ready": True, "cpus": 0.5, "mem": 64, "cpuVariant": "cpu-p95-6h",
+                  "memVariant": "mem-clock-7d", "samples": 40, "ooms": 0,
+                  "slackRemoved": {"cpus": 0, "mem": 192}, "reasons": ["peak memory ..."],
+                  "instances": {"ready": True, "current": 2, "recommended": 4,
+                                "reason": "1.2 cores over 2 live task(s)"}}}
+    shown = apps_cli.format_recommendation(answer)
+    assert "  instances            2             4" in shown
+    assert "  - instances: 1.2 cores over 2 live task(s)" in shown
+    del answer["recommendation"]["instances"]  # type: ignore[attr-defined]
+    assert "instances" not in apps_cli.format_recommendation(answer)
