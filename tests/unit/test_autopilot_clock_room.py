@@ -11,19 +11,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from frameworks.autopilot import DEFAULT_MEMORY_VARIANTS, MIB, MemoryVariant
-from frameworks.autopilot.fleet import FleetJumps
+from frameworks.autopilot.fleet import PRIOR_APPS, FleetJumps
 from frameworks.autopilot.seasonal import DAY
 from tests.unit.test_autopilot_seasonal import HOUR, _cycle, _fed, _variant, usage
 
 
-def _lived(variant: MemoryVariant, jump: float, until: float = 2 * DAY + 12 * HOUR):
+def _lived(variant: MemoryVariant, jump: float, until: float = 2 * DAY + 12 * HOUR,
+           days: tuple[int, ...] = (1,), fleet: FleetJumps | None = None, app: str = ""):
     """A recommender fed the daily cycle (100 MiB ± 10%, top at midnight) every
-    5 minutes until `until` (noon of day 2: the trough), with one 10-minute jump
-    by `jump` at 00:30 on day 1 (at the top: no quiet block saw it)."""
-    rec, t = variant.build(), 0.0
+    5 minutes until `until` (noon of day 2: the trough), with a 10-minute jump by
+    `jump` at 00:30 on each of `days` (at the top: no quiet block saw it)."""
+    rec, t = variant.build(fleet, app), 0.0
     while t < until:
         t += 300.0
-        up = jump if DAY + 1800 <= t < DAY + 2400 else 0.0
+        up = jump if t // DAY in days and 1800 <= t % DAY < 2400 else 0.0
         rec.add(t, _cycle(t) * (1 + up))
     return rec, t
 
@@ -60,6 +61,21 @@ def test_an_app_that_never_jumped_by_prior_from_is_unchanged(jump, prior_from) -
         with_two, _ = _lived(on, jump, until)
         assert with_two.value(t) == without.value(t)
         assert with_two.explain(t) == without.explain(t)
+
+
+def test_an_app_that_double_gave_two_jumps_keeps_the_clocks_formula() -> None:
+    """`double` made its rise room for two already: squared again, four."""
+    off = _variant(prior=0.75, prior_from=0.1, double=1.0, double_after=2)
+    apps = []
+    for variant in (off, attrs.evolve(off, season_double=True)):
+        fleet = FleetJumps()
+        apps.append([_lived(variant, 0.3, days=(1, 2), fleet=fleet, app=f"/a{i}")
+                     for i in range(PRIOR_APPS + 1)])
+    t = apps[0][0][1]
+    for (without, _), (with_two, _) in zip(*apps):
+        assert "doubled for two jumps at once" in with_two.explain(t)
+        assert "with the room)" in with_two.explain(t)
+        assert with_two.value(t) == without.value(t)
 
 
 def _window(variant: MemoryVariant) -> MemoryVariant:
