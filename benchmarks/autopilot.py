@@ -17,9 +17,10 @@ kills are judged at the same instants the policy sees):
   `DEFAULT_MEMORY_VARIANTS`, then `SPIKE`, `LEARNED` and `PEAK_ONLY` (earlier
   memory rules, not defaults now) in turn, through the full policy
   (`Autopilot` in `auto`: evidence, bounds, hysteresis, the OOM raise);
-- **meta+mem-fleet-7d, meta+mem-double-7d, meta+mem-first-7d**: the
-  meta-recommender's CPU variants with `FLEET` (the default before), `DOUBLE` and
-  `FIRST` as the memory rule (not defaults);
+- **meta+mem-fleet-7d, meta+mem-double-7d, meta+mem-first-7d,
+  meta+mem-clock2-7d**: the meta-recommender's CPU variants with `FLEET` (the
+  default before), `DOUBLE`, `FIRST` and `CLOCK2` as the memory rule (not
+  defaults);
 - **meta**: the policy with every variant, the meta-recommender choosing per app.
 
 Each starts from the user's limits. Rules of the simulated world, the same for all:
@@ -341,6 +342,10 @@ FIRST = attrs.evolve(DOUBLE, name="mem-first-7d", first_rate=0.05,
 """Not a default: `DOUBLE` with room before a first jump while 5% of the apps of a
 swing class first jump per 12 h."""
 
+CLOCK2 = attrs.evolve(DEFAULT_MEMORY_VARIANTS[0], name="mem-clock2-7d", season_double=True)
+"""Not a default: the default with room for two jumps at once in the clock's rule
+for an app that has jumped (at most the window's rule)."""
+
 
 def approaches() -> dict[str, Config | None]:
     """The user's limits, each default CPU variant alone with a memory variant (the
@@ -353,7 +358,8 @@ def approaches() -> dict[str, Config | None]:
         mem = memory[k % len(memory)]
         out[f"{cpu.name}+{mem.name}"] = attrs.evolve(base, cpu_variants=(cpu,),
                                                      memory_variants=(mem,))
-    for mem in (FLEET, DOUBLE, FIRST):  # the meta-recommender's CPU, another memory rule
+    # The meta-recommender's CPU, another memory rule.
+    for mem in (FLEET, DOUBLE, FIRST, CLOCK2):
         out[f"meta+{mem.name}"] = attrs.evolve(base, memory_variants=(mem,))
     out["meta"] = base
     return out

@@ -76,7 +76,11 @@ class MemoryVariant:
     same clock times on previous days (`seasonal.Seasonal`: the block holding now and
     `season_lead` after it), grown by the calm peak's rise over `drift`, in the
     same formula, and never under the peak of the last `season_lead` seconds, all
-    times the margin."""
+    times the margin; with `season_double`, for an app that has jumped (by
+    `prior_from`), the clock's calm peak gets room for two jumps at once,
+    (1 + rise)², as the window's rule keeps (never more than that rule: the clock
+    only cuts), unless `double` gave it that room already (the rise is then
+    for two; doubled again it would be for four)."""
 
     name: str
     window: float = attrs.field(validator=_positive)
@@ -95,6 +99,7 @@ class MemoryVariant:
     double_after: int = attrs.field(default=6, validator=attrs.validators.ge(1))
     season: float = attrs.field(default=0.0, validator=_nonnegative)
     season_lead: float = attrs.field(default=3600.0, validator=_nonnegative)
+    season_double: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.season > 0:
@@ -262,8 +267,19 @@ class MemoryRecommender:
             return None
         peak, usual = ahead
         # The room was sized over the window's calm peak; here over the clock's.
-        room = usual * (1 + rise) if calm > 0 else 0.0
+        jumps = 2 if calm > 0 and self._season_doubled(now) else 1  # their factors multiply
+        room = usual * (1 + rise) ** jumps if calm > 0 else 0.0
         return max(recent, max(peak, room) * (1 + grown)) * (1 + self._margin())
+
+    def _season_doubled(self, now: float) -> bool:
+        """Whether the clock's room is for two jumps at once (`season_double`): the app
+        has jumped (by `prior_from`), and its rise is not for two already
+        (`double`). Two spikes meeting at a quiet block were killed under the
+        clock's limit where the window's rule held them (docs/autopilot.md)."""
+        if not self.variant.season_double or self._jumps is None:
+            return False
+        top = self._jumps.largest(now)[0]
+        return top > 0 and top >= self.variant.prior_from and not self._doubled(now)
 
     def _margin(self) -> float:
         """The margin, plus, for an app setting new calm peaks (growth, a leak), how
@@ -350,9 +366,10 @@ class MemoryRecommender:
         if seasonal is None:
             return f"; the same clock times on previous days ({hours}): not seen yet"
         peak, usual = self._season.ahead(now) or (0.0, 0.0)
+        room = "room for two jumps at once" if self._season_doubled(now) else "room"
         return (f"; at most what the same clock times on previous days ({hours}) need: "
                 f"their peak {peak / 2**20:.1f} MiB (calm {usual / 2**20:.1f} MiB, with the "
-                f"room), grown by the calm peak's rise, at least the peak of the last "
+                f"{room}), grown by the calm peak's rise, at least the peak of the last "
                 f"{self.variant.season_lead:g}s, {seasonal / 2**20:.1f} MiB with the margin")
 
 
