@@ -67,15 +67,18 @@ def swing_class(swing: float) -> int:
 class Swing:
     def __init__(self, window: float = SWING_WINDOW) -> None:
         self._high = SlidingPeak(window)
-        self._inverse_low = SlidingPeak(window)  # 1 / the lowest positive sample
+        self._inverse_low = SlidingPeak(window)  # 1 / the lowest sample of a byte or more
 
     def add(self, at: float, value: float) -> None:
-        """A calm sample."""
-        if value > 0:
+        """A calm sample, in bytes. One under a byte is no evidence of a low (memory
+        comes in whole bytes), and its inverse could overflow."""
+        if value >= 1:
             self._high.add(at, value)
             self._inverse_low.add(at, 1.0 / value)
 
     def swing(self, now: float) -> float:
         """The window's highest calm sample over its lowest, less 1 (0 if none)."""
         high, inverse_low = self._high.peak(now), self._inverse_low.peak(now)
-        return 0.0 if high is None or inverse_low is None else high * inverse_low - 1
+        if high is None or inverse_low is None:
+            return 0.0
+        return max(0.0, high * inverse_low - 1)  # one sample: x * (1/x) may round under 1
