@@ -301,7 +301,12 @@ def replay_fleet(apps: Sequence[AppModel], days: float, config: Config | None,
             else:
                 task.mem_idle += (limits.mem_bytes - mem) * scored
                 if pilot is not None:
-                    pilot.handle(UsageSampled(app.name, t, got_cpu, mem), t)
+                    # Held at its limit for the share of the step it wanted more: the
+                    # cgroup's throttled time, as an agent reports it.
+                    held = STEP * (1 - got_cpu / cpu) if cpu > got_cpu else 0.0
+                    pilot.handle(UsageSampled(app.name, t, got_cpu, mem,
+                                              task_id=f"{app.name}.{task.ooms}",
+                                              cpus_throttled_secs=held), t)
             if pilot is not None and t >= task.due:
                 task.due = math.inf
                 perform(pilot.handle(TimerFired(Evaluate(app.name)), t), t)

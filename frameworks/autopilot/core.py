@@ -110,6 +110,26 @@ class UsageSampled:
     mem_bytes: float
     mem_allowance_bytes: float = 0.0
     task_id: str = ""  # horizontal sizing sums the tasks' loads
+    cpus_throttled_secs: float = 0.0
+    """Seconds the task was held at its CPU limit since its previous sample (the
+    cgroup's throttled time): what it used is then less than it wanted."""
+
+
+FORGET_TASK_AFTER = 3600.0
+"""Seconds without a sample after which a task's last sample time is dropped."""
+MAX_THROTTLED_SHARE = 0.9
+"""The largest share of a sample's time counted as throttled: a task held at its
+limit for longer is taken to want ten times what it got, not without bound."""
+
+
+def cpu_demand(used: float, throttled_secs: float, elapsed: float | None) -> float:
+    """The cores a task would have used unthrottled. Held for a share f of the
+    `elapsed` seconds since its previous sample, it ran at used / (1 - f) the rest
+    of the time (used is its average over all of it), and would have all along.
+    A task's first sample (no `elapsed`) counts as what it used."""
+    if throttled_secs <= 0 or elapsed is None or elapsed <= 0:
+        return used
+    return used / (1 - min(MAX_THROTTLED_SHARE, throttled_secs / elapsed))
 
 
 @attrs.frozen
@@ -214,6 +234,7 @@ class _App:
         self.last_oom = ""  # what the latest OOM kill did, for every reason list after it
         self.last_oom_at: float | None = None
         self.published: Recommendation | None = None
+        self.last_sampled: dict[str, float] = {}  # task id -> its latest sample's time
 
     def configure(self, spec: AutopilotSpec, instances: int | None,
                   config: HorizontalConfig) -> None:
@@ -307,17 +328,23 @@ class Autopilot:
         if app is None:
             self.ignored += 1
             return
-        at, cpus, mem, allowance = (event.at, event.cpus, event.mem_bytes,
-                                    event.mem_allowance_bytes)
+        at, cpus, mem, allowance, throttled = (event.at, event.cpus, event.mem_bytes,
+                                               event.mem_allowance_bytes,
+                                               event.cpus_throttled_secs)
         isfinite = math.isfinite
         if not (isfinite(at) and isfinite(cpus) and isfinite(mem) and isfinite(allowance)
-                and cpus >= 0 and mem >= 0 and allowance >= 0):
+                and isfinite(throttled) and cpus >= 0 and mem >= 0 and allowance >= 0
+                and throttled >= 0):
             self.rejected += 1
             return
-        app.cpu.observe(event.at, event.cpus)
-        app.mem.observe(event.at, max(0.0, event.mem_bytes - event.mem_allowance_bytes))
+        if event.task_id:
+            previous = app.last_sampled.get(event.task_id)
+            app.last_sampled[event.task_id] = max(at, previous or at)
+            cpus = cpu_demand(cpus, throttled, None if previous is None else at - previous)
+        app.cpu.observe(at, cpus)
+        app.mem.observe(at, max(0.0, mem - allowance))
         if app.sizer is not None:
-            app.sizer.observe(event.task_id, event.at, event.cpus)
+            app.sizer.observe(event.task_id, at, cpus)
         if app.first_sample is None or event.at < app.first_sample:
             app.first_sample = event.at
 
@@ -349,6 +376,10 @@ class Autopilot:
         return effects
 
     def _evaluate(self, app: _App, now: float) -> list[Effect]:
+        # Tasks not sampled for a while are gone (a replaced one's id never returns).
+        stale = [t for t, at in app.last_sampled.items() if at < now - FORGET_TASK_AFTER]
+        for task_id in stale:
+            del app.last_sampled[task_id]
         app.cpu.decide(now)
         app.mem.decide(now)
         recommendation = self._recommend(app, now)

@@ -73,6 +73,7 @@ class Sample:
     mem_bytes: float
     task_id: str = ""
     mem_limit_bytes: float = 0.0
+    cpus_throttled_secs: float = 0.0  # since the run's previous row
 
 
 def limits_of(app: AppDefinition) -> Limits:
@@ -134,7 +135,8 @@ class RightSizing:
             mem = _version_mem(core, s.app_id, task.config_version) if task else 0
             allowance = max(0.0, s.mem_limit_bytes - mem) if mem and s.mem_limit_bytes else 0.0
             effects += self.pilot.handle(UsageSampled(s.app_id, s.at, s.cpus, s.mem_bytes,
-                                                      allowance, s.task_id), now)
+                                                      allowance, s.task_id,
+                                                      s.cpus_throttled_secs), now)
         return effects
 
     def upgrade(self, core: ServiceCore, apply: ApplyLimits) -> PutApp | None:

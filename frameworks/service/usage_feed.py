@@ -41,7 +41,7 @@ def samples_sql(framework_id: str, app_ids: list[str], after_us: int) -> str:
     (microseconds since the epoch: exact, so the last row read is never read again)."""
     apps = ", ".join(_quoted(a) for a in app_ids)
     return ("SELECT app, epoch_us(ts) AS at_us, cpus_used, mem_rss_bytes, task_id, "
-            "mem_limit_bytes FROM task_usage "
+            "mem_limit_bytes, cpus_throttled_secs FROM task_usage "
             f"WHERE framework_id = {_quoted(framework_id)} AND app IN ({apps}) "
             f"AND epoch_us(ts) > {int(after_us)} ORDER BY ts")
 
@@ -90,6 +90,6 @@ class UsageFeed:
         if rows:
             self.after_us = max(self.after_us, int(rows[-1][1]))
             runtime.sampled([Sample(app, at_us / 1e6, float(cpus), float(mem), task,
-                                    float(limit or 0))
-                             for app, at_us, cpus, mem, task, limit in rows])
+                                    float(limit or 0), float(throttled or 0))
+                             for app, at_us, cpus, mem, task, limit, throttled in rows])
         return len(rows)
