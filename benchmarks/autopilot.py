@@ -26,7 +26,8 @@ kills are judged at the same instants the policy sees):
 Each starts from the user's limits. Rules of the simulated world, the same for all:
 memory over the limit is an OOM kill (the task restarts and a leak starts over;
 the policy hears `TaskOomKilled`); CPU over the limit is throttled, and the policy
-sees only what the task got (measured CPU is capped by the limit); an applied
+sees what the task got (measured CPU is capped by the limit) and for how much of
+the step it was held (the cgroup's throttled time, as an agent reports it); an applied
 change of limits is a rolling upgrade, so it restarts the task too.
 
 Scores over the whole week (warmup included): memory and CPU slack (idle share of
