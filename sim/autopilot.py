@@ -80,7 +80,7 @@ class Recommender:
                 now: float) -> None:
         followed = set(self.sizing.followed())
         rows = [Sample(s.who.app, s.at, s.cpus_used, float(s.mem_rss_bytes), s.who.task_id,
-                       float(s.mem_limit_bytes))
+                       float(s.mem_limit_bytes), s.cpus_throttled_secs)
                 for s in samples
                 if s.who.framework_id == framework_id and s.who.app in followed]
         if rows:
