@@ -36,6 +36,7 @@ from dyad.clock import SystemClock
 from dyad.messages import FrameworkInfo
 from dyad import argtypes
 from frameworks.autopilot import Config as AutopilotConfig
+from frameworks.autopilot.horizontal import HorizontalConfig
 from frameworks.scheduler import SchedulerDriver
 from frameworks.service.api import ServiceApi
 from frameworks.service.core import Persist, ServiceConfig, ServiceCore
@@ -89,6 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="no recommendation on fewer samples")
     pilot.add_argument("--autopilot-min-interval", type=argtypes.duration, default="1h",
                        help="an app's limits change at most this often (OOM raises excepted)")
+    pilot.add_argument("--autopilot-scale-window", type=argtypes.duration, default="5mins",
+                       help="horizontal sizing: the load is each task's mean CPU over this")
+    pilot.add_argument("--autopilot-scale-stabilization", type=argtypes.duration,
+                       default="5mins", help="horizontal sizing: fewer instances only to "
+                       "the highest count wanted over this")
+    pilot.add_argument("--autopilot-scale-interval", type=argtypes.duration, default="1min",
+                       help="horizontal sizing: an app's count changes at most this often")
     security.add_flags(p)
     return p
 
@@ -96,7 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
 def autopilot_config(args: argparse.Namespace) -> AutopilotConfig:
     return AutopilotConfig(step=args.autopilot_step, warmup=args.autopilot_warmup,
                            min_samples=args.autopilot_min_samples,
-                           min_interval=args.autopilot_min_interval)
+                           min_interval=args.autopilot_min_interval,
+                           horizontal=HorizontalConfig(
+                               window=args.autopilot_scale_window,
+                               stabilization=args.autopilot_scale_stabilization,
+                               interval=args.autopilot_scale_interval))
 
 
 class Service:

@@ -238,3 +238,17 @@ def test_a_horizontal_blocks_errors_have_paths_and_editing_it_restarts_nothing()
             "target": 0.5, "min": 4, "max": 2}}})
     assert bad.value.details == [("/autopilot/horizontal/min", "exceeds max (4 > 2)")]
     assert parse_app(SCALED).same_config(parse_app(APP))
+
+
+def test_horizontal_sizings_damping_is_set_by_flags() -> None:
+    from frameworks.autopilot.horizontal import HorizontalConfig
+    from frameworks.service.main import autopilot_config, build_parser, main
+
+    def config(*flags: str) -> HorizontalConfig:
+        return autopilot_config(build_parser().parse_args(["--master", "m:1", *flags])).horizontal
+
+    assert config() == HorizontalConfig()
+    set_ = config("--autopilot-scale-window", "2mins", "--autopilot-scale-stabilization",
+                  "10mins", "--autopilot-scale-interval", "30s")
+    assert (set_.window, set_.stabilization, set_.interval) == (120.0, 600.0, 30.0)
+    assert main(["--master", "m:1", "--autopilot-scale-window", "0s"]) == 2  # said, not raised
