@@ -6,33 +6,22 @@ the way by a long warmup."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from .conftest import wait_for
-from .test_autopilot_service import app_on_cluster
+from .test_autopilot_service import app_on_cluster, burner
 from .test_service import services  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
 
-# About 30% of a core: busy 30 ms of every 100.
-BURN = """import time
-while True:
-    t = time.monotonic()
-    while time.monotonic() - t < 0.03:
-        pass
-    time.sleep(0.07)
-"""
 
 
 async def test_a_busy_app_is_scaled_up_to_its_max(make_cluster: Any, services: Any,
                                                    tmp_path: Path) -> None:  # noqa: F811
-    script = tmp_path / "burn.py"
-    script.write_text(BURN)
-    app = {"id": "/busy", "cmd": f"{sys.executable} {script}", "instances": 2, "cpus": 0.2,
+    app = {"id": "/busy", "cmd": burner(tmp_path, 0.3), "instances": 2, "cpus": 0.2,
            "mem": 64, "taskKillGracePeriodSeconds": 1,
            "autopilot": {"mode": "auto", "horizontal": {"target": 0.5, "min": 1, "max": 3}}}
     _, service = await app_on_cluster(

@@ -28,6 +28,20 @@ FAST_PILOT = ["--autopilot-step", "1s", "--autopilot-warmup", "4s",
               "--autopilot-min-samples", "10"]
 
 
+def burner(tmp_path: Path, share: float) -> str:
+    """The command of a task using about `share` of a core: busy that share of
+    every 100 ms."""
+    script = tmp_path / f"burn-{share:g}.py"
+    script.write_text(f"""import time
+while True:
+    t = time.monotonic()
+    while time.monotonic() - t < {0.1 * share!r}:
+        pass
+    time.sleep({0.1 * (1 - share)!r})
+""")
+    return f"{sys.executable} {script}"
+
+
 async def app_on_cluster(make_cluster: Any, services: Any, tmp_path: Path, agents: int,
                          pilot_flags: list[str], app: dict[str, Any]) -> tuple[Any, Service]:
     """A cluster whose agents report usage twice a second, a `dyad-service` with

@@ -6,7 +6,6 @@ input")."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,19 +15,11 @@ from agent.isolation import IsolationError, detect
 
 from .conftest import wait_for
 from .test_autopilot_oom import query
-from .test_autopilot_service import FAST_PILOT, app_on_cluster
+from .test_autopilot_service import FAST_PILOT, app_on_cluster, burner
 from .test_service import services  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
 
-# About half a core: busy 50 ms of every 100.
-BURN = """import time
-while True:
-    t = time.monotonic()
-    while time.monotonic() - t < 0.05:
-        pass
-    time.sleep(0.05)
-"""
 
 
 def _throttling_agents() -> bool:
@@ -44,9 +35,7 @@ def _throttling_agents() -> bool:
 @pytest.mark.skipif(not _throttling_agents(), reason="no writable cgroups: nothing throttles")
 async def test_a_throttled_app_is_recommended_more_than_its_limit(
         make_cluster: Any, services: Any, tmp_path: Path) -> None:  # noqa: F811
-    script = tmp_path / "burn.py"
-    script.write_text(BURN)
-    app = {"id": "/starved", "cmd": f"{sys.executable} {script}", "instances": 1,
+    app = {"id": "/starved", "cmd": burner(tmp_path, 0.5), "instances": 1,
            "cpus": 0.1, "mem": 64, "taskKillGracePeriodSeconds": 1,
            "autopilot": {"mode": "recommend"}}
     cluster, service = await app_on_cluster(make_cluster, services, tmp_path, 1,
