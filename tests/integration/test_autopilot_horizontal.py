@@ -1,5 +1,6 @@
 """Horizontal sizing end to end: real agents measure an app whose tasks each use
-about 0.3 cores against a 0.2-core limit (agents measure, they do not throttle),
+about 0.3 cores against a 0.2-core limit (posix agents measure it; cgroups agents
+hold it at 0.2 and report the throttled time, which counts as demand),
 the master's usage store keeps the samples, `dyad-service` reads them back and
 scales the app up to its horizontal `max` at once. Vertical sizing is kept out of
 the way by a long warmup."""
