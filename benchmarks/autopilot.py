@@ -18,9 +18,9 @@ kills are judged at the same instants the policy sees):
   memory rules, not defaults now) in turn, through the full policy
   (`Autopilot` in `auto`: evidence, bounds, hysteresis, the OOM raise);
 - **meta+mem-fleet-7d, meta+mem-double-7d, meta+mem-first-7d,
-  meta+mem-clock2-7d**: the meta-recommender's CPU variants with `FLEET` (the
-  default before), `DOUBLE`, `FIRST` and `CLOCK2` as the memory rule (not
-  defaults);
+  meta+mem-clock2-7d, meta+mem-clock2x3-7d, meta+mem-clock2x6-7d**: the
+  meta-recommender's CPU variants with `FLEET` (the default before), `DOUBLE`,
+  `FIRST`, `CLOCK2`, `CLOCK2_3` and `CLOCK2_6` as the memory rule (not defaults);
 - **meta**: the policy with every variant, the meta-recommender choosing per app.
 
 Each starts from the user's limits. Rules of the simulated world, the same for all:
@@ -352,6 +352,13 @@ CLOCK2 = attrs.evolve(DEFAULT_MEMORY_VARIANTS[0], name="mem-clock2-7d", season_d
 """Not a default: the default with room for two jumps at once in the clock's rule
 for an app that has jumped (at most the window's rule)."""
 
+CLOCK2_3 = attrs.evolve(CLOCK2, name="mem-clock2x3-7d", season_double_after=3)
+"""Not a default: `CLOCK2`'s clock room for two jumps only for an app with at least
+3 jumps in the window (docs/autopilot.md, session 32)."""
+
+CLOCK2_6 = attrs.evolve(CLOCK2, name="mem-clock2x6-7d", season_double_after=6)
+"""Not a default: as `CLOCK2_3` with 6 jumps (the default's `double_after`)."""
+
 
 def approaches() -> dict[str, Config | None]:
     """The user's limits, each default CPU variant alone with a memory variant (the
@@ -365,7 +372,7 @@ def approaches() -> dict[str, Config | None]:
         out[f"{cpu.name}+{mem.name}"] = attrs.evolve(base, cpu_variants=(cpu,),
                                                      memory_variants=(mem,))
     # The meta-recommender's CPU, another memory rule.
-    for mem in (FLEET, DOUBLE, FIRST, CLOCK2):
+    for mem in (FLEET, DOUBLE, FIRST, CLOCK2, CLOCK2_3, CLOCK2_6):
         out[f"meta+{mem.name}"] = attrs.evolve(base, memory_variants=(mem,))
     out["meta"] = base
     return out

@@ -80,7 +80,8 @@ class MemoryVariant:
     `prior_from`), the clock's calm peak gets room for two jumps at once,
     (1 + rise)², as the window's rule keeps (never more than that rule: the clock
     only cuts), unless `double` gave it that room already (the rise is then
-    for two; doubled again it would be for four)."""
+    for two; doubled again it would be for four); with `season_double_after` k,
+    only once it has jumped k times in the window."""
 
     name: str
     window: float = attrs.field(validator=_positive)
@@ -100,6 +101,7 @@ class MemoryVariant:
     season: float = attrs.field(default=0.0, validator=_nonnegative)
     season_lead: float = attrs.field(default=3600.0, validator=_nonnegative)
     season_double: bool = False
+    season_double_after: int = attrs.field(default=1, validator=attrs.validators.ge(1))
 
     def __attrs_post_init__(self) -> None:
         if self.season > 0:
@@ -273,13 +275,18 @@ class MemoryRecommender:
 
     def _season_doubled(self, now: float) -> bool:
         """Whether the clock's room is for two jumps at once (`season_double`): the app
-        has jumped (by `prior_from`), and its rise is not for two already
-        (`double`). Two spikes meeting at a quiet block were killed under the
-        clock's limit where the window's rule held them (docs/autopilot.md)."""
-        if not self.variant.season_double or self._jumps is None:
+        has jumped (by `prior_from`), at least `season_double_after` times in the
+        window (one that spikes often is the one whose spikes overlap), and its rise
+        is not for two already (`double`). Two spikes meeting at a quiet block were
+        killed under the clock's limit where the window's rule held them
+        (docs/autopilot.md)."""
+        v = self.variant
+        if not v.season_double or self._jumps is None:
             return False
         top = self._jumps.largest(now)[0]
-        return top > 0 and top >= self.variant.prior_from and not self._doubled(now)
+        return (top > 0 and top >= v.prior_from
+                and self._jumps.count(now) >= v.season_double_after
+                and not self._doubled(now))
 
     def _margin(self) -> float:
         """The margin, plus, for an app setting new calm peaks (growth, a leak), how
@@ -366,7 +373,11 @@ class MemoryRecommender:
         if seasonal is None:
             return f"; the same clock times on previous days ({hours}): not seen yet"
         peak, usual = self._season.ahead(now) or (0.0, 0.0)
-        room = "room for two jumps at once" if self._season_doubled(now) else "room"
+        room = "room"
+        if self._season_doubled(now):
+            after = self.variant.season_double_after
+            room = "room for two jumps at once" + (
+                f" (at least {after} jumps in the window)" if after > 1 else "")
         return (f"; at most what the same clock times on previous days ({hours}) need: "
                 f"their peak {peak / 2**20:.1f} MiB (calm {usual / 2**20:.1f} MiB, with the "
                 f"{room}), grown by the calm peak's rise, at least the peak of the last "

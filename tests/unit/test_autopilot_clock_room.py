@@ -145,3 +145,42 @@ def _fleet_values(variant: MemoryVariant, apps: list[list[tuple[float, float]]])
                 recs[i].add(clocks[i], samples[k][1] * MIB)
     now = max(clocks)
     return [rec.value(now) for rec in recs]
+
+
+@pytest.mark.parametrize("days, after, doubled", [
+    ((1,), 2, False), ((1, 2), 2, True), ((1, 2), 3, False), ((1, 2), 1, True)])
+def test_with_season_double_after_only_an_app_that_jumped_that_often_gets_two(
+        days, after, doubled) -> None:
+    """`season_double_after` k: fewer than k jumps in the window, the clock's room is
+    for one jump (as without the option); k or more, for two (as with k = 1)."""
+    off = _variant(spike=1.0)
+    on = attrs.evolve(off, season_double=True)
+    narrow, t = _lived(attrs.evolve(on, season_double_after=after), 0.15, days=days)
+    without, with_two = _lived(off, 0.15, days=days)[0], _lived(on, 0.15, days=days)[0]
+    one, two = without.value(t), with_two.value(t)
+    assert one is not None and two is not None and one < two
+    assert narrow.value(t) == (two if doubled else one)
+    shown = f"room for two jumps at once (at least {after} jumps in the window))"
+    assert (shown in narrow.explain(t)) == (doubled and after > 1)
+    assert ("with the room)" in narrow.explain(t)) == (not doubled)
+
+
+def test_season_double_after_is_at_least_one() -> None:
+    with pytest.raises(ValueError):
+        attrs.evolve(_variant(spike=1.0), season_double_after=0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.one_of(usage, days_with_jumps()), st.floats(0, 0.5),
+       st.sampled_from([HOUR, 4 * HOUR, 12 * HOUR]), st.sampled_from([0.0, 0.1]),
+       st.booleans(), st.integers(2, 8))
+def test_a_bound_on_jumps_lies_between_no_option_and_the_option_for_all(
+        samples, margin, block, prior_from, prior, after) -> None:
+    more = {"prior": 0.75} if prior else {"spike": 2.5}
+    off = _variant(margin, block, prior_from=prior_from, **more)
+    on = attrs.evolve(off, season_double=True)
+    without, _ = _fed(off, samples)
+    narrow, _ = _fed(attrs.evolve(on, season_double_after=after), samples)
+    every, _ = _fed(on, samples)
+    assert without is not None and narrow is not None and every is not None
+    assert without <= narrow <= every
