@@ -2,6 +2,8 @@
 
     python -m benchmarks.usage_store [--rows 1000000] [--batch 10000] [--threads 2]
                                      [--big-rows 10000000] [--launch-rounds 3] [--quick]
+                                     [--launch-agents 200] [--launch-frameworks 1]
+                                     [--launch-tasks 20000]
 
 Synthetic samples from a day of a cell: 2,000 tasks of 100 apps in 5 roles on 200
 agents (with rack attributes), one sample per task every ~90 s. Printed:
@@ -18,7 +20,9 @@ agents (with rack attributes), one sample per task every ~90 s. Printed:
   day later (so ten days of the cell), then the same group-by (72,000 groups) and
   p95 per app. Goal (issue 14): the group-by under 1 s on this machine;
 - **master launches/s, store on vs off**: `benchmarks.master` (a real master, 200
-  simulated agents, one framework) run `--launch-rounds` times each way,
+  simulated agents, one framework, 20,000 tasks: `--launch-tasks`; each run's
+  flood starts once the store answers, as its process takes ~0.7 CPU s to
+  start) run `--launch-rounds` times each way,
   alternating off/on so load drifting on the shared machine hits both alike;
   compared by median, as tasks/s and as the master's CPU time per task (less
   moved by other work on the machine than wall time), and by the median of each
@@ -117,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="simulated agents in the launch runs (10000: the flood "
                              "where the master is the bottleneck)")
     parser.add_argument("--launch-frameworks", type=int, default=1)
+    parser.add_argument("--launch-tasks", type=int, default=20_000,
+                        help="tasks a launch run starts (0: one wave, 4 a simulated agent; "
+                             "at 200 agents that flood is over in half a second)")
     parser.add_argument("--quick", action="store_true",
                         help="100 k rows, 1 M for the big group-by, one launch round")
     args = parser.parse_args(argv)
@@ -156,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         big(engine, args.rows, args.big_rows, ours)
     engine.close()
     if args.launch_rounds:
-        launches(args.launch_rounds, args.launch_agents, args.launch_frameworks)
+        launches(args.launch_rounds, args.launch_agents, args.launch_frameworks,
+                 args.launch_tasks)
     return 0
 
 
@@ -178,12 +186,13 @@ def big(engine: DuckDBEngine, rows: int, target: int, small: float) -> None:
           f"{p95 * 1000:.1f} ms")
 
 
-def launch_run(store: str, agents: int, frameworks: int) -> tuple[float, float]:
-    """Tasks/s and the master's CPU ms per task, in one run with the store on or off:
-    two waves of launches at 200 agents, one (`benchmarks.master --quick`'s) beyond."""
+def launch_run(store: str, agents: int, frameworks: int, tasks: int) -> tuple[float, float]:
+    """Tasks/s and the master's CPU ms per task, in one run with the store on or off,
+    of `tasks` launches (0: one wave, `benchmarks.master --quick`'s). The flood
+    starts once the store answers (`benchmarks.master.store_ready`)."""
     args = master_bench.arguments().parse_args(
         ["--agents", str(agents), "--frameworks", str(frameworks)])
-    total = args.agents * master_bench.SLOTS_PER_AGENT * (2 if agents <= 200 else 1)
+    total = tasks or args.agents * master_bench.SLOTS_PER_AGENT
     launchers, _, _, _, _, cpu = master_bench.measure(args, total, ("--usage-store", store))
     accepted = [t for l in launchers for t in l.accepted_at.values()]
     finished = [t for l in launchers for t in l.finished_at.values()]
@@ -192,11 +201,11 @@ def launch_run(store: str, agents: int, frameworks: int) -> tuple[float, float]:
     return len(finished) / (max(finished) - min(accepted)), cpu["master"] * 1000 / total
 
 
-def launches(rounds: int, agents: int, frameworks: int) -> None:
+def launches(rounds: int, agents: int, frameworks: int, tasks: int) -> None:
     runs: dict[str, list[tuple[float, float]]] = {"off": [], "on": []}
     for _ in range(rounds):
         for store in ("off", "on"):
-            runs[store].append(launch_run(store, agents, frameworks))
+            runs[store].append(launch_run(store, agents, frameworks, tasks))
     for i, what in enumerate(("launches/s", "CPU ms per task")):
         off, on = (statistics.median(r[i] for r in runs[k]) for k in ("off", "on"))
         shown = {k: ", ".join(f"{r[i]:,.2f}" for r in v) for k, v in runs.items()}

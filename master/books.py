@@ -37,7 +37,7 @@ from master.model import (
 )
 from master.removals import RemovalLimiter
 from master.usage.schema import FORGET_ALL, TERMINAL_STATES, TaskEvent
-from master.usage_rows import RecordUsage, ToldTasks, task_event, task_facts
+from master.usage_rows import SOURCES, RecordUsage, ToldTasks, task_facts, tuple_new
 
 TASK_STATE_FIELDS = ("framework_id", "task_id", "state", "agent_id", "source", "reason")
 """A `task_state` entry's fields in the events log, in order (`_task_event`)."""
@@ -350,32 +350,33 @@ class MasterBooks:
                       message: str, agent_id: str) -> None:
         """Queue the row of a state change, with the task's facts if the store
         has not been told them; `_usage_out` makes this step's rows one
-        `RecordUsage` effect at its end."""
-        self.counters.inc("master/usage_events")
+        `RecordUsage` effect at its end. Built unchecked from the core's own
+        values, three rows a task: this is on the launch path."""
         key = (framework.id, task_id)
         agent = self.agents.get(agent_id)
         told = self._told
         facts = None
-        if not told.knows(key, task, agent):
+        if told.must_tell(key, task, agent):
             facts = task_facts(framework, agent, task, self._role_of(framework, agent_id))
-            told.tell(key, task, agent)
-        if told.pending:
-            told.pending = False
-            self._usage_events.append(FORGET_ALL)
+            if told.pending:
+                told.pending = False
+                self._usage_events.append(FORGET_ALL)
         name = state._name_
         if name in TERMINAL_STATES:
             told.forget(key)
-        self._usage_events.append(task_event(
-            framework.id, task_id, name, self._now, reason, message, source,
-            task.healthy if task else None, facts))
+        self._usage_events.append(tuple_new(TaskEvent, (
+            self._now, framework.id, task_id, name, reason, message, SOURCES.get(source, source),
+            task.healthy if task else None, facts)))
 
     def _usage_out(self) -> None:
         """End of a step: its task events, queued by `_record_event`, as one
         `RecordUsage` after its other effects (an Accept of many launches, or the
         master's updates of many tasks, is one effect, not one a task)."""
-        if self._usage_events:
-            self._out.append(RecordUsage(events=tuple(self._usage_events)))
-            self._usage_events.clear()
+        events = self._usage_events
+        if events:
+            self.counters.inc("master/usage_events", len(events) - events.count(FORGET_ALL))
+            self._out.append(tuple_new(RecordUsage, ((), events)))
+            self._usage_events = []
 
     def _role_of(self, framework: MasterFramework, agent_id: str) -> str:
         """The role the framework's resources on the agent are charged to (its

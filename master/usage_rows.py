@@ -31,8 +31,8 @@ Rules worth knowing when reading the store:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 import attrs
 
@@ -44,21 +44,24 @@ if TYPE_CHECKING:
 
 APP_LABELS = ("DYAD_APP_ID", "DYAD_JOB_ID")
 MIB = 2 ** 20
-# The events log's short names for who made a status; the store keeps the wire's.
-_SOURCES = {"master": Source.MASTER, "agent": Source.AGENT, "executor": Source.EXECUTOR}
+SOURCES = {"master": Source.MASTER, "agent": Source.AGENT, "executor": Source.EXECUTOR}
+"""The events log's short names for who made a status; the store keeps the wire's
+(others as they are)."""
 
-_tuple_new = tuple.__new__
+tuple_new = tuple.__new__
+"""Builds a row type (a named tuple) from values unchecked: the core's own values."""
 
 RoleOf = Callable[["MasterFramework", str], str]
 """The role a framework's resources on an agent (by id) are charged to."""
 
 
-@attrs.frozen
-class RecordUsage:
-    """Append these rows to the usage store (the shell never waits for it)."""
+class RecordUsage(NamedTuple):
+    """Append these rows to the usage store (the shell never waits for it). A
+    named tuple, not an attrs class: a step with task events makes one, and a
+    launch flood makes two or three a task (the core builds it with `tuple_new`)."""
 
-    samples: tuple[UsageSample, ...] = ()
-    events: tuple[TaskEvent, ...] = ()
+    samples: Sequence[UsageSample] = ()
+    events: Sequence[TaskEvent] = ()
 
 
 @attrs.frozen
@@ -96,7 +99,7 @@ def task_facts(framework: MasterFramework, agent: MasterAgent | None,
         agent_id, hostname, attributes = agent.id, agent.info.hostname, agent.info.attributes
     else:
         agent_id, hostname, attributes = (task.agent_id if task else ""), "", {}
-    return _tuple_new(TaskFacts, (role, app_of(labels), agent_id, hostname, attributes, labels,
+    return tuple_new(TaskFacts, (role, app_of(labels), agent_id, hostname, attributes, labels,
                                   priority, revocable, cpus, mem_bytes))
 
 
@@ -131,17 +134,18 @@ class ToldTasks:
     def __len__(self) -> int:
         return len(self._told)
 
-    def knows(self, key: tuple[str, str], task: MasterTask | None,
-              agent: MasterAgent | None) -> bool:
+    def must_tell(self, key: tuple[str, str], task: MasterTask | None,
+                  agent: MasterAgent | None) -> bool:
+        """Whether this row must carry the task's facts; if so they count as told
+        from now on (one call a row: this is on the master's launch path)."""
+        info = agent.info if agent is not None else None
         told = self._told.get(key)
-        return (told is not None and told[0] is task
-                and told[1] is (agent.info if agent is not None else None))
-
-    def tell(self, key: tuple[str, str], task: MasterTask | None,
-             agent: MasterAgent | None) -> None:
+        if told is not None and told[0] is task and told[1] is info:
+            return False
         if len(self._told) >= self.most:
             self.forget_all()
-        self._told[key] = (task, agent.info if agent is not None else None)
+        self._told[key] = (task, info)
+        return True
 
     def forget(self, key: tuple[str, str]) -> None:
         self._told.pop(key, None)
@@ -196,17 +200,3 @@ def _throttled_delta(task: MasterTask, usage: ExecutorUsage) -> float:
     delta = total - float(previous.get("cpus_throttled_time_secs", 0.0))
     # A smaller total means the counter restarted (a new cgroup): count it afresh.
     return delta if delta >= 0 else total
-
-
-def task_event(framework_id: str, task_id: str, state: str, now: float, reason: str,
-               message: str, source: str, healthy: bool | None,
-               facts: TaskFacts | None) -> TaskEvent:
-    """A state change as a row, unchecked: every value is the master core's own,
-    its clock and the task's record. `facts`: None if the store has them."""
-    return _tuple_new(TaskEvent, (now, framework_id, task_id, state, reason, message,
-                                  source_name(source), healthy, facts))
-
-
-def source_name(source: str) -> str:
-    """The store's `source` for the events log's short name (others as they are)."""
-    return _SOURCES.get(source, source)

@@ -178,24 +178,26 @@ def test_without_a_store_the_core_builds_no_rows() -> None:
 
 
 def test_told_tasks_know_a_task_only_while_its_record_and_agent_are_the_same() -> None:
-    """`ToldTasks` says the store knows a task's facts only while the task record
-    and the agent's registration are the very ones they were sent with; past its
-    bound it forgets all and asks for a `FORGET_ALL` row."""
+    """`ToldTasks` has a row carry a task's facts only while the task record and
+    the agent's registration are not the very ones they were sent with; past
+    its bound it forgets all and asks for a `FORGET_ALL` row."""
     h = Recording(MasterConfig(record_usage=True))
     fid = h.subscribe("f1", roles=["eng"])
     aid = h.register("a1", hostname="host-1", attributes={"rack": "r1"})
     agent = h.state.agents[aid]
     told = ToldTasks(most=2)
-    told.tell((fid, "t1"), None, agent)
-    assert told.knows((fid, "t1"), None, agent)
-    assert not told.knows((fid, "t2"), None, agent)
+    assert told.must_tell((fid, "t1"), None, agent)
+    assert not told.must_tell((fid, "t1"), None, agent)
     agent.info = attrs.evolve(agent.info, hostname="host-2")  # re-registered, say
-    assert not told.knows((fid, "t1"), None, agent)
-    told.tell((fid, "t1"), None, agent)
-    told.tell((fid, "t2"), None, agent)
+    assert told.must_tell((fid, "t1"), None, agent)
+    assert not told.must_tell((fid, "t1"), None, agent)
+    assert told.must_tell((fid, "t2"), None, agent)
     assert not told.pending
-    told.tell((fid, "t3"), None, agent)  # over `most`: starts afresh
-    assert told.pending and len(told) == 1 and not told.knows((fid, "t1"), None, agent)
+    assert told.must_tell((fid, "t3"), None, agent)  # over `most`: starts afresh
+    assert told.pending and len(told) == 1
+    told.pending = False
+    assert told.must_tell((fid, "t1"), None, agent)
+    told.forget((fid, "t1"))
     told.forget((fid, "t3"))
     assert len(told) == 0
 
@@ -300,9 +302,8 @@ def test_joined_rows_have_the_facts_of_their_task_at_the_time(
         now = (f"/app{number}", f"host{agent.info[1]}")
         facts = None
         rows: list[TaskEvent] = []
-        if not told.knows(key, record, agent):  # type: ignore[arg-type]
+        if told.must_tell(key, record, agent):  # type: ignore[arg-type]
             facts = TaskFacts("eng", now[0], "a1", now[1], {}, {}, 100, False, 1.0, 1)
-            told.tell(key, record, agent)  # type: ignore[arg-type]
         if told.pending:
             told.pending = False
             rows.append(FORGET_ALL)
