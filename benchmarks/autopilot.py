@@ -18,9 +18,10 @@ kills are judged at the same instants the policy sees):
   memory rules, not defaults now) in turn, through the full policy
   (`Autopilot` in `auto`: evidence, bounds, hysteresis, the OOM raise);
 - **meta+mem-fleet-7d, meta+mem-double-7d, meta+mem-first-7d,
-  meta+mem-clock2-7d, meta+mem-clock2x3-7d, meta+mem-clock2x6-7d**: the
-  meta-recommender's CPU variants with `FLEET` (the default before), `DOUBLE`,
-  `FIRST`, `CLOCK2`, `CLOCK2_3` and `CLOCK2_6` as the memory rule (not defaults);
+  meta+mem-clock2-7d, meta+mem-clock2x3-7d, meta+mem-clock2x6-7d,
+  meta+mem-clock2s-7d**: the meta-recommender's CPU variants with `FLEET` (the
+  default before), `DOUBLE`, `FIRST`, `CLOCK2`, `CLOCK2_3`, `CLOCK2_6` and
+  `CLOCK2S` as the memory rule (not defaults);
 - **meta**: the policy with every variant, the meta-recommender choosing per app.
 
 Each starts from the user's limits. Rules of the simulated world, the same for all:
@@ -360,6 +361,12 @@ CLOCK2_6 = attrs.evolve(CLOCK2, name="mem-clock2x6-7d", season_double_after=6)
 """Not a default: as `CLOCK2_3` with 6 jumps (the default's `double_after`)."""
 
 
+CLOCK2S = attrs.evolve(CLOCK2, name="mem-clock2s-7d", season_once=True)
+"""Not a default: `CLOCK2` with the clock's growth counted once (`season_once`: the
+calm peak's rise grows the previous days' peaks, and is not added to the clock's
+margin again; docs/autopilot.md, session 33)."""
+
+
 def approaches() -> dict[str, Config | None]:
     """The user's limits, each default CPU variant alone with a memory variant (the
     defaults, then `LEARNED` and `PEAK_ONLY`, in turn), and the meta-recommender over
@@ -372,7 +379,7 @@ def approaches() -> dict[str, Config | None]:
         out[f"{cpu.name}+{mem.name}"] = attrs.evolve(base, cpu_variants=(cpu,),
                                                      memory_variants=(mem,))
     # The meta-recommender's CPU, another memory rule.
-    for mem in (FLEET, DOUBLE, FIRST, CLOCK2, CLOCK2_3, CLOCK2_6):
+    for mem in (FLEET, DOUBLE, FIRST, CLOCK2, CLOCK2_3, CLOCK2_6, CLOCK2S):
         out[f"meta+{mem.name}"] = attrs.evolve(base, memory_variants=(mem,))
     out["meta"] = base
     return out

@@ -81,7 +81,8 @@ class MemoryVariant:
     (1 + rise)², as the window's rule keeps (never more than that rule: the clock
     only cuts), unless `double` gave it that room already (the rise is then
     for two; doubled again it would be for four); with `season_double_after` k,
-    only once it has jumped k times in the window."""
+    only once it has jumped k times in the window; with `season_once`, the clock
+    counts the calm peak's rise once, in its growth: its margin is `margin` alone."""
 
     name: str
     window: float = attrs.field(validator=_positive)
@@ -102,6 +103,7 @@ class MemoryVariant:
     season_lead: float = attrs.field(default=3600.0, validator=_nonnegative)
     season_double: bool = False
     season_double_after: int = attrs.field(default=1, validator=attrs.validators.ge(1))
+    season_once: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.season > 0:
@@ -263,15 +265,26 @@ class MemoryRecommender:
         if self._season is None or self._recent is None:
             return None
         ahead = self._season.ahead(now)
-        grown = 0.0 if self._drift is None else self._drift.rise()
+        growth = self._season_growth()
         recent = self._recent.peak(now)
-        if ahead is None or grown is None or recent is None:
+        if ahead is None or growth is None or recent is None:
             return None
-        peak, usual = ahead
+        (peak, usual), (grown, margin) = ahead, growth
         # The room was sized over the window's calm peak; here over the clock's.
         jumps = 2 if calm > 0 and self._season_doubled(now) else 1  # their factors multiply
         room = usual * (1 + rise) ** jumps if calm > 0 else 0.0
-        return max(recent, max(peak, room) * (1 + grown)) * (1 + self._margin())
+        return max(recent, max(peak, room) * (1 + grown)) * (1 + margin)
+
+    def _season_growth(self) -> tuple[float, float] | None:
+        """The clock's growth over a day and its margin (None: the trend is not known
+        yet, so the clock waits). The previous days' peaks are grown by the calm
+        peak's rise over `drift`; `_margin` adds that rise too, for the window's
+        rule, whose peak is of the past. With `season_once` the rise is counted
+        once, in the growth, and the margin is the variant's own."""
+        grown = 0.0 if self._drift is None else self._drift.rise()
+        if grown is None:
+            return None
+        return grown, self.variant.margin if self.variant.season_once else self._margin()
 
     def _season_doubled(self, now: float) -> bool:
         """Whether the clock's room is for two jumps at once (`season_double`): the app
@@ -380,8 +393,13 @@ class MemoryRecommender:
                 f" (at least {after} jumps in the window)" if after > 1 else "")
         return (f"; at most what the same clock times on previous days ({hours}) need: "
                 f"their peak {peak / 2**20:.1f} MiB (calm {usual / 2**20:.1f} MiB, with the "
-                f"{room}), grown by the calm peak's rise, at least the peak of the last "
+                f"{room}), grown by {self._explain_growth()}, at least the peak of the last "
                 f"{self.variant.season_lead:g}s, {seasonal / 2**20:.1f} MiB with the margin")
+
+    def _explain_growth(self) -> str:
+        if not self.variant.season_once:
+            return "the calm peak's rise"
+        return f"the calm peak's rise, counted once (a margin of {self.variant.margin:.0%} here)"
 
 
 DEFAULT_CPU_VARIANTS = (
