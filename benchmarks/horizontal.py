@@ -136,6 +136,7 @@ class _Fleet:
     app: App
     asked: int
     running: list[str]
+    limits: Limits
     starting: list[tuple[float, str]] = attrs.field(factory=list)
     made: int = 0
     due: float = math.inf
@@ -154,7 +155,7 @@ def replay(models: Sequence[App], days: float, config: Config | None, seed: int,
     fleets = {}
     for app in models:
         fixed = app.ideal(app.base * (1 + app.amp))
-        fleet = fleets[app.name] = _Fleet(app, fixed, [])
+        fleet = fleets[app.name] = _Fleet(app, fixed, [], Limits(app.cpus, 2 * MEM))
         fleet.running = [fleet.new_task() for _ in range(fixed)]
     noise = {app.name: random.Random(f"{seed}{app.name}") for app in models}
 
@@ -168,8 +169,8 @@ def replay(models: Sequence[App], days: float, config: Config | None, seed: int,
                 fleets[effect.key.app_id].due = effect.at
             elif isinstance(effect, ApplyLimits):  # memory only, with a horizontal spec
                 fleet = fleets[effect.app_id]
-                perform(pilot.handle(AppConfigured(effect.app_id, spec(fleet.app),
-                                                   effect.limits, fleet.asked), t), t)
+                fleet.limits = effect.limits
+                configured(fleet, t)
             elif isinstance(effect, ApplyInstances):
                 scale(fleets[effect.app_id], effect.instances, t)
 
@@ -189,14 +190,17 @@ def replay(models: Sequence[App], days: float, config: Config | None, seed: int,
             else:
                 fleet.running.pop()
         fleet.asked = instances
-        perform(pilot.handle(AppConfigured(fleet.app.name, spec(fleet.app),
-                                           Limits(fleet.app.cpus, 2 * MEM), instances), t), t)
+        configured(fleet, t)
+
+    def configured(fleet: _Fleet, t: float) -> None:
+        """Tell the autopilot the app's definition now, as the service framework does."""
+        assert pilot is not None
+        perform(pilot.handle(AppConfigured(fleet.app.name, spec(fleet.app), fleet.limits,
+                                           fleet.asked), t), t)
 
     if pilot is not None:
         for fleet in fleets.values():
-            perform(pilot.handle(AppConfigured(fleet.app.name, spec(fleet.app),
-                                               Limits(fleet.app.cpus, 2 * MEM), fleet.asked),
-                                 0.0), 0.0)
+            configured(fleet, 0.0)
     for i in range(1, int((warm_in + days * DAY) / SAMPLE) + 1):
         t = i * SAMPLE
         scored = t > warm_in

@@ -3,7 +3,7 @@
     python -m benchmarks.usage_store [--rows 1000000] [--batch 10000] [--threads 2]
                                      [--big-rows 10000000] [--launch-rounds 3] [--quick]
                                      [--launch-agents 200] [--launch-frameworks 1]
-                                     [--launch-tasks 20000]
+                                     [--launch-tasks N]
 
 Synthetic samples from a day of a cell: 2,000 tasks of 100 apps in 5 roles on 200
 agents (with rack attributes), one sample per task every ~90 s. Printed:
@@ -20,7 +20,8 @@ agents (with rack attributes), one sample per task every ~90 s. Printed:
   day later (so ten days of the cell), then the same group-by (72,000 groups) and
   p95 per app. Goal (issue 14): the group-by under 1 s on this machine;
 - **master launches/s, store on vs off**: `benchmarks.master` (a real master, 200
-  simulated agents, one framework, 20,000 tasks: `--launch-tasks`; each run's
+  simulated agents, one framework, 20,000 tasks or one wave of 4 an agent if
+  more: `--launch-tasks`; each run's
   flood starts once the store answers, as its process takes ~0.7 CPU s to
   start) run `--launch-rounds` times each way,
   alternating off/on so load drifting on the shared machine hits both alike;
@@ -121,9 +122,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="simulated agents in the launch runs (10000: the flood "
                              "where the master is the bottleneck)")
     parser.add_argument("--launch-frameworks", type=int, default=1)
-    parser.add_argument("--launch-tasks", type=int, default=20_000,
-                        help="tasks a launch run starts (0: one wave, 4 a simulated agent; "
-                             "at 200 agents that flood is over in half a second)")
+    parser.add_argument("--launch-tasks", type=int, default=0,
+                        help="tasks a launch run starts (0: one wave, 4 a simulated agent, "
+                             "and at least 20,000: at 200 agents one wave is over in half "
+                             "a second)")
     parser.add_argument("--quick", action="store_true",
                         help="100 k rows, 1 M for the big group-by, one launch round")
     args = parser.parse_args(argv)
@@ -188,11 +190,11 @@ def big(engine: DuckDBEngine, rows: int, target: int, small: float) -> None:
 
 def launch_run(store: str, agents: int, frameworks: int, tasks: int) -> tuple[float, float]:
     """Tasks/s and the master's CPU ms per task, in one run with the store on or off,
-    of `tasks` launches (0: one wave, `benchmarks.master --quick`'s). The flood
-    starts once the store answers (`benchmarks.master.store_ready`)."""
+    of `tasks` launches (0: one wave, `benchmarks.master --quick`'s, and at least
+    20,000). The flood starts once the store answers (`benchmarks.master.store_ready`)."""
     args = master_bench.arguments().parse_args(
         ["--agents", str(agents), "--frameworks", str(frameworks)])
-    total = tasks or args.agents * master_bench.SLOTS_PER_AGENT
+    total = tasks or max(args.agents * master_bench.SLOTS_PER_AGENT, 20_000)
     launchers, _, _, _, _, cpu = master_bench.measure(args, total, ("--usage-store", store))
     accepted = [t for l in launchers for t in l.accepted_at.values()]
     finished = [t for l in launchers for t in l.finished_at.values()]
