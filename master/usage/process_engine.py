@@ -6,7 +6,7 @@ and its inserts on the master's cores), and the master's one event loop is what
 bounds its throughput (docs/operations.md). Here the master's writer thread only
 turns samples into plain tuples and sends them and the events (tuples already)
 down a pipe as msgpack; the child joins events to their tasks' facts, builds the
-columns and runs DuckDB.
+columns and runs DuckDB, once a burst of rows is over (`Deferred`).
 
 Two pipes, one per caller thread (`UsageStore` writes from one thread and queries
 from another, and an engine must let the two overlap); the child serves each pipe
@@ -22,6 +22,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
+import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
@@ -130,18 +131,99 @@ def serve(writes: Connection, queries: Connection, memory_limit: str, threads: i
     here; returns (the process ends) on "close" or when the master is gone."""
     from master.usage.duckdb_engine import DuckDBEngine  # DuckDB only in the child
     os.nice(NICENESS)
-    engine = DuckDBEngine(memory_limit=memory_limit, threads=threads)
-    rows = msgspec.msgpack.Decoder()
-    methods = {"insert": lambda packed: engine.insert_values(*rows.decode(packed)),
-               "expire": engine.expire, "query": engine.query, "counts": engine.counts, "close": engine.close}
-    threading.Thread(target=_answer, args=(queries, methods), daemon=True,
+    rows = Deferred(DuckDBEngine(memory_limit=memory_limit, threads=threads))
+    threading.Thread(target=_answer, args=(queries, rows.methods), daemon=True,
                      name="usage-query").start()
-    _answer(writes, methods)
+    _answer(writes, rows.methods, rows.due)
 
 
-def _answer(conn: Connection, methods: dict[str, Any]) -> None:
+class Deferred:
+    """The child's inserts, put off until a burst of rows is over.
+
+    Why: measured on 2 cores (docs/usage-store.md), the inserts cost a launch
+    flood 5% of its tasks/s even niced, as the child's CPU comes out of the
+    simulated cluster's or the master's core. So the packed rows wait here,
+    undecoded, until none came for `QUIET` seconds, the oldest waited `MOST_LAG`,
+    or they hold `MOST_BYTES`; and before any query, count, expiry or close, so
+    every answer still covers every row received. An insert that fails is
+    reported on the write pipe's next answer (the master counts it there); the
+    rows after it still go in."""
+
+    QUIET = 0.5
+    MOST_LAG = 5.0
+    MOST_BYTES = 64 * 1024 * 1024
+
+    def __init__(self, engine: Any, clock: Any = time.monotonic) -> None:
+        self.engine = engine
+        self._clock = clock
+        self._decode = msgspec.msgpack.Decoder().decode
+        self._packed: list[bytes] = []
+        self._bytes = 0
+        self._first = self._last = 0.0
+        self._lock = threading.RLock()  # the waiting rows and the engine's writer
+        self._failure: Exception | None = None
+        self.methods = {"insert": self.insert, "expire": self._after_flush(engine.expire, True),
+                        "query": self._after_flush(engine.query),
+                        "counts": self._after_flush(engine.counts),
+                        "close": self._after_flush(engine.close)}
+
+    def insert(self, packed: bytes) -> None:
+        with self._lock:
+            now = self._clock()
+            if not self._packed:
+                self._first = now
+            self._last = now
+            self._packed.append(packed)  # kept even when this answer reports a failure
+            self._bytes += len(packed)
+            if self._bytes >= self.MOST_BYTES:
+                self.flush()
+            self._raise_failure()
+
+    def due(self) -> float | None:
+        """Seconds until the rows waiting must be inserted (None: none wait);
+        inserts them when that is now."""
+        if not self._packed:
+            return None
+        wait = min(self._last + self.QUIET, self._first + self.MOST_LAG) - self._clock()
+        if wait > 0:
+            return wait
+        self.flush()
+        return None
+
+    def flush(self) -> None:
+        with self._lock:
+            packed, self._packed, self._bytes = self._packed, [], 0
+            for one in packed:
+                try:
+                    self.engine.insert_values(*self._decode(one))
+                except Exception as error:  # kept for the next answer; the rest go in
+                    self._failure = error
+
+    def _raise_failure(self) -> None:
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
+
+    def _after_flush(self, method: Any, writes: bool = False) -> Any:
+        """`method` once every row waiting is in (on the write pipe, `writes`,
+        after reporting an insert that failed)."""
+        def call(*args: Any) -> Any:
+            self.flush()
+            if writes:
+                with self._lock:
+                    self._raise_failure()
+            return method(*args)
+        return call
+
+
+def _answer(conn: Connection, methods: dict[str, Any],
+            due: Any = lambda: None) -> None:
+    """Serve calls on `conn`; between calls, `due` runs when it asked to."""
     while True:
         try:
+            wait = due()
+            while wait is not None and not conn.poll(wait):
+                wait = due()
             method, args = conn.recv()
         except (EOFError, OSError):
             return  # the master is gone: nothing more will come

@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from master.usage import (
     QueryError, QueryRefused, QueryTimeout, StoreConfig, TaskEvent, UsageStore)
 from master.usage.duckdb_engine import DuckDBEngine
-from master.usage.process_engine import _ROWS, NICENESS, EngineFailed, ProcessEngine
+from master.usage.process_engine import _ROWS, NICENESS, Deferred, EngineFailed, ProcessEngine
 from tests.unit.test_usage_store import JOB, T0, WEB, event, sample
 
 
@@ -70,10 +71,12 @@ def test_refusals_come_back_as_themselves(engine: ProcessEngine) -> None:
 def test_a_failed_write_is_an_error_the_store_counts() -> None:
     engine = ProcessEngine(memory_limit="256MB", threads=1)
     try:
-        with pytest.raises(EngineFailed):
-            engine._call(engine._writes, "insert", _ROWS.encode(([("not", "a row")], [])))
-        engine.insert([sample(T0)], [])  # the child still serves
-        assert engine.counts()["task_usage"] == 1
+        engine._call(engine._writes, "insert", _ROWS.encode(([("not", "a row")], [])))
+        engine.insert([sample(T0)], [])  # waits there, behind the bad rows
+        assert engine.counts()["task_usage"] == 1  # in before the count; the bad rows failed
+        with pytest.raises(EngineFailed):  # and the write pipe's next answer says so
+            engine.insert([sample(T0 + 1)], [])
+        assert engine.counts()["task_usage"] == 2  # the child still serves
     finally:
         engine.close()
 
@@ -121,3 +124,69 @@ def test_the_child_yields_the_cpu_to_the_master(engine: ProcessEngine) -> None:
     engine.counts()  # answered: the child is up and has set its priority
     child = os.getpriority(os.PRIO_PROCESS, engine._process.pid)
     assert child == min(19, os.getpriority(os.PRIO_PROCESS, 0) + NICENESS)
+
+
+class _Engine:
+    """What `Deferred` drives: records the inserts and the calls after them."""
+
+    def __init__(self) -> None:
+        self.calls: list[Any] = []
+
+    def insert_values(self, samples: list, events: list) -> None:
+        if samples == ["bad"]:
+            raise ValueError("not a row")
+        self.calls.append(("insert", samples))
+
+    def query(self, sql: str, max_rows: int, timeout: float) -> str:
+        self.calls.append(("query", sql))
+        return "answer"
+
+    def expire(self, older_than: float, max_rows: int | None) -> str:
+        self.calls.append(("expire", older_than))
+        return "expired"
+
+    def counts(self) -> dict[str, int]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def test_rows_wait_for_a_burst_to_end_and_never_longer_than_the_most_lag() -> None:
+    now = [0.0]
+    engine = _Engine()
+    rows = Deferred(engine, clock=lambda: now[0])
+    assert rows.due() is None  # nothing waits
+    for i in range(30):  # a burst: a batch every 0.2 s for 6 s
+        now[0] = i * 0.2
+        rows.methods["insert"](_ROWS.encode(([i], [])))
+        rows.due()
+    # The batches until MOST_LAG went in then, at once; the rest still wait.
+    inserted = [samples[0] for kind, samples in engine.calls]
+    assert inserted == list(range(26))
+    now[0] = 29 * 0.2 + Deferred.QUIET - 0.01
+    assert rows.due() == pytest.approx(0.01) and len(engine.calls) == 26
+    now[0] += 0.01
+    assert rows.due() is None and [s[0] for _, s in engine.calls] == list(range(30))
+
+
+def test_every_answer_covers_every_row_received_and_failures_come_back_once() -> None:
+    engine = _Engine()
+    rows = Deferred(engine, clock=lambda: 0.0)
+    rows.methods["insert"](_ROWS.encode((["bad"], [])))
+    rows.methods["insert"](_ROWS.encode(([1], [])))
+    assert rows.methods["query"]("SELECT 1", 1, 1.0) == "answer"
+    assert engine.calls == [("insert", [1]), ("query", "SELECT 1")]  # rows first
+    with pytest.raises(ValueError, match="not a row"):  # on the write pipe's next answer
+        rows.methods["expire"](5.0, None)
+    assert rows.methods["expire"](5.0, None) == "expired"  # once
+
+
+def test_rows_that_reach_the_most_bytes_go_in_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = _Engine()
+    rows = Deferred(engine, clock=lambda: 0.0)
+    monkeypatch.setattr(Deferred, "MOST_BYTES", 2 * len(_ROWS.encode(([1], []))))
+    rows.methods["insert"](_ROWS.encode(([1], [])))
+    assert engine.calls == []
+    rows.methods["insert"](_ROWS.encode(([2], [])))
+    assert engine.calls == [("insert", [1]), ("insert", [2])]
