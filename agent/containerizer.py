@@ -41,7 +41,7 @@ import attrs
 import psutil
 
 from dyad.processes import describe_exit as describe_process_exit
-from dyad.processes import signal_group
+from dyad.processes import leads_a_group, signal_group
 
 from agent import holder, sandbox_dirs, spawn, users
 from agent.held import HolderGone, HolderLink, run_key
@@ -458,10 +458,13 @@ class Containerizer:
 
     def _kill_everything(self, key: RunKey, run: _Run, root: int | None) -> None:
         """SIGKILL the run's group and every process known to be the run's. `root`
-        None: the leader is gone (and its pid may be reused), so only the cgroup
-        and the processes seen at the last sample count."""
+        None: the leader is reaped, so its pid may be reused: its group is
+        signalled unless that pid now leads a group (someone else's, as ours has
+        no leader), and otherwise only the cgroup and the processes seen at the
+        last sample count."""
         members = processes(self.isolator.pids(key, root)) + run.seen
-        self._signal_group(key, run, signal.SIGKILL)
+        if root is not None or not leads_a_group(run.pid):
+            self._signal_group(key, run, signal.SIGKILL)
         for process in members:
             try:
                 if process.is_running():  # checks the start time: no pid reuse

@@ -22,6 +22,16 @@ def describe_exit(returncode: int, subject: str) -> str:
     return f"{subject} terminated by signal {name}"
 
 
+def leads_a_group(pid: int) -> bool:
+    """Whether a live process `pid` leads its own process group. Asked of a
+    reaped leader's pid before signalling its group: if it is true, the pid was
+    reused by a new group's leader and the group of that number is not ours."""
+    try:
+        return os.getpgid(pid) == pid
+    except ProcessLookupError:
+        return False
+
+
 def signal_group(pgid: int, sig: signal.Signals) -> None:
     """Signal a whole process group; a group that is gone is not an error."""
     try:

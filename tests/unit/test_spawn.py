@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import psutil
 
 from agent import holder, spawn
-from agent.containerizer import Containerizer
+from agent.containerizer import Containerizer, _Run
 from agent.isolation import PosixIsolator
 from agent.model import LaunchExecutor, RunKey, RunSample
 from dyad.messages import CommandInfo
@@ -72,3 +73,41 @@ async def test_runs_ending_together_are_each_reported_once(tmp_path: Path) -> No
                                                       f"{n % 3}") for n in range(30)}
     assert containerizer.pids == []
     containerizer.close()
+
+
+def test_a_reaped_leaders_group_is_killed_unless_its_pid_now_leads_another(
+        tmp_path: Path) -> None:
+    """After a run's leader is reaped its pid may be reused: the leftovers of its
+    group are killed, but a new group led by that pid is left alone."""
+    containerizer = Containerizer(lambda *_: None, {"PATH": os.environ["PATH"]},
+                                  PosixIsolator(), work_dir=str(tmp_path))
+    # A leader that leaves a child behind in its group, and is reaped.
+    leader = subprocess.Popen(["sh", "-c", "sleep 30 & echo $!"], stdout=subprocess.PIPE,
+                              start_new_session=True)
+    left = psutil.Process(int(leader.stdout.readline()))  # type: ignore[union-attr]
+    leader.wait()
+    leader.stdout.close()  # type: ignore[union-attr]
+    # Someone else's group, led by a pid we pretend was our run's.
+    other = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        containerizer._kill_everything(("f", "e", "r1"), _Run(leader.pid, 0.0, None), None)
+        assert gone(left)
+        containerizer._kill_everything(("f", "e", "r2"), _Run(other.pid, 0.0, None), None)
+        assert other.poll() is None  # still running
+    finally:
+        other.kill()
+        other.wait()
+        containerizer.close()
+
+
+def gone(process: psutil.Process, within: float = 5.0) -> bool:
+    """Whether `process` ends (or is a zombie for its new parent to reap) in time."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.01)
+    return False
