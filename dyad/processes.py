@@ -25,7 +25,9 @@ def describe_exit(returncode: int, subject: str) -> str:
 def leads_a_group(pid: int) -> bool:
     """Whether a live process `pid` leads its own process group. Asked of a
     reaped leader's pid before signalling its group: if it is true, the pid was
-    reused by a new group's leader and the group of that number is not ours."""
+    reused, by a new group's leader (the group of that number is not ours) or,
+    as rarely, by a process forked within ours; either way the caller does not
+    signal the group, and kills only the processes it knows are the run's."""
     try:
         return os.getpgid(pid) == pid
     except ProcessLookupError:

@@ -23,7 +23,7 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -153,7 +153,7 @@ class Deferred:
     MOST_LAG = 5.0
     MOST_BYTES = 64 * 1024 * 1024
 
-    def __init__(self, engine: Any, clock: Any = time.monotonic) -> None:
+    def __init__(self, engine: Any, clock: Callable[[], float] = time.monotonic) -> None:
         self.engine = engine
         self._clock = clock
         self._decode = msgspec.msgpack.Decoder().decode
@@ -217,7 +217,7 @@ class Deferred:
 
 
 def _answer(conn: Connection, methods: dict[str, Any],
-            due: Any = lambda: None) -> None:
+            due: Callable[[], float | None] = lambda: None) -> None:
     """Serve calls on `conn`; between calls, `due` runs when it asked to."""
     while True:
         try:
