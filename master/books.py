@@ -33,16 +33,16 @@ from master.metrics import LATENCY_BOUNDS, Counters, Histogram, Window
 from master.model import (
     EMPTY, Allocate, CompletedFramework, Effect, FailoverTimeout, HeartbeatDue, MasterAgent,
     MasterConfig, MasterFramework, MasterTask, OfferTimeout, PersistRegistry,
-    UnreachableAgent, task_counter,
+    UnreachableAgent, UsageDue, task_counter,
 )
 from master.removals import RemovalLimiter
-from master.usage.schema import FORGET_ALL, TERMINAL_STATES, TaskEvent
-from master.usage_rows import SOURCES, RecordUsage, ToldTasks, task_facts, tuple_new
+from master.usage.schema import TERMINAL_STATES, EventItem, StateRow
+from master.usage_rows import RecordUsage, task_facts, tuple_new
 
-TASK_STATE_FIELDS = ("framework_id", "task_id", "state", "agent_id", "source", "reason")
-"""A `task_state` entry's fields in the events log, in order (`_task_event`)."""
-MASTER_STATE_FIELDS = (*TASK_STATE_FIELDS, "message")
-"""... and those of a status the master makes up (`_master_update`)."""
+TASK_STATE_FIELDS = StateRow._fields
+"""A `task_state` entry's fields in the events log, in order: its values are the
+`StateRow` the usage store is sent (`_task_event`, `_master_update`)."""
+USAGE_DUE = UsageDue()
 TASK_COUNTERS = {state.name: task_counter(state) for state in TaskState}
 """`task_counter` of each state, by name: made once, not once a task."""
 
@@ -99,8 +99,10 @@ class MasterBooks:
         self.allocation_seconds = Histogram(LATENCY_BOUNDS)
         self._now = start_time
         self._out: list[Effect] = []
-        self._told = ToldTasks()  # which tasks' facts the usage store has
-        self._usage_events: list[TaskEvent] = []  # this step's, for `_usage_out`
+        self._usage_events: list[EventItem] = []  # gathered for `_usage_out`
+        self._usage_items = 0  # of them, times and tasks' facts (not rows)
+        self._usage_at: float | None = None  # the time of the latest row
+        self._usage_due = 0.0  # when the gathered rows go at the latest
 
     # ============================================== effects and refusals
 
@@ -313,13 +315,13 @@ class MasterBooks:
         """A status the master makes up itself: no uuid, so no acknowledgement."""
         if state.is_terminal:
             self.counters.inc(task_counter(state))
-        self.events.record_values(self._now, "task_state", MASTER_STATE_FIELDS, (
-            framework.id, task_id, state._name_, agent_id, "master", reason, message))
+        task = (framework.tasks.get(task_id) or framework.unreachable_tasks.get(task_id)
+                or framework.completed.get(task_id))
+        row = (framework.id, task_id, state._name_, agent_id, "master", reason, message,
+               task.healthy if task else None)
+        self.events.record_values(self._now, "task_state", TASK_STATE_FIELDS, row)
         if self.config.record_usage:
-            task = (framework.tasks.get(task_id) or framework.unreachable_tasks.get(task_id)
-                    or framework.completed.get(task_id))
-            self._record_event(framework, task_id, task, state, "master", reason, message,
-                               agent_id)
+            self._usage_row(framework, task, row)
         self._to_framework(framework, Update(status=TaskStatus(
             task_id=task_id, state=state, reason=reason, message=message,
             source=Source.MASTER, agent_id=agent_id, executor_id=executor_id,
@@ -335,48 +337,58 @@ class MasterBooks:
     def _task_event(self, task: MasterTask, source: str, reason: str = "",
                     message: str = "") -> None:
         """Log `task`'s current state in the events log (and the usage store)."""
-        state = task.state
         # `_name_`: the member's name without the enum property's cost (three a task).
-        self.events.record_values(self._now, "task_state", TASK_STATE_FIELDS, (
-            task.framework_id, task.task_id, state._name_, task.agent_id, source, reason))
+        row = (task.framework_id, task.task_id, task.state._name_, task.agent_id, source,
+               reason, message, task.healthy)
+        self.events.record_values(self._now, "task_state", TASK_STATE_FIELDS, row)
         if self.config.record_usage:
             framework = self.frameworks.get(task.framework_id)
             if framework is not None:
-                self._record_event(framework, task.task_id, task, state, source, reason,
-                                   message, task.agent_id)
+                self._usage_row(framework, task, row)
 
-    def _record_event(self, framework: MasterFramework, task_id: str,
-                      task: MasterTask | None, state: TaskState, source: str, reason: str,
-                      message: str, agent_id: str) -> None:
-        """Queue the row of a state change, with the task's facts if the store
-        has not been told them; `_usage_out` makes this step's rows one
-        `RecordUsage` effect at its end. Built unchecked from the core's own
-        values, three rows a task: this is on the launch path."""
-        key = (framework.id, task_id)
-        agent = self.agents.get(agent_id)
-        told = self._told
-        facts = None
-        if told.must_tell(key, task, agent):
-            facts = task_facts(framework, agent, task, self._role_of(framework, agent_id))
-            if told.pending:
-                told.pending = False
-                self._usage_events.append(FORGET_ALL)
-        name = state._name_
-        if name in TERMINAL_STATES:
-            told.forget(key)
-        self._usage_events.append(tuple_new(TaskEvent, (
-            self._now, framework.id, task_id, name, reason, message, SOURCES.get(source, source),
-            task.healthy if task else None, facts)))
+    def _usage_row(self, framework: MasterFramework, task: MasterTask | None,
+                   row: tuple) -> None:
+        """Gather a state change for the usage store: the events log's own tuple
+        (laid out as a `StateRow`, but a plain tuple: one allocation), behind
+        its step's time and, on the task's first row since its record was made
+        or last ended, the task's facts. Three rows a task under a launch
+        flood: this is on the launch path, so a row costs an append, and a
+        task's facts are built once."""
+        events = self._usage_events
+        now = self._now
+        if now != self._usage_at:  # a step's first row
+            if not events:
+                self._usage_due = now + self.config.usage_batch
+                if self.config.usage_batch:
+                    self._arm(USAGE_DUE, self._usage_due)
+            events.append(float(now))
+            self._usage_items += 1
+            self._usage_at = now
+        if task is None or not task.usage_told:
+            agent_id = row[3]
+            events.append(task_facts(framework, self.agents.get(agent_id), row[1], task,
+                                     self._role_of(framework, agent_id)))
+            self._usage_items += 1
+            if task is not None:
+                task.usage_told = True
+        events.append(row)
+        if task is not None and row[2] in TERMINAL_STATES:
+            task.usage_told = False  # the store forgets it here
 
     def _usage_out(self) -> None:
-        """End of a step: its task events, queued by `_record_event`, as one
-        `RecordUsage` after its other effects (an Accept of many launches, or the
-        master's updates of many tasks, is one effect, not one a task)."""
+        """The rows gathered by `_usage_row` as one `RecordUsage`, after the
+        step's other effects: at the end of the first step `usage_batch` after
+        the first of them, or when `UsageDue` fires, so a launch flood hands the
+        store a few large batches, not one a step. A step that raised leaves its
+        rows here for a later step: what they record did happen."""
         events = self._usage_events
         if events:
-            self.counters.inc("master/usage_events", len(events) - events.count(FORGET_ALL))
-            self._out.append(tuple_new(RecordUsage, ((), events)))
+            rows = len(events) - self._usage_items
+            self.counters.inc("master/usage_events", rows)
+            self._out.append(tuple_new(RecordUsage, ((), events, rows)))
             self._usage_events = []
+            self._usage_items = 0
+            self._usage_at = None
 
     def _role_of(self, framework: MasterFramework, agent_id: str) -> str:
         """The role the framework's resources on the agent are charged to (its

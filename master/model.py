@@ -76,6 +76,9 @@ class MasterConfig:
     # Emit `RecordUsage` rows for the usage store (master/usage_rows.py); the shell
     # sets it when it has a store, so without one the core builds no rows.
     record_usage: bool = False
+    # Seconds the core gathers task events before it hands them over as one
+    # `RecordUsage` (`UsageDue`); 0: at the end of every step.
+    usage_batch: float = 0.05
     # Offer what agents lend (master/revocable.py) to frameworks that opt in.
     oversubscription: bool = True
     preemption: PreemptionConfig = PreemptionConfig()  # master/preempting.py; off by default
@@ -133,6 +136,11 @@ class RemovalDue(TimerKey):
 
 
 @attrs.frozen
+class UsageDue(TimerKey):
+    """The task events gathered for the usage store go (`MasterConfig.usage_batch`)."""
+
+
+@attrs.frozen
 class Received:
     peer: str
     message: Message
@@ -180,6 +188,7 @@ class MasterTask:
     usage: dict[str, Any] | None = None  # latest UsageReport of its executor
     priority: int = 100  # dyad/priority.py
     revocable: bool = False  # runs on revocable resources: not in `used`, DRF or quota
+    usage_told: bool = False  # the usage store has its facts (master.books._usage_row)
 
 
 @attrs.define(eq=False)

@@ -719,7 +719,7 @@ class MasterServer:
                 self._held.append(effect)
         elif isinstance(effect, RecordUsage):
             if self.usage is not None:  # None only while stopping
-                self.usage.store.submit(effect.samples, effect.events)
+                self.usage.store.submit(effect.samples, effect.events, effect.rows)
         elif isinstance(effect, PersistRegistry):
             self._registry_dirty.set()  # no registry (tests): nothing persists
         elif isinstance(effect, Reply):

@@ -75,7 +75,7 @@ from master.authorization import FORBIDDEN_COUNTER, Authorizer
 from master.model import (
     EMPTY, Allocate, AllocationTimed, Effect, Event, FailoverTimeout, HeartbeatDue,
     InvalidFrame, MasterAgent, MasterConfig, MasterFramework, OfferTimeout, PingDue,
-    Received, RemovalDue, ReregisterTimeout, roles_problem,
+    Received, RemovalDue, ReregisterTimeout, UsageDue, roles_problem,
 )
 from master.operator import (
     CONFLICT, FORBIDDEN, INVALID, NOT_FOUND, DrainMachine, KillLiveTask, MalformedCall, OperatorCall,
@@ -125,9 +125,6 @@ class MasterState(PreemptionHandlers, AgentHandlers, AckHandlers):
         """Apply one event at time `now`; return what the shell must do, in order."""
         self._now = now
         self._out = []
-        if self._usage_events:  # a failed step's: they went with its effects, and
-            self._usage_events.clear()  # the store must hear the facts they told again
-            self._told.forget_all()
         self._persist_pending = False
         if self._allocate_at is None:
             self._arm_allocation(now + self.config.allocation_interval)
@@ -162,7 +159,8 @@ class MasterState(PreemptionHandlers, AgentHandlers, AckHandlers):
             raise TypeError(f"MasterState cannot handle {event!r}")
         if len(self.admission):
             self._send_offers_by_framework(self.admission.release(now))
-        self._usage_out()
+        if self._usage_events and now >= self._usage_due:
+            self._usage_out()
         out, self._out = self._out, []
         return out
 
@@ -690,6 +688,8 @@ class MasterState(PreemptionHandlers, AgentHandlers, AckHandlers):
                 self._recovery_timed_out()
             case RemovalDue():
                 self._removal_due()
+            case UsageDue():
+                self._usage_out()
             case _:
                 raise UnknownTimer("MasterState", key)
 

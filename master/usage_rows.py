@@ -19,14 +19,18 @@ Rules worth knowing when reading the store:
 - the agent reports throttled time cumulatively; rows hold the change since the
   previous report of the same executor (the first report after a launch, or after
   a master failover, counts from the executor's start);
-- an event row carries its task's facts (`TaskFacts`) only when the store has
-  not been told them (`ToldTasks`); the store joins them to the task's later
-  rows. So a task's events share the role its first row in this master was
-  charged to, and its agent's registration and record as they were then, until
-  either is replaced (the next row carries them afresh);
+- state changes go as an events stream (`master.usage.schema.EventItem`): each
+  is the very tuple the events log keeps for it (`StateRow`), and a task's
+  facts (`TaskFacts`) go once, ahead of its first row this master sends (the
+  task record's `usage_told`); the store joins them to the task's later rows.
+  So a task's events share the role its first row in this master was charged
+  to, and its agent's registration then (a record never changes agent, and an
+  agent's registration is kept until the agent is removed, whose tasks come
+  back as new records);
 - `priority` and `revocable` are the task's (dyad/priority.py, master/revocable.py);
 - `app` is the service app (`DYAD_APP_ID`) or batch job (`DYAD_JOB_ID`) label;
-- `source` is the wire's (`SOURCE_MASTER`, `SOURCE_AGENT`, `SOURCE_EXECUTOR`).
+- `source` is the wire's (`SOURCE_MASTER`, `SOURCE_AGENT`, `SOURCE_EXECUTOR`;
+  the store maps the log's short names).
 """
 
 from __future__ import annotations
@@ -36,18 +40,15 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import attrs
 
-from dyad.messages import ExecutorUsage, Source, UsageReport
-from master.usage.schema import TASKS_TOLD, Dimensions, TaskEvent, TaskFacts, UsageSample
+from dyad.messages import ExecutorUsage, UsageReport
+from master.usage.schema import Dimensions, EventItem, TaskFacts, UsageSample
 
 if TYPE_CHECKING:
+    from dyad.resources import Resources
     from master.model import MasterAgent, MasterFramework, MasterTask
 
 APP_LABELS = ("DYAD_APP_ID", "DYAD_JOB_ID")
 MIB = 2 ** 20
-SOURCES = {"master": Source.MASTER, "agent": Source.AGENT, "executor": Source.EXECUTOR}
-"""The events log's short names for who made a status; the store keeps the wire's
-(others as they are)."""
-
 tuple_new = tuple.__new__
 """Builds a row type (a named tuple) from values unchecked: the core's own values."""
 
@@ -58,10 +59,12 @@ RoleOf = Callable[["MasterFramework", str], str]
 class RecordUsage(NamedTuple):
     """Append these rows to the usage store (the shell never waits for it). A
     named tuple, not an attrs class: a step with task events makes one, and a
-    launch flood makes two or three a task (the core builds it with `tuple_new`)."""
+    launch flood makes two or three a task (the core builds it with `tuple_new`).
+    `rows`: how many of `events` are state rows (the core counts them anyway)."""
 
     samples: Sequence[UsageSample] = ()
-    events: Sequence[TaskEvent] = ()
+    events: Sequence[EventItem] = ()
+    rows: int = 0
 
 
 @attrs.frozen
@@ -82,77 +85,54 @@ def app_of(labels: Mapping[str, str]) -> str:
     return ""
 
 
-def task_facts(framework: MasterFramework, agent: MasterAgent | None,
-               task: MasterTask | None, role: str) -> TaskFacts:
-    """What a task's rows share: its agent (the agent's current registration),
-    labels, priority and allocation (0 without a record: a launch refused before
-    the master made one), and `role`."""
+def task_facts(framework: MasterFramework, agent: MasterAgent | None, task_id: str,
+               task: MasterTask | None, role: str) -> tuple:
+    """What a task's rows share, laid out as `TaskFacts`: its agent's
+    registration, labels, priority and allocation (0 without a record: a launch
+    refused before the master made one), and `role`. A plain tuple, with None
+    for an empty map (most tasks and agents have none): the collector stops
+    tracking such a tuple at its first pass, and the usage store holds a
+    flood's facts for a while (`master.usage.store.UsageStore`)."""
     if task is None:
-        labels: dict[str, str] = {}
+        labels = None
         priority, revocable, cpus, mem_bytes = 0, False, 0.0, 0
     else:
-        labels, priority, revocable = task.labels, task.priority, task.revocable
-        totals = task.resources.scalar_items()  # one pass, not one a name
-        cpus = totals.get("cpus", 0) / 1000
-        mem_bytes = totals.get("mem", 0) * MIB // 1000
+        labels, priority, revocable = task.labels or None, task.priority, task.revocable
+        cpus, mem_bytes = _sizes(task.resources)
     if agent is not None:
-        agent_id, hostname, attributes = agent.id, agent.info.hostname, agent.info.attributes
+        hostname, attributes = agent.info.hostname, agent.info.attributes or None
     else:
-        agent_id, hostname, attributes = (task.agent_id if task else ""), "", {}
-    return tuple_new(TaskFacts, (role, app_of(labels), agent_id, hostname, attributes, labels,
-                                  priority, revocable, cpus, mem_bytes))
+        hostname, attributes = "", None
+    return (framework.id, task_id, role, app_of(labels) if labels else "", hostname,
+            attributes, labels, priority, revocable, cpus, mem_bytes)
+
+
+_last_sizes: list = [None, 0.0, 0]
+"""The last `Resources` `_sizes` was asked of, and its answer: under a launch
+flood, tasks alike share one `Resources` (dyad/codec.py keeps decoded values),
+and summing its scalars was a third of what a task's facts cost. A memo of a
+pure function of an immutable value: never a wrong answer, whoever asks."""
+
+
+def _sizes(resources: Resources) -> tuple[float, int]:
+    """cpus and mem bytes of `resources`, over all roles."""
+    memo = _last_sizes
+    if memo[0] is not resources:
+        totals = resources.scalar_items()  # one pass, not one a name
+        memo[:] = resources, totals.get("cpus", 0) / 1000, totals.get("mem", 0) * MIB // 1000
+    return memo[1], memo[2]
 
 
 def dimensions(task_id: str, framework: MasterFramework, agent: MasterAgent | None,
                task: MasterTask | None, role: str) -> Dimensions:
     """A sample's dimensions: the same facts as its task's events have."""
-    facts = task_facts(framework, agent, task, role)
+    facts = TaskFacts(*task_facts(framework, agent, task_id, task, role))
+    agent_id = agent.id if agent is not None else (task.agent_id if task else "")
     return Dimensions(task_id=task_id, framework_id=framework.id, role=role, app=facts.app,
-                      agent_id=facts.agent_id, hostname=facts.hostname,
-                      agent_attributes=facts.agent_attributes, labels=facts.labels,
-                      priority=facts.priority, revocable=facts.revocable)
-
-
-class ToldTasks:
-    """Which tasks' facts the usage store has been sent (the master's half of
-    `master.usage.schema.KnownTasks`), so that a task's events after its first
-    carry only its ids and state (issue 19: building and sending every event's
-    dimensions was most of what the store cost the master under a launch flood,
-    three events a task). A task's facts are sent again when what they came
-    from is not the very same: the task's record, or its agent's registration.
-    The role is the one the task's first row was charged to.
-
-    Both halves forget a task after its terminal row, and everything at a
-    `FORGET_ALL` row, which `forget_all` asks the caller to send (`pending`):
-    at the bound `most`, or when a failed step's rows were lost."""
-
-    def __init__(self, most: int = TASKS_TOLD) -> None:
-        self.most = most
-        self.pending = False  # a `FORGET_ALL` row must go before the next row
-        self._told: dict[tuple[str, str], tuple[object, object]] = {}
-
-    def __len__(self) -> int:
-        return len(self._told)
-
-    def must_tell(self, key: tuple[str, str], task: MasterTask | None,
-                  agent: MasterAgent | None) -> bool:
-        """Whether this row must carry the task's facts; if so they count as told
-        from now on (one call a row: this is on the master's launch path)."""
-        info = agent.info if agent is not None else None
-        told = self._told.get(key)
-        if told is not None and told[0] is task and told[1] is info:
-            return False
-        if len(self._told) >= self.most:
-            self.forget_all()
-        self._told[key] = (task, info)
-        return True
-
-    def forget(self, key: tuple[str, str]) -> None:
-        self._told.pop(key, None)
-
-    def forget_all(self) -> None:
-        self._told.clear()
-        self.pending = True
+                      agent_id=agent_id, hostname=facts.hostname,
+                      agent_attributes=facts.agent_attributes or {},
+                      labels=facts.labels or {}, priority=facts.priority,
+                      revocable=facts.revocable)
 
 
 def usage_samples(report: UsageReport, agent: MasterAgent,

@@ -5,15 +5,16 @@ for a retention period and answerable with SQL (docs/usage-store.md).
 is the blocking store behind it, `DuckDBEngine` the one we ship."""
 
 from master.usage.schema import (
-    EVENT_COLUMNS, TABLES, USAGE_COLUMNS, Dimensions, TaskEvent, UsageSample)
+    EVENT_COLUMNS, TABLES, USAGE_COLUMNS, Dimensions, EventItem, UsageSample, event_items)
 from master.usage.store import (
     Engine, Expired, QueryBusy, QueryError, QueryRefused, QueryResult, QueryTimeout,
     StoreConfig, UsageStore)
 
 __all__ = [
     "EVENT_COLUMNS", "TABLES", "USAGE_COLUMNS", "Dimensions", "DuckDBEngine", "Engine",
+    "EventItem",
     "Expired", "QueryBusy", "QueryError", "QueryRefused", "QueryResult", "QueryTimeout",
-    "StoreConfig", "TaskEvent", "UsageSample", "UsageStore", "read_only_statement",
+    "StoreConfig", "UsageSample", "UsageStore", "event_items", "read_only_statement",
 ]
 
 

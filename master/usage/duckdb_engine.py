@@ -30,8 +30,7 @@ import duckdb
 import numpy as np
 
 from master.usage.schema import (
-    EVENT_COLUMNS, TABLES, TASKS_TOLD, USAGE_COLUMNS, KnownTasks, TaskEvent, UsageSample,
-    usage_values)
+    EVENT_COLUMNS, TABLES, USAGE_COLUMNS, EventItem, KnownTasks, UsageSample, usage_values)
 from master.usage.store import (
     Expired, QueryError, QueryRefused, QueryResult, QueryTimeout)
 
@@ -113,20 +112,20 @@ class DuckDBEngine:
         self._db.execute("SET lock_configuration = true")
         self._usage_sql = _insert_sql("task_usage", USAGE_COLUMNS)
         self._event_sql = _insert_sql("task_events", EVENT_COLUMNS)
-        self.tasks = KnownTasks(most=2 * TASKS_TOLD)  # beyond the master's: a bound on loss only
+        self.tasks = KnownTasks()
         self._reader = self._db.cursor()
         self._querying = threading.Lock()
         self._closed = False
 
     # -- writer thread ----------------------------------------------------------------
 
-    def insert(self, samples: Sequence[UsageSample], events: Sequence[TaskEvent]) -> None:
+    def insert(self, samples: Sequence[UsageSample], events: Sequence[EventItem]) -> None:
         self.insert_values([usage_values(s) for s in samples], events)
 
-    def insert_values(self, samples: list[tuple], events: Sequence[TaskEvent]) -> None:
+    def insert_values(self, samples: list[tuple], events: Sequence[EventItem]) -> None:
         """`insert` of samples already turned into values (`usage_values`): what
-        the store's own process is sent. Events are joined to their tasks' facts
-        here (`KnownTasks`), in the order they came."""
+        the store's own process is sent. The events stream's rows are joined to
+        their tasks' facts here (`KnownTasks`), in the order they came."""
         if samples:
             self._insert(self._usage_sql, USAGE_COLUMNS, samples)
         rows = self.tasks.values(events)

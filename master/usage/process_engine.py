@@ -4,9 +4,10 @@ Why: in the master's process the store cost a quarter of the master's CPU under 
 launch flood (DuckDB converting the Python lists it is handed runs under the GIL,
 and its inserts on the master's cores), and the master's one event loop is what
 bounds its throughput (docs/operations.md). Here the master's writer thread only
-turns samples into plain tuples and sends them and the events (tuples already)
-down a pipe as msgpack; the child joins events to their tasks' facts, builds the
-columns and runs DuckDB, once a burst of rows is over (`Deferred`).
+turns samples into plain tuples and sends them and the events stream (tuples
+already) down a pipe as msgpack; the child joins state rows to their tasks'
+facts, builds the columns and runs DuckDB, once a burst of rows is over
+(`Deferred`).
 
 Two pipes, one per caller thread (`UsageStore` writes from one thread and queries
 from another, and an engine must let the two overlap); the child serves each pipe
@@ -29,7 +30,7 @@ from typing import Any
 
 import msgspec
 
-from master.usage.schema import TaskEvent, UsageSample, usage_values
+from master.usage.schema import EventItem, UsageSample, usage_values
 from master.usage.store import Expired, QueryError, QueryResult
 
 CLOSE_WAIT = 5.0  # seconds the child gets to close its database before it is killed
@@ -49,11 +50,12 @@ call). A query waits its own time limit (the child interrupts it then) and this.
 
 
 _ROWS = msgspec.msgpack.Encoder()
-"""Rows go down the pipe as msgpack, not pickle: a `TaskEvent` pickles through a
-Python-level `__getnewargs__` (2.0 µs an event, measured with
-`multiprocessing.reduction.ForkingPickler`; msgspec 0.1 µs), and the writer
-thread shares the master's GIL. The child reads tuples back as lists, which
-`DuckDBEngine.insert_values` takes alike."""
+"""Rows go down the pipe as msgpack, not pickle: the writer thread shares the
+master's GIL, and msgspec packs a batch of plain tuples in C (0.1 µs an event;
+the named tuples the rows once were pickled through a Python-level
+`__getnewargs__`, 2.0 µs, measured with `multiprocessing.reduction.ForkingPickler`).
+The child reads tuples back as lists, which `DuckDBEngine.insert_values` takes
+alike."""
 
 
 class EngineFailed(Exception):
@@ -76,8 +78,8 @@ class ProcessEngine:
         self._closed = False
         self.answer_wait = ANSWER_WAIT
 
-    def insert(self, samples: Sequence[UsageSample], events: Sequence[TaskEvent]) -> None:
-        # Events go as they are: the child joins them to their tasks' facts.
+    def insert(self, samples: Sequence[UsageSample], events: Sequence[EventItem]) -> None:
+        # The events stream goes as it is: the child joins rows to their tasks' facts.
         self._call(self._writes, "insert", _ROWS.encode(
             ([usage_values(s) for s in samples], events)))
 

@@ -6,13 +6,14 @@ dimensions, so any group-by needs no join):
 - `task_usage`: one row per usage sample of a task's executor;
 - `task_events`: one row per task state change.
 
-Rows are plain frozen values built by the master core from what it already knows
-(the agent's `UsageReport`, its own task, framework and agent records). A sample
-carries its `Dimensions`; an event carries its task's `TaskFacts` only when the
-store has not heard them, and the store joins them to the task's later events
-(`KnownTasks`): a table stays wide, and the master builds and sends a task's
-dimensions once, not once an event. Times are seconds since the epoch (floats);
-the store keeps them as UTC `TIMESTAMP`s.
+Rows are plain values built by the master core from what it already knows (the
+agent's `UsageReport`, its own task, framework and agent records). A sample
+carries its `Dimensions`; state changes come as an events stream (`EventItem`):
+each change is the tuple the master's events log keeps for it (`StateRow`), and
+a task's `TaskFacts` come once, ahead of its first row, for the store to join to
+the task's later rows (`KnownTasks`): a table stays wide, and the master builds
+one tuple an event and a task's dimensions once. Times are seconds since the
+epoch (floats); the store keeps them as UTC `TIMESTAMP`s.
 """
 
 from __future__ import annotations
@@ -92,15 +93,19 @@ class UsageSample:
 
 
 class TaskFacts(NamedTuple):
-    """What a task's event rows share (every `Dimensions` column but the task's
-    own ids, and its allocation): sent with the first row of a task that the
-    store has not heard of, and joined to its later rows by the store
-    (`KnownTasks`), so the master makes and sends these once a task, not once an
-    event. The maps are the master's own (str to str)."""
+    """What a task's event rows share (every `Dimensions` column but the agent's
+    id, which each state row carries, and the task's allocation): an item of
+    the events stream ahead of the first state row of a task that the store has
+    not heard of; the store joins them to the task's later rows (`KnownTasks`),
+    so the master makes and sends these once a task, not once an event. The
+    stream carries them as plain tuples in this layout (the collector stops
+    tracking a plain tuple of plain values; a named tuple it tracks for ever),
+    with the master's own maps (str to str), or None for an empty one."""
 
+    framework_id: str
+    task_id: str
     role: str
     app: str
-    agent_id: str
     hostname: str
     agent_attributes: dict[str, str]
     labels: dict[str, str]
@@ -110,101 +115,132 @@ class TaskFacts(NamedTuple):
     mem_bytes: int  # asked of the store alone
 
 
-class TaskEvent(NamedTuple):
-    """A task changed state: one `task_events` row once the store has joined it
-    to its task's facts. `facts` is None when the store already holds them
-    (`KnownTasks`).
+class StateRow(NamedTuple):
+    """A task changed state: the layout of the master's `task_state` entry in its
+    events log (master/events.py). The stream carries that very tuple, a plain
+    one (a named tuple would cost the master a second allocation an event), so
+    the master builds one tuple an event for both. `source` is the log's short
+    name ("master", "agent", "executor"); the store writes the wire's
+    (`SOURCES`)."""
 
-    A plain tuple (issue 19: the master makes three a task under a launch flood,
-    and an attrs instance with validators cost it ten times a tuple). The master
-    core makes its own unchecked, from values it built itself (its clock, a
-    launched task's record); tools and tests make them with `of`, which checks
-    the numbers as the other rows do."""
-
-    at: float
     framework_id: str
     task_id: str
-    state: str  # "" only in `FORGET_ALL`
+    state: str
+    agent_id: str
+    source: str
     reason: str = ""
     message: str = ""
-    source: str = ""
     healthy: bool | None = None
-    facts: TaskFacts | None = None
-
-    @classmethod
-    def of(cls, at: float, who: Dimensions, state: str, reason: str = "",
-           message: str = "", source: str = "", healthy: bool | None = None,
-           cpus: float = 0.0, mem_bytes: int = 0) -> TaskEvent:
-        """The event, checked, carrying `who`'s facts."""
-        _check_time("at", at)
-        _check_finite_nonnegative("cpus", cpus)
-        _check_finite_nonnegative("mem_bytes", mem_bytes)
-        if not state:
-            raise ValueError("an event needs a state")
-        return cls(at, who.framework_id, who.task_id, state, reason, message, source, healthy,
-                   TaskFacts(who.role, who.app, who.agent_id, who.hostname,
-                             who.agent_attributes, who.labels, who.priority, who.revocable,
-                             cpus, mem_bytes))
 
 
-TASKS_TOLD = 100_000
-"""Tasks whose facts the master's `ToldTasks` keeps at most (a task's are
-dropped after its terminal row); past it, both halves forget all."""
+EventItem = float | tuple
+"""The events stream the store is sent, in the order the master made it
+(issue 19: three state changes a task under a launch flood, so the master must
+do as little as it can for each):
 
-FORGET_ALL = TaskEvent(0.0, "", "", "")
-"""Not a row: the store forgets every task's facts here (the master forgot
-what it had told it: its bound, or a failed step's rows lost)."""
+- a time (float, seconds since the epoch): the following state rows happened
+  then (the master sends one a step, not one a row);
+- a task's facts (a plain tuple laid out as `TaskFacts`), before its first
+  state row the store has not heard of;
+- a state row (a plain tuple laid out as `StateRow`): one `task_events` row
+  once joined to its task's facts.
+
+Sent as msgpack, tuples arrive as lists, so items are told apart by type and
+length (`is_state_row`)."""
+
+SOURCES = {"master": "SOURCE_MASTER", "agent": "SOURCE_AGENT", "executor": "SOURCE_EXECUTOR"}
+"""The events log's short names for who made a status, and the wire's, which the
+store keeps (others as they are)."""
+
+
+def event_items(at: float, who: Dimensions, state: str, reason: str = "", message: str = "",
+                source: str = "", healthy: bool | None = None, cpus: float = 0.0,
+                mem_bytes: int = 0) -> list[EventItem]:
+    """One state change as the events stream carries it, with `who`'s facts,
+    checked as the other rows are: for tools and tests (the master core makes its
+    own unchecked, from values it built itself)."""
+    _check_time("at", at)
+    _check_finite_nonnegative("cpus", cpus)
+    _check_finite_nonnegative("mem_bytes", mem_bytes)
+    if not state:
+        raise ValueError("an event needs a state")
+    return [float(at),
+            (who.framework_id, who.task_id, who.role, who.app, who.hostname,
+             who.agent_attributes, who.labels, who.priority, who.revocable, cpus, mem_bytes),
+            (who.framework_id, who.task_id, state, who.agent_id, source, reason, message,
+             healthy)]
+
+
+TASKS_KNOWN = 200_000
+"""Tasks whose facts `KnownTasks` keeps at most: only a bound against rows that
+were lost (the master forgets nothing; a task whose terminal row was dropped
+would otherwise stay for ever). Past it, the one told longest ago goes first."""
+
+STATE_ROW_LENGTH = len(StateRow._fields)
+
+
+def is_state_row(item: EventItem) -> bool:
+    """Whether an events stream item is a state row (not a time or facts)."""
+    return type(item) is not float and len(item) == STATE_ROW_LENGTH  # type: ignore[arg-type]
 
 TERMINAL_STATES = frozenset(state.name for state in TaskState if state.is_terminal)
 """A task's facts are forgotten after its row in one of these states. Names, not
 members: a str's hash is kept, an enum member's is computed in Python each time
 it is looked up (the master checks every event's state)."""
 
-NO_FACTS = TaskFacts("", "", "", "", {}, {}, 0, False, 0.0, 0)
-"""The facts of a row whose task the store was never told of (its first rows
-were dropped, or failed to write): only its ids are known."""
-
 
 class KnownTasks:
-    """The store's half of the master's `master.usage_rows.ToldTasks`: each task's
-    facts from the row that carried them, until its row in a terminal state or a
-    `FORGET_ALL`. Fed every row in the order the master made them, it holds what
-    the master believes it holds, so `values` gives each row the `Dimensions`
-    the master would have built for it. `most` is only a bound against rows
-    that were lost (a dropped terminal row leaves its facts here until the next
-    `FORGET_ALL`)."""
+    """The store's half of the task facts the master sends once a task
+    (`master.books.MasterBooks._usage_row`): each task's facts from the item
+    that carried them, until its row in a terminal state. Fed the events
+    stream in the order the master made it, it holds what the master believes
+    it holds, so `values` gives each row the `Dimensions` the master would
+    have built for it. A row of a task whose facts never came (lost) is written
+    with only its ids, agent and state, and counted (`unknown`)."""
 
-    def __init__(self, most: int) -> None:
+    def __init__(self, most: int = TASKS_KNOWN) -> None:
         self.most = most
-        self.unknown = 0  # rows written with `NO_FACTS`
-        self._facts: dict[tuple[str, str], TaskFacts] = {}
+        self.unknown = 0
+        self._facts: dict[tuple[str, str], tuple] = {}
 
     def __len__(self) -> int:
         return len(self._facts)
 
-    def values(self, events: Sequence[TaskEvent]) -> list[tuple]:
+    def values(self, items: Sequence[EventItem]) -> list[tuple]:
         """The rows' values in `EVENT_COLUMNS` order (`ts` as epoch seconds)."""
         known = self._facts
+        sources = SOURCES
+        at = 0.0
         out: list[tuple] = []
-        for at, framework_id, task_id, state, reason, message, source, healthy, facts in events:
-            if not state:  # FORGET_ALL
-                known.clear()
+        for item in items:
+            if type(item) is float:
+                at = item
                 continue
+            if len(item) != STATE_ROW_LENGTH:  # a task's facts (`is_state_row`)
+                key = (item[0], item[1])
+                if known.pop(key, None) is None and len(known) >= self.most:
+                    del known[next(iter(known))]
+                if item[5] is None or item[6] is None:  # no attributes, no labels
+                    item = (*item[:5], item[5] or {}, item[6] or {}, *item[7:])
+                known[key] = item
+                continue
+            framework_id, task_id, state, agent_id, source, reason, message, healthy = item
             key = (framework_id, task_id)
-            if facts is not None:
-                if len(known) >= self.most:
-                    known.clear()
-                known[key] = facts
-            else:
-                facts = known.get(key)
-                if facts is None:
-                    facts = NO_FACTS
-                    self.unknown += 1
+            facts = known.get(key)
+            if facts is None:
+                facts = NO_FACTS
+                self.unknown += 1
             if state in TERMINAL_STATES:
                 known.pop(key, None)
-            out.append((at, task_id, framework_id, *facts[:8], state, reason, message, source,
-                        healthy, facts[8], facts[9]))
+            out.append((at, task_id, framework_id, facts[2], facts[3], agent_id, *facts[4:9],
+                         state, reason, message, sources.get(source, source), healthy,
+                         facts[9], facts[10]))
         return out
+
+
+NO_FACTS = TaskFacts("", "", "", "", "", {}, {}, 0, False, 0.0, 0)
+"""The facts of a row whose task the store was never told of (its first rows
+were dropped, or failed to write): only its ids are known."""
 
 
 DIMENSION_COLUMNS = (

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from master.usage.schema import TaskEvent, UsageSample
+from master.usage.schema import EventItem, UsageSample, is_state_row
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class StoreConfig:
     max_waiting_queries: int = attrs.field(default=4, validator=attrs.validators.ge(0))
     # Inserts start at most this often, so a flood of state changes becomes a few
     # large inserts rather than many small ones (each costs the master CPU).
-    batch_interval: float = attrs.field(default=0.2, validator=attrs.validators.ge(0))
+    batch_interval: float = attrs.field(default=0.05, validator=attrs.validators.ge(0))
     seed: int = 0  # sampling is seeded, so a replay samples the same rows
 
 
@@ -104,7 +104,7 @@ class Engine(Protocol):
     """A blocking store. `insert` and `expire` are called from one writer thread,
     `query` from one query thread; an engine must allow the two to overlap."""
 
-    def insert(self, samples: Sequence[UsageSample], events: Sequence[TaskEvent]) -> None: ...
+    def insert(self, samples: Sequence[UsageSample], events: Sequence[EventItem]) -> None: ...
 
     def expire(self, older_than: float, max_rows: int | None) -> Expired: ...
 
@@ -124,7 +124,8 @@ class UsageStore:
         self._writer = concurrent.futures.ThreadPoolExecutor(1, "usage-writer")
         self._reader = concurrent.futures.ThreadPoolExecutor(1, "usage-query")
         self._samples: list[UsageSample] = []
-        self._events: list[TaskEvent] = []
+        self._events: list[EventItem] = []
+        self._rows = 0  # state rows in `_events`
         self._drain: asyncio.Task[None] | None = None
         self._waiting = 0
         self._last_insert = -math.inf  # loop time the latest insert started
@@ -136,24 +137,28 @@ class UsageStore:
     # -- ingestion (from the event loop, never waits) ---------------------------------
 
     def submit(self, samples: Iterable[UsageSample] = (),
-               events: Iterable[TaskEvent] = ()) -> bool:
+               events: Iterable[EventItem] = (), rows: int | None = None) -> bool:
         """Buffer rows for the writer; False if the buffer was full and they were
-        dropped (all but the events that carry a task's facts). Called once a
+        dropped (all but the events stream's times and tasks' facts). `rows`:
+        how many of `events` are state rows (None: count them). Called once a
         master step with task events, so it copies nothing it need not."""
         kept = self._sample(samples) if samples else []
         if not isinstance(events, list):
             events = list(events)
+        if rows is None:
+            rows = sum(map(is_state_row, events))
         accepted = True
         if len(self._samples) + len(self._events) + len(kept) + len(events) \
                 > self.config.max_buffered:
-            # Full: drop, but keep the rows that tell the store a task's facts (one
-            # a task) and `FORGET_ALL`, so the task's later rows still join.
-            telling = [e for e in events if e[8] is not None or not e[3]]
-            self.stats["dropped"] += len(kept) + len(events) - len(telling)
-            kept, events, accepted = [], telling, False
+            # Full: drop the state rows, but keep the tasks' facts (one a task)
+            # and the times, so the tasks' later rows still join.
+            telling = [e for e in events if not is_state_row(e)]
+            self.stats["dropped"] += len(kept) + rows
+            kept, events, rows, accepted = [], telling, 0, False
         if kept:
             self._samples += kept
         self._events += events
+        self._rows += rows
         drain = self._drain
         if drain is None or drain.done():
             self._drain = asyncio.get_running_loop().create_task(self._write())
@@ -180,6 +185,7 @@ class UsageStore:
             self._last_insert = loop.time()
             samples, self._samples = self._samples, []
             events, self._events = self._events, []
+            rows, self._rows = self._rows, 0
             try:
                 await loop.run_in_executor(self._writer, self.engine.insert, samples, events)
             except Exception:  # the engine's failure must not stop ingestion
@@ -188,7 +194,7 @@ class UsageStore:
                               len(samples), len(events))
                 continue
             self.stats["samples"] += len(samples)
-            self.stats["events"] += len(events)
+            self.stats["events"] += rows
 
     async def flush(self) -> None:
         """Wait until every row submitted so far is written (or failed)."""
@@ -196,7 +202,7 @@ class UsageStore:
             await asyncio.shield(self._drain)
 
     async def record(self, samples: Iterable[UsageSample] = (),
-                     events: Iterable[TaskEvent] = ()) -> bool:
+                     events: Iterable[EventItem] = ()) -> bool:
         """`submit`, then wait for the write: for tests and tools, not the hot path."""
         accepted = self.submit(samples, events)
         await self.flush()

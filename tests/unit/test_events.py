@@ -87,9 +87,8 @@ def test_the_masters_task_entries_name_every_field_in_order() -> None:
     staging, error, running = [e.to_json() for e in h.state.events.since(0)
                                if e.kind == "task_state"]
     base = ["seq", "time", "type", "framework_id", "task_id", "state", "agent_id", "source",
-            "reason"]
-    assert list(staging) == base and list(running) == base
-    assert list(error) == [*base, "message"]  # a status the master made up
+            "reason", "message", "healthy"]
+    assert list(staging) == base and list(running) == base and list(error) == base
     assert (staging["task_id"], staging["state"], staging["agent_id"], staging["source"],
             staging["reason"]) == ("t1", "TASK_STAGING", agent, "master", "")
     assert (running["state"], running["source"]) == ("TASK_RUNNING", "agent")

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from master.usage import (
-    QueryError, QueryRefused, QueryTimeout, StoreConfig, TaskEvent, UsageStore)
+    QueryError, QueryRefused, QueryTimeout, StoreConfig, UsageStore)
 from master.usage.duckdb_engine import DuckDBEngine
 from master.usage.process_engine import _ROWS, NICENESS, Deferred, EngineFailed, ProcessEngine
-from tests.unit.test_usage_store import JOB, T0, WEB, event, sample
+from tests.unit.test_usage_store import JOB, T0, WEB, event, later, sample
 
 
 @pytest.fixture(scope="module")
@@ -26,13 +26,13 @@ def engine() -> Iterator[ProcessEngine]:
 
 def test_rows_written_there_are_answered_here(engine: ProcessEngine) -> None:
     engine.insert([sample(T0 + i, WEB) for i in range(10)] + [sample(T0, JOB, cpus=2.0)],
-                  [event(T0, WEB, "TASK_RUNNING"), event(T0 + 1, JOB, "TASK_FINISHED")])
+                  [*event(T0, WEB, "TASK_RUNNING"), *event(T0 + 1, JOB, "TASK_FINISHED")])
     result = engine.query("SELECT role, count(*), agent_attributes['rack'] FROM task_usage "
                           "GROUP BY ALL ORDER BY role", 10, 5)
     assert result.rows == (("batch", 1, "r2"), ("prod", 10, "r1"))
     assert engine.counts() == {"task_usage": 11, "task_events": 2}
     # A later event without its task's facts is joined to them there.
-    engine.insert([], [TaskEvent(T0 + 2, WEB.framework_id, WEB.task_id, "TASK_FAILED")])
+    engine.insert([], later(T0 + 2, WEB, "TASK_FAILED"))
     failed = engine.query("SELECT app, hostname, cpus FROM task_events "
                           "WHERE state = 'TASK_FAILED'", 10, 5)
     assert failed.rows == (("/web", "h1", 1.0),)
@@ -42,11 +42,13 @@ def test_rows_written_there_are_answered_here(engine: ProcessEngine) -> None:
 
 def test_every_column_crosses_the_pipe_as_it_is_written_here() -> None:
     """The rows go as msgpack (lists back, not tuples): what the child stores is
-    what the in-process engine stores, maps, None and booleans included."""
+    what the in-process engine stores, maps, None and booleans included, and the
+    facts of a task without labels or attributes as the master sends them (None)."""
     samples = [sample(T0 + i, WEB) for i in range(3)] + [sample(T0, JOB, cpus=2.5)]
-    events = [event(T0, WEB, "TASK_RUNNING"), event(T0 + 1, JOB, "TASK_FINISHED"),
-              TaskEvent(T0 + 2, WEB.framework_id, WEB.task_id, "TASK_FAILED", "r", "m",
-                        "SOURCE_AGENT", True)]
+    events = [*event(T0, WEB, "TASK_RUNNING"), *event(T0 + 1, JOB, "TASK_FINISHED"),
+              *later(T0 + 2, WEB, "TASK_FAILED", "r", "m", "agent", True),
+              T0 + 3, ("svc", "bare", "prod", "", "h9", None, None, 0, False, 0.5, 1 << 20),
+              ("svc", "bare", "TASK_RUNNING", "a9", "master", "", "", None)]
     here, there = DuckDBEngine(memory_limit="256MB", threads=1), ProcessEngine("256MB", 1)
     try:
         for e in (here, there):
@@ -54,6 +56,10 @@ def test_every_column_crosses_the_pipe_as_it_is_written_here() -> None:
         for table in ("task_usage", "task_events"):
             sql = f"SELECT * FROM {table} ORDER BY ALL"
             assert there.query(sql, 100, 5).rows == here.query(sql, 100, 5).rows
+        bare = here.query("SELECT source, labels, agent_attributes, hostname FROM task_events "
+                          "WHERE task_id = 'bare' OR state = 'TASK_FAILED' ORDER BY ts", 10, 5)
+        assert bare.rows == (("SOURCE_AGENT", {"team": "shop"}, {"rack": "r1"}, "h1"),
+                             ("SOURCE_MASTER", {}, {}, "h9"))
     finally:
         here.close()
         there.close()
@@ -97,7 +103,7 @@ def test_a_child_that_is_gone_fails_calls_and_close_still_returns() -> None:
 async def test_the_store_counts_a_write_the_child_could_not_make() -> None:
     engine = ProcessEngine(memory_limit="256MB", threads=1)
     store = UsageStore(engine, StoreConfig(batch_interval=0))
-    assert await store.record([sample(T0)], [event(T0, WEB, "TASK_RUNNING")])
+    assert await store.record([sample(T0)], event(T0, WEB, "TASK_RUNNING"))
     engine._process.kill()
     engine._process.join()
     assert await store.record([sample(T0 + 1)])

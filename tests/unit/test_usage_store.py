@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from master.usage import (
     Dimensions, DuckDBEngine, QueryBusy, QueryError, QueryRefused, QueryTimeout,
-    StoreConfig, TaskEvent, UsageSample, UsageStore, read_only_statement)
+    StoreConfig, UsageSample, UsageStore, event_items, read_only_statement)
 
 T0 = 1_700_000_000.0
 WEB = Dimensions(task_id="web.1", framework_id="svc", role="prod", app="/web",
@@ -28,8 +28,16 @@ def sample(at: float, who: Dimensions = WEB, cpus: float = 0.5, mem: int = 30 <<
                        mem_rss_bytes=mem, mem_limit_bytes=512 << 20, sample_weight=weight)
 
 
-def event(at: float, who: Dimensions, state: str, reason: str = "") -> TaskEvent:
-    return TaskEvent.of(at=at, who=who, state=state, reason=reason, cpus=1.0, mem_bytes=512 << 20)
+def event(at: float, who: Dimensions, state: str, reason: str = "") -> list:
+    """A state change with its task's facts, as the events stream carries it."""
+    return event_items(at, who, state, reason=reason, cpus=1.0, mem_bytes=512 << 20)
+
+
+def later(at: float, who: Dimensions, state: str, reason: str = "", message: str = "",
+          source: str = "", healthy: bool | None = None) -> list:
+    """A state change of a task the store was told of: its time and row only."""
+    return [float(at), (who.framework_id, who.task_id, state, who.agent_id, source, reason,
+                        message, healthy)]
 
 
 @pytest.fixture
@@ -42,9 +50,9 @@ def engine():
 def test_samples_and_events_answer_group_bys(engine) -> None:
     engine.insert([sample(T0 + i, WEB, cpus=0.1 * (i % 10)) for i in range(100)]
                   + [sample(T0 + i, JOB, cpus=2.0) for i in range(50)],
-                  [event(T0, WEB, "TASK_RUNNING"),
-                   event(T0 + 5, WEB, "TASK_FAILED", "REASON_CONTAINER_LIMITATION_MEMORY"),
-                   event(T0 + 9, JOB, "TASK_FINISHED")])
+                  [*event(T0, WEB, "TASK_RUNNING"),
+                   *event(T0 + 5, WEB, "TASK_FAILED", "REASON_CONTAINER_LIMITATION_MEMORY"),
+                   *event(T0 + 9, JOB, "TASK_FINISHED")])
     result = engine.query(
         "SELECT role, count(*) n, round(quantile_cont(cpus_used, 0.95), 3) p95, "
         "agent_attributes['rack'] rack FROM task_usage GROUP BY ALL ORDER BY role", 100, 5)
@@ -68,7 +76,7 @@ def test_sample_weights_compensate_for_sampling(engine) -> None:
 
 def test_retention_by_age_and_by_rows(engine) -> None:
     engine.insert([sample(T0 + i) for i in range(100)],
-                  [event(T0 + i, WEB, "TASK_RUNNING") for i in range(10)])
+                  [item for i in range(10) for item in event(T0 + i, WEB, "TASK_RUNNING")])
     gone = engine.expire(older_than=T0 + 30, max_rows=None)
     assert (gone.samples, gone.events) == (30, 10)
     assert engine.counts() == {"task_usage": 70, "task_events": 0}
@@ -104,23 +112,24 @@ async def test_submit_never_waits_and_drops_when_full() -> None:
         await store.close()
 
 
-async def test_a_full_buffer_keeps_the_rows_that_tell_a_tasks_facts() -> None:
-    """Dropping a task's first row would leave its later rows without their
-    dimensions: when full, the store keeps the rows that carry facts (one a task)
-    and drops the rest, counted."""
+async def test_a_full_buffer_keeps_the_tasks_facts_and_the_times() -> None:
+    """Dropping a task's facts would leave its later rows without their
+    dimensions: when full, the store keeps the facts (one a task) and the times
+    and drops the state rows, counted."""
     store = UsageStore(DuckDBEngine(threads=1), StoreConfig(max_buffered=2))
     try:
-        first = event(T0, WEB, "TASK_STAGING")
-        later = TaskEvent(T0 + 1, WEB.framework_id, WEB.task_id, "TASK_RUNNING")
         assert store.submit([sample(T0), sample(T0 + 1)])
-        assert not store.submit([], [first, later])  # full: `later` goes, `first` stays
+        # Full: both state rows go, the facts stay.
+        assert not store.submit([], event(T0, WEB, "TASK_STAGING")
+                                + later(T0 + 1, WEB, "TASK_RUNNING"), rows=2)
         await store.flush()
-        assert store.stats["dropped"] == 1
-        assert store.submit([], [later._replace(at=T0 + 2)])
+        assert store.stats["dropped"] == 2 and store.stats["events"] == 0
+        assert store.submit([], later(T0 + 3, WEB, "TASK_RUNNING"))
         await store.flush()
-        rows = await store.query("SELECT state, app, labels['team'] FROM task_events "
-                                 "ORDER BY ts")
-        assert rows.rows == (("TASK_STAGING", "/web", "shop"), ("TASK_RUNNING", "/web", "shop"))
+        assert store.stats["events"] == 1
+        rows = await store.query("SELECT state, app, labels['team'] FROM task_events")
+        assert rows.rows == (("TASK_RUNNING", "/web", "shop"),)
+        assert store.engine.tasks.unknown == 0
     finally:
         await store.close()
 
@@ -141,7 +150,7 @@ async def test_a_flood_of_rows_becomes_a_few_large_inserts() -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
         for i in range(50):  # a state change every 10 ms for half a second
-            store.submit(events=[event(T0 + i, WEB, "TASK_RUNNING")])
+            store.submit(events=event(T0 + i, WEB, "TASK_RUNNING"))
             await asyncio.sleep(0.01)
         await store.flush()
         elapsed = loop.time() - started
@@ -257,9 +266,11 @@ def test_rows_validate_their_numbers() -> None:
     with pytest.raises(ValueError):
         event(float("nan"), WEB, "TASK_RUNNING")
     with pytest.raises(ValueError):
-        TaskEvent.of(at=T0, who=WEB, state="TASK_RUNNING", cpus=-1.0)
+        event_items(T0, WEB, "TASK_RUNNING", cpus=-1.0)
     with pytest.raises(ValueError):
-        TaskEvent.of(at=T0, who=WEB, state="TASK_RUNNING", mem_bytes=float("inf"))
+        event_items(T0, WEB, "TASK_RUNNING", mem_bytes=float("inf"))
+    with pytest.raises(ValueError):
+        event_items(T0, WEB, "")
 
 
 @pytest.mark.parametrize("seconds", ["1700000000", "1700000000.5", "0"])
@@ -291,8 +302,8 @@ def test_any_rows_come_back_as_they_went_in(rows: list[tuple]) -> None:
                              labels=labels, priority=priority, revocable=revocable)
             samples.append(UsageSample(at=at, who=who, executor_id=text, cpus_used=cpus,
                                        mem_rss_bytes=big, mem_limit_bytes=big))
-            events.append(TaskEvent.of(at=at, who=who, state="TASK_RUNNING", message=text,
-                                       healthy=healthy, cpus=cpus, mem_bytes=big))
+            events += event_items(at, who, "TASK_RUNNING", message=text, healthy=healthy,
+                                  cpus=cpus, mem_bytes=big)
         engine.insert(samples, events)
         got = engine.query("SELECT task_id, framework_id, role, agent_attributes, labels, "
                            "priority, revocable, cpus_used, mem_rss_bytes, executor_id, "
@@ -306,7 +317,7 @@ def test_any_rows_come_back_as_they_went_in(rows: list[tuple]) -> None:
         events_back = engine.query("SELECT task_id, message, healthy, labels, cpus, mem_bytes "
                                    "FROM task_events ORDER BY task_id", 100, 5).rows
         assert list(events_back) == sorted(
-            (e.task_id, e.message, e.healthy, e.facts.labels, e.facts.cpus, e.facts.mem_bytes)
-            for e in events)
+            (f"t{i}", text, healthy, labels, cpus, big)
+            for i, (_, text, _, _, labels, _, _, cpus, big, healthy) in enumerate(rows))
     finally:
         engine.close()

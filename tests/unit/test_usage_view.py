@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from master import usage_view
-from master.usage import Dimensions, DuckDBEngine, StoreConfig, TaskEvent, UsageSample
+from master.usage import Dimensions, DuckDBEngine, StoreConfig, UsageSample, event_items
 from master.usage_api import UsageService, routes
 
 MIB = 1 << 20
@@ -45,8 +45,8 @@ def sample(at: float, who: Dimensions, cpus: float, limit: float, mem: int,
                        cpus_limit=limit, mem_rss_bytes=mem, mem_limit_bytes=mem_limit)
 
 
-def launch(at: float, who: Dimensions, cpus: float, mem_mib: int) -> TaskEvent:
-    return TaskEvent.of(at=at, who=who, state="TASK_STAGING", cpus=cpus, mem_bytes=mem_mib * MIB)
+def launch(at: float, who: Dimensions, cpus: float, mem_mib: int) -> list:
+    return event_items(at, who, "TASK_STAGING", cpus=cpus, mem_bytes=mem_mib * MIB)
 
 
 @pytest.fixture
@@ -60,11 +60,11 @@ async def cluster() -> AsyncIterator[tuple[TestClient, UsageService, Clock]]:
             sample(t, WEB2, 0.4, 1.0, 50 * MIB, 512 * MIB))]
         + [sample(T0 + 60, JOB, 1.5, 2.0, 100 * MIB, 200 * MIB),
            sample(T0 + 60, ODD, 0.1, 0.5, 10 * MIB, 64 * MIB)],
-        [launch(T0 - 10, WEB1, 1.0, 512), launch(T0 - 5, WEB2, 1.0, 512),
-         launch(T0 + 120, Dimensions(task_id="web.3", framework_id="svc", role="prod",
-                                     app="/web"), 0.5, 128),
-         TaskEvent.of(at=T0 + 100, who=JOB, state="TASK_FAILED",
-                   reason=usage_view.OOM_REASON, message="memory limit")])
+        [*launch(T0 - 10, WEB1, 1.0, 512), *launch(T0 - 5, WEB2, 1.0, 512),
+         *launch(T0 + 120, Dimensions(task_id="web.3", framework_id="svc", role="prod",
+                                      app="/web"), 0.5, 128),
+         *event_items(T0 + 100, JOB, "TASK_FAILED", reason=usage_view.OOM_REASON,
+                      message="memory limit")])
     app = web.Application()
     app.add_routes(routes(lambda request: service))
     async with TestClient(TestServer(app)) as client:
