@@ -18,10 +18,10 @@ kills are judged at the same instants the policy sees):
   memory rules, not defaults now) in turn, through the full policy
   (`Autopilot` in `auto`: evidence, bounds, hysteresis, the OOM raise);
 - **meta+mem-fleet-7d, meta+mem-double-7d, meta+mem-first-7d,
-  meta+mem-clock2-7d, meta+mem-clock2x3-7d, meta+mem-clock2x6-7d,
-  meta+mem-clock2s-7d**: the meta-recommender's CPU variants with `FLEET` (the
-  default before), `DOUBLE`, `FIRST`, `CLOCK2`, `CLOCK2_3`, `CLOCK2_6` and
-  `CLOCK2S` as the memory rule (not defaults);
+  meta+mem-clock1-7d, meta+mem-clock2-7d, meta+mem-clock2x3-7d,
+  meta+mem-clock2x6-7d**: the meta-recommender's CPU variants with `FLEET`,
+  `DOUBLE`, `FIRST`, `CLOCK1` (the default of sessions 29-34), `CLOCK2`,
+  `CLOCK2_3` and `CLOCK2_6` as the memory rule (not defaults);
 - **meta**: the policy with every variant, the meta-recommender choosing per app.
 
 Each starts from the user's limits. Rules of the simulated world, the same for all:
@@ -349,9 +349,15 @@ FIRST = attrs.evolve(DOUBLE, name="mem-first-7d", first_rate=0.05,
 """Not a default: `DOUBLE` with room before a first jump while 5% of the apps of a
 swing class first jump per 12 h."""
 
-CLOCK2 = attrs.evolve(DEFAULT_MEMORY_VARIANTS[0], name="mem-clock2-7d", season_double=True)
-"""Not a default: the default with room for two jumps at once in the clock's rule
-for an app that has jumped (at most the window's rule)."""
+CLOCK1 = attrs.evolve(DEFAULT_MEMORY_VARIANTS[0], name="mem-clock1-7d", season_double=False,
+                      season_once=False)
+"""Not a default (the default from session 29 to 34): the clock's room for one jump,
+and the calm peak's rise counted in its growth and again in its margin."""
+
+CLOCK2 = attrs.evolve(CLOCK1, name="mem-clock2-7d", season_double=True)
+"""Not a default: `CLOCK1` with room for two jumps at once in the clock's rule
+for an app that has jumped (at most the window's rule); the default is this with
+`season_once` (docs/autopilot.md, sessions 32, 33 and 35)."""
 
 CLOCK2_3 = attrs.evolve(CLOCK2, name="mem-clock2x3-7d", season_double_after=3)
 """Not a default: `CLOCK2`'s clock room for two jumps only for an app with at least
@@ -360,11 +366,6 @@ CLOCK2_3 = attrs.evolve(CLOCK2, name="mem-clock2x3-7d", season_double_after=3)
 CLOCK2_6 = attrs.evolve(CLOCK2, name="mem-clock2x6-7d", season_double_after=6)
 """Not a default: as `CLOCK2_3` with 6 jumps (the default's `double_after`)."""
 
-
-CLOCK2S = attrs.evolve(CLOCK2, name="mem-clock2s-7d", season_once=True)
-"""Not a default: `CLOCK2` with the clock's growth counted once (`season_once`: the
-calm peak's rise grows the previous days' peaks, and is not added to the clock's
-margin again; docs/autopilot.md, session 33)."""
 
 
 def approaches() -> dict[str, Config | None]:
@@ -379,7 +380,7 @@ def approaches() -> dict[str, Config | None]:
         out[f"{cpu.name}+{mem.name}"] = attrs.evolve(base, cpu_variants=(cpu,),
                                                      memory_variants=(mem,))
     # The meta-recommender's CPU, another memory rule.
-    for mem in (FLEET, DOUBLE, FIRST, CLOCK2, CLOCK2_3, CLOCK2_6, CLOCK2S):
+    for mem in (FLEET, DOUBLE, FIRST, CLOCK1, CLOCK2, CLOCK2_3, CLOCK2_6):
         out[f"meta+{mem.name}"] = attrs.evolve(base, memory_variants=(mem,))
     out["meta"] = base
     return out
