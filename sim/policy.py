@@ -98,8 +98,9 @@ class Policy:
             min_allocatable_mem=self.min_allocatable_mem,
             default_refuse_seconds=self.default_refuse_seconds,
             oversubscription=self.oversubscription, preemption=self.preemption,
-            # The recommender reads what the usage store would hold.
-            record_usage=self.recommender,
+            # The recommender reads what the usage store would hold (samples only:
+            # task events go at the end of their step, no `UsageDue` timers).
+            record_usage=self.recommender, usage_batch=0.0,
             # A simulated master keeps little history: /state is never served.
             max_completed_tasks=100, max_events=100)
 
