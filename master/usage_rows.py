@@ -1,12 +1,13 @@
 """What the master core hands the usage store: rows built from what it already
 knows (docs/usage-store.md).
 
-The core emits one `RecordUsage(samples, events)` effect per `UsageReport` and
-per step with task state changes it sees or makes, only when
-`MasterConfig.record_usage` is set (the shell has a store). Building the rows is
-pure: the agent's report plus the master's task, framework and agent records. The
-shell only appends them to the store's buffer, so ingestion costs the event loop a
-few attribute reads per executor and never a wait.
+The core emits one `RecordUsage(samples, events, rows)` effect per `UsageReport`,
+and one for the task state changes it sees or makes over `MasterConfig.usage_batch`
+(`UsageDue`), only when `MasterConfig.record_usage` is set (the shell has a
+store). Building the rows is pure: the agent's report plus the master's task,
+framework and agent records. The shell only appends them to the store's buffer,
+so ingestion costs the event loop a few attribute reads per executor and never a
+wait.
 
 Rules worth knowing when reading the store:
 

@@ -183,6 +183,7 @@ def is_state_row(item: EventItem) -> bool:
     """Whether an events stream item is a state row (not a time or facts)."""
     return type(item) is not float and len(item) == STATE_ROW_LENGTH  # type: ignore[arg-type]
 
+
 TERMINAL_STATES = frozenset(state.name for state in TaskState if state.is_terminal)
 """A task's facts are forgotten after its row in one of these states. Names, not
 members: a str's hash is kept, an enum member's is computed in Python each time

@@ -94,8 +94,9 @@ class StoreConfig:
     query_rows: int = attrs.field(default=10_000, validator=attrs.validators.ge(1))
     query_timeout: float = attrs.field(default=10.0, validator=attrs.validators.gt(0))
     max_waiting_queries: int = attrs.field(default=4, validator=attrs.validators.ge(0))
-    # Inserts start at most this often, so a flood of state changes becomes a few
-    # large inserts rather than many small ones (each costs the master CPU).
+    # Batches go to the engine at most this often (the store's process puts its
+    # inserts off further: process_engine.Deferred). Short, so that a flood's rows
+    # wait little in the buffer, where each young collection walks them again.
     batch_interval: float = attrs.field(default=0.05, validator=attrs.validators.ge(0))
     seed: int = 0  # sampling is seeded, so a replay samples the same rows
 
