@@ -27,7 +27,8 @@ agents (with rack attributes), one sample per task every ~90 s. Printed:
   alternating off/on so load drifting on the shared machine hits both alike;
   compared by median, as tasks/s and as the master's CPU time per task (less
   moved by other work on the machine than wall time), and by the median of each
-  round's own on/off. Goal: under 5% apart. `--launch-agents 10000
+  round's own on/off. Goal: launches/s under 5% apart (the CPU a task has none: it
+  says where the time went). `--launch-agents 10000
   --launch-frameworks 10` runs the flood of `benchmarks.master --quick` instead,
   where the master's one core is the bottleneck (docs/usage-store.md). The simulated agents send no usage
   reports, so what the store costs here is the task events every launch and state
@@ -213,11 +214,12 @@ def launches(rounds: int, agents: int, frameworks: int, tasks: int) -> None:
         shown = {k: ", ".join(f"{r[i]:,.2f}" for r in v) for k, v in runs.items()}
         # Each round's own on/off too: the pair shares the machine's speed of the moment.
         paired = statistics.median(b[i] / a[i] for a, b in zip(runs["off"], runs["on"]))
-        verdict = "met" if abs(on - off) / off < 0.05 else "MISSED"
+        # The goal is launches/s (issue 14); the CPU a task says where they went.
+        verdict = (f" (goal: under 5% apart: {'met' if abs(on - off) / off < 0.05 else 'MISSED'})"
+                   if i == 0 else "")
         print(f"master {what} ({agents} simulated agents, {frameworks} framework(s), median "
               f"of {rounds}): store off {off:,.2f} [{shown['off']}]  on {on:,.2f} "
-              f"[{shown['on']}]  on/off {on / off:.3f}, by round {paired:.3f} (goal: under "
-              f"5% apart: {verdict})")
+              f"[{shown['on']}]  on/off {on / off:.3f}, by round {paired:.3f}{verdict}")
 
 
 if __name__ == "__main__":
