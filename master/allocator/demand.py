@@ -7,11 +7,11 @@ offering to it once the offers it holds cover that demand with headroom; the
 agents it is skipped on go on in DRF order to the others. A framework that
 never declares demand is offered exactly as before.
 
-A declaration is a list of task shapes, each with a count. An offer counts
-for how many tasks of each shape it could hold (each shape on its own). The
-framework is *covered* when its outstanding offers made since the
-declaration could hold `HEADROOM` times the declared count of every shape,
-and at least `min(MIN_AGENTS, tasks)` of them hold a task. The headroom
+A declaration is a list of task shapes, each with a count (a shape named
+twice wants both counts). An offer counts for how many tasks of each shape it
+could hold (each shape on its own). The framework is *covered* when its
+outstanding offers made since the declaration could hold `HEADROOM` times the
+declared count of every shape, and at least `min(MIN_AGENTS, tasks)` of them hold a task. The headroom
 leaves placement (constraints, spreading, fragmentation) a choice of agents;
 the agent floor matters for small demands, which one big agent would
 otherwise cover. Coverage is checked before each offer, so a pass overshoots

@@ -235,8 +235,11 @@ class Model:
         if name == "declare":
             framework_id, requests = op[1], [(SHAPES[i], n) for i, n in op[2]]
             allocator.request(framework_id, requests)
-            shapes = [(shape.scalar_items(), HEADROOM * count)
-                      for shape, count in requests if count]
+            counts: dict[tuple[tuple[str, int], ...], int] = {}
+            for shape, count in requests:  # a shape named twice wants both counts
+                key = tuple(sorted(shape.scalar_items().items()))
+                counts[key] = counts.get(key, 0) + count
+            shapes = [(dict(key), HEADROOM * count) for key, count in counts.items() if count]
             tasks = sum(count for _, count in requests)
             if tasks:
                 if self.need[framework_id] is None:
@@ -285,6 +288,10 @@ class Model:
          [("declare", "a", [(1, 3)]), ("allocate",), ("decline", "a", 0, 0.0),
           ("launch", "a", 1), ("declare", "a", [(1, 2)]), ("allocate",),
           ("declare", "a", [(0, 2)]), ("finish", 0)], {"b", "c"})
+# A declaration naming one shape twice wants both counts (found by this test: the
+# model had checked each count alone).
+@example(["cpus:4;mem:4096"] * 9, [("declare", "a", [(0, 1)]),
+                                   ("declare", "a", [(1, 1), (1, 8)])], {"b", "c"})
 def test_offers_never_pass_demand_and_headroom_by_more_than_one_agent_and_nobody_starves(
         sizes: list[str], steps: list[tuple[Any, ...]], quiet: set[str]) -> None:
     allocator = HierarchicalAllocator(MIN)
