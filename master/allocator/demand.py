@@ -7,26 +7,26 @@ offering to it once the offers it holds cover that demand with headroom; the
 agents it is skipped on go on in DRF order to the others. A framework that
 never declares demand is offered exactly as before.
 
-A declaration is a list of task shapes, each with a count (a shape named
-twice wants both counts). An offer counts for how many tasks of each shape it
-could hold (each shape on its own). The framework is *covered* when its
-outstanding offers made since the declaration could hold `HEADROOM` times the
-declared count of every shape, and at least `min(MIN_AGENTS, tasks)` of them hold a task. The headroom
-leaves placement (constraints, spreading, fragmentation) a choice of agents;
-the agent floor matters for small demands, which one big agent would
-otherwise cover. Coverage is checked before each offer, so a pass overshoots
-by at most one agent's offer. An offer that holds no declared task (a
-fragment) does not count. Up to `FRAGMENTS` of them are made per
+A declaration is a list of task shapes, each with a count (a shape named twice
+wants both counts). An offer counts for how many tasks of each shape it could
+hold (each shape on its own). The framework is *covered* when its outstanding
+offers made since the declaration could hold `HEADROOM` times the declared
+count of every shape, and at least `min(MIN_AGENTS, tasks)` of them hold a
+task. The headroom leaves placement (constraints, spreading, fragmentation) a
+choice of agents; the agent floor matters for small demands, which one big
+agent would otherwise cover. Coverage is checked before each offer, so a pass
+overshoots by at most one agent's offer. An offer that holds no declared task
+(a fragment) does not count. Up to `FRAGMENTS` of them are made per
 declaration, so a framework sees what is free (the batch core's starvation
 timeout reports the biggest offer it saw); after that a fragment on an agent
-where the framework holds nothing is not offered to it (the agent is
-*spared* for it) and goes on in DRF order to the others, who may have tasks
-that fit there. On an agent where it holds something (a batch job's
-executor) a fragment is always offered: a task needs less there than the
-declared shape, which includes an executor. Before this bound every
-unsuppressed framework with demand was offered every fragment of a partly
-full cell at each revive, and declined nearly all of them (the benchmark's
-day at 1,000 agents: 494,000 of 594,000 offers).
+where the framework holds nothing is not offered to it (the agent is *spared*
+for it) and goes on in DRF order to the others, who may have tasks that fit
+there. On an agent where it holds something (a batch job's executor) a fragment
+is always offered: a task needs less there than the declared shape, which
+includes an executor. Before this bound every unsuppressed framework with
+demand was offered every fragment of a partly full cell at each revive, and
+declined nearly all of them (the benchmark's day at 1,000 agents: 494,000 of
+594,000 offers).
 
 A declaration replaces the previous one; an empty one clears it. Demand is
 also cleared when the framework suppresses offers, is deactivated
