@@ -37,12 +37,11 @@ from master.model import (
 )
 from master.removals import RemovalLimiter
 from master.usage.schema import TERMINAL_STATES, EventItem, StateRow
-from master.usage_rows import RecordUsage, task_facts, tuple_new
+from master.usage_rows import RecordUsage, task_facts
 
 TASK_STATE_FIELDS = StateRow._fields
 """A `task_state` entry's fields in the events log, in order: its values are the
 `StateRow` the usage store is sent (`_task_event`, `_master_update`)."""
-USAGE_DUE = UsageDue()
 TASK_COUNTERS = {state.name: task_counter(state) for state in TaskState}
 """`task_counter` of each state, by name: made once, not once a task."""
 
@@ -360,7 +359,7 @@ class MasterBooks:
             if not events:
                 self._usage_due = now + self.config.usage_batch
                 if self.config.usage_batch:
-                    self._arm(USAGE_DUE, self._usage_due)
+                    self._arm(UsageDue(), self._usage_due)
             events.append(float(now))
             self._usage_items += 1
             self._usage_at = now
@@ -385,7 +384,7 @@ class MasterBooks:
         if events:
             rows = len(events) - self._usage_items
             self.counters.inc("master/usage_events", rows)
-            self._out.append(tuple_new(RecordUsage, ((), events, rows)))
+            self._out.append(RecordUsage((), events, rows))
             self._usage_events = []
             self._usage_items = 0
             self._usage_at = None

@@ -50,17 +50,13 @@ if TYPE_CHECKING:
 
 APP_LABELS = ("DYAD_APP_ID", "DYAD_JOB_ID")
 MIB = 2 ** 20
-tuple_new = tuple.__new__
-"""Builds a row type (a named tuple) from values unchecked: the core's own values."""
-
 RoleOf = Callable[["MasterFramework", str], str]
 """The role a framework's resources on an agent (by id) are charged to."""
 
 
 class RecordUsage(NamedTuple):
-    """Append these rows to the usage store (the shell never waits for it). A
-    named tuple, not an attrs class: a step with task events makes one, and a
-    launch flood makes two or three a task (the core builds it with `tuple_new`).
+    """Append these rows to the usage store (the shell never waits for it): one
+    per usage report, and one per `MasterConfig.usage_batch` of task events.
     `rows`: how many of `events` are state rows (the core counts them anyway)."""
 
     samples: Sequence[UsageSample] = ()
