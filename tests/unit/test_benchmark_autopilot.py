@@ -82,3 +82,22 @@ def test_apps_replayed_in_step_are_replayed_alone_unless_the_rule_learns_from_th
     assert together.mem_slack == pytest.approx(alone.mem_slack, rel=1e-12)
     assert together.cpu_slack == pytest.approx(alone.cpu_slack, rel=1e-12)
     assert together.throttled == pytest.approx(alone.throttled, rel=1e-12)
+
+
+def test_first_spikes_count_spiky_apps_whose_first_spike_is_scored_and_kills_a_calm_limit() -> None:
+    calm = attrs.evolve(bench.fleet(1, 1, seed=1)[0], kind="spiky", mem_base=100 * MIB,
+                        mem_amp=0.0, growth=0.0, leak=0.0, noise=0.0)
+    week = bench.WARM_IN + 2 * bench.DAY
+
+    def spiky(at: float, factor: float) -> bench.AppModel:
+        return attrs.evolve(calm, spikes=(bench.Spike(at, 600.0, 2.0, factor),
+                                          bench.Spike(at + 3600.0, 600.0, 2.0, 1.5)))
+
+    assert bench.first_spikes([spiky(bench.WARM_IN + 3600.0, 1.3)], 2, seed=1) == (1, 1)
+    # Within the margin over what it showed: no kill to count.
+    assert bench.first_spikes([spiky(bench.WARM_IN + 3600.0, 1.01)], 2, seed=1) == (1, 0)
+    # First spiked in the warm-in day (not scored) or after the week: not counted.
+    assert bench.first_spikes([spiky(3600.0, 1.3), spiky(week + 3600.0, 1.3)], 2, 1) == (0, 0)
+    # Another kind's apps never count.
+    assert bench.first_spikes([attrs.evolve(spiky(bench.WARM_IN + 3600.0, 1.3),
+                                            kind="daily")], 2, seed=1) == (0, 0)
