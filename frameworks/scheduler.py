@@ -37,7 +37,8 @@ from frameworks._security import client_from_env
 from frameworks.driver_core import Callback, DriverStatus
 from frameworks.scheduler_core import (
     AcceptCall, AcknowledgeCall, DeclineCall, Detect,
-    KillCall, MasterDetected, ReconcileCall, RequestCall, ReviveCall, SchedulerCore, SchedulerTimings,
+    KillCall, MasterDetected, PreemptCall, ReconcileCall, RequestCall, ReviveCall, SchedulerCore,
+    SchedulerTimings,
     SendToExecutorCall, StopCall, SuppressCall)
 
 log = logging.getLogger(__name__)
@@ -214,6 +215,18 @@ class SchedulerDriver(DriverRuntime[SchedulerCore]):
         ``kill_grace_period`` overrides the executor's default SIGTERM→SIGKILL wait."""
         self._on_loop("kill_task",
                       lambda: self._handle(KillCall(task_id, kill_grace_period)))
+
+    def preempt(self, resources: Resources, priority: int) -> None:
+        """Ask the master to make room on one agent for a task of `priority` needing
+        `resources`, by preempting strictly lower-priority tasks (their frameworks
+        see them end TASK_KILLED, reason REASON_CONTAINER_PREEMPTED); the room is then
+        offered to us. Honoured with `dyad-master --preemption` when we have the
+        PREEMPTION capability or a role below its quota guarantee; a refusal comes
+        back through `error` ("master rejected preempt: ..."). The master keeps no
+        request, and none is sent while disconnected: ask again while the task
+        still cannot be placed (docs/oversubscription.md)."""
+        call = PreemptCall(resources, priority)  # raises here on a bad argument
+        self._on_loop("preempt", lambda: self._handle(call))
 
     def acknowledge_status_update(self, status: TaskStatus) -> None:
         """Acknowledge an update; only needed with

@@ -24,10 +24,12 @@ from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired, TimerKey, Unkn
 from dyad.messages import (
     Accept, Acknowledge, Decline, Error, ExecutorToFramework, Failure, Filters,
     FrameworkInfo, FrameworkToExecutor, Heartbeat, Kill, MasterInfo, Message, Offers,
-    Operation, OperationType, Reconcile, ReconcileTask, Rejected, RequestResources, Rescind,
-    ResourceRequest, Revive,
+    Operation, OperationType, Preempt, Reconcile, ReconcileTask, Rejected, RequestResources,
+    Rescind, ResourceRequest, Revive,
     SchedulerHeartbeat, Source, Subscribe, Subscribed, Suppress, TaskInfo, TaskState,
     TaskStatus, Teardown, Unsubscribe, Update)
+from dyad.resources import Resources
+from dyad.wire_types import priority_field
 from frameworks.driver_core import Callback, DriverStatus, Finish, Received, Started
 
 log = logging.getLogger("frameworks.scheduler")
@@ -97,6 +99,15 @@ class KillCall:
 
 
 @attrs.frozen
+class PreemptCall:
+    """Ask for room for one task of `priority` needing `resources` (validated here,
+    where the caller can be told)."""
+
+    resources: Resources = attrs.field(validator=attrs.validators.instance_of(Resources))
+    priority: int = attrs.field(validator=priority_field)
+
+
+@attrs.frozen
 class AcknowledgeCall:
     status: TaskStatus
 
@@ -122,8 +133,8 @@ class StopCall:
 
 
 Event = (Started | MasterDetected | Received | TimerFired | AcceptCall | DeclineCall
-         | SuppressCall | ReviveCall | RequestCall | KillCall | AcknowledgeCall | ReconcileCall
-         | SendToExecutorCall | StopCall)
+         | SuppressCall | ReviveCall | RequestCall | KillCall | PreemptCall | AcknowledgeCall
+         | ReconcileCall | SendToExecutorCall | StopCall)
 
 # ------------------------------------------------------------------ effects
 
@@ -220,6 +231,8 @@ class SchedulerCore:
                 return self._send_or_queue(Kill(
                     framework_id=self.framework_id or "", task_id=task_id,
                     agent_id=self._task_agents.get(task_id), kill_grace_period=grace))
+            case PreemptCall(resources, priority):
+                return self._preempt(resources, priority)
             case AcknowledgeCall(status):
                 return self._acknowledge(status)
             case ReconcileCall(tasks):
@@ -442,6 +455,16 @@ class SchedulerCore:
             log.info("%s queued until subscribed", type(message).__name__)
             self._queued.append(message)
         return []
+
+    def _preempt(self, resources: Resources, priority: int) -> list[Effect]:
+        """Sent only while subscribed: the master keeps no request, and one held
+        over a reconnection could free room for a task placed meanwhile."""
+        if not self.subscribed:
+            log.warning("preempt request dropped: not subscribed (ask again once placed)")
+            return []
+        assert self.framework_id is not None
+        return [_send(Preempt(framework_id=self.framework_id, resources=resources,
+                              priority=priority))]
 
     def _send_to_executor(self, executor_id: str, agent_id: str,
                           data: bytes) -> list[Effect]:

@@ -136,3 +136,70 @@ async def test_a_guarantee_preempts_lower_bands_only(make_cluster: Any, drivers:
     assert sorted(e["task_id"] for e in preempted) == sorted(killed)
     print(f"guarantee of cpus:{GUARANTEE} offered {offered_after:.1f}s after the "
           f"production framework subscribed (bound {BOUND}s)")
+
+
+async def test_a_framework_asks_through_its_driver_and_gets_the_room(
+        make_cluster: Any, drivers: Any) -> None:
+    """`SchedulerDriver.preempt`: a framework with the PREEMPTION capability asks for
+    room for one production task on a cluster batch work fills; the master kills the
+    batch task (below the asker's priority) and offers the asker the room. A
+    framework without the capability is refused through `error`, and nothing ends."""
+    cluster = make_cluster(agents=1, resources="cpus:2;mem:1024;disk:1000",
+                           master_args=["--preemption", "--preemption-guarantees", "off",
+                                        "--preemption-hold", "5s"])
+    filler = Recorder()
+    filled: list[str] = []
+
+    def fill(driver: Any, offers: list[Any]) -> None:
+        for offer in offers:
+            if filled:
+                driver.decline_offer(offer.id)
+                continue
+            filled.append(offer.agent_id)
+            driver.launch_tasks([offer.id], [
+                sleeper("batch-1", offer.agent_id, 150, "cpus:1.5;mem:512"),
+                sleeper("best-1", offer.agent_id, 50, "cpus:0.5;mem:256")])
+
+    filler.on_offers = fill
+    batch = drivers(filler, FrameworkInfo(name="batch", roles=["batch"]),
+                    cluster.master_address)
+    await batch.registered()
+    await wait_for(lambda: all("TASK_RUNNING" in filler.states(t)
+                               for t in ("batch-1", "best-1")), 30, "the batch tasks running")
+
+    wanted = Resources.parse("cpus:1;mem:128")
+    refused = Recorder()
+    plain = drivers(refused, FrameworkInfo(name="plain", roles=["prod"]),
+                    cluster.master_address)
+    await plain.registered()
+    plain.driver.preempt(wanted, 300)
+    await wait_for(lambda: any("rejected preempt" in m for m in refused.named("error")), 15,
+                   "the request without the capability refused")
+    assert not [s for s in filler.statuses if s.state.is_terminal]
+
+    asker = Recorder()
+    placed: list[str] = []
+
+    def take(driver: Any, offers: list[Any]) -> None:
+        for offer in offers:
+            if placed or offer.resources.get("cpus") < 1:
+                driver.decline_offer(offer.id)
+                continue
+            placed.append(offer.agent_id)
+            driver.launch_tasks([offer.id], [sleeper("web-1", offer.agent_id, 300,
+                                                     "cpus:1;mem:128")])
+
+    asker.on_offers = take
+    web = drivers(asker, FrameworkInfo(name="web", roles=["prod"], capabilities=["PREEMPTION"]),
+                  cluster.master_address)
+    await web.registered()
+    web.driver.preempt(wanted, 300)
+    await wait_for(lambda: "TASK_RUNNING" in asker.states("web-1"), 30,
+                   "the asker's task running in the room it asked for")
+    ended = {s.task_id: s for s in filler.statuses if s.state.is_terminal}
+    # Best-effort is taken first, then batch; the best-effort task is spared, as the
+    # batch task alone frees cpus:1.5: one victim, below the asker's band.
+    assert set(ended) == {"batch-1"}, ended
+    assert ended["batch-1"].state == TaskState.TASK_KILLED
+    assert ended["batch-1"].reason == Reason.CONTAINER_PREEMPTED
+    assert "TASK_RUNNING" in filler.states("best-1") and "best-1" not in ended

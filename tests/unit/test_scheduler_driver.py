@@ -14,7 +14,7 @@ import pytest
 from dyad.effects import ArmTimer, CancelTimer, Send, TimerFired, TimerKey, UnknownTimer
 from dyad.messages import (
     BATCH_CAPABILITY, Accept, Acknowledge, Batch, Decline, Error, ExecutorToFramework,
-    Failure, Heartbeat, Kill, Reconcile, ReconcileTask, Rejected, Rescind, Revive,
+    Failure, Heartbeat, Kill, Preempt, Reconcile, ReconcileTask, Rejected, Rescind, Revive,
     SchedulerHeartbeat, Subscribe, Subscribed, Suppress, Teardown, Unsubscribe, Update)
 from frameworks import (
     CommandInfo, DriverStatus, Filters, FrameworkInfo, Resources, Scheduler,
@@ -22,7 +22,8 @@ from frameworks import (
 from frameworks.driver_core import Callback, Finish, Received, Started
 from frameworks.scheduler_core import (
     REASON_MASTER_DISCONNECTED, AcceptCall, AcknowledgeCall, DeclineCall, Detect,
-    HeartbeatDue, KillCall, LivenessCheck, MasterDetected, ReconcileCall, ReviveCall,
+    HeartbeatDue, KillCall, LivenessCheck, MasterDetected, PreemptCall, ReconcileCall,
+    ReviveCall,
     SchedulerCore, SchedulerTimings, StopCall, SubscribeRetry, SuppressCall)
 from frameworks.testing import FakeMaster, make_master_info, make_offer, make_status
 from tests.helpers import running
@@ -122,6 +123,29 @@ def test_core_acknowledges_only_updates_with_a_uuid_when_implicit() -> None:
     assert sent(explicit.handle(AcknowledgeCall(with_uuid), 1.1)) == [Acknowledge(
         framework_id="fw-1", agent_id="a1", task_id="t1", uuid=with_uuid.uuid)]
     assert explicit.handle(AcknowledgeCall(master_made), 1.1) == []
+
+
+def test_core_sends_preempt_requests_only_while_subscribed() -> None:
+    core = subscribed_core()
+    room = Resources.parse("cpus:1;mem:128")
+    assert sent(core.handle(PreemptCall(room, 300), 0.5)) == [
+        Preempt(framework_id="fw-1", resources=room, priority=300)]
+    core.handle(TimerFired(LivenessCheck()), 10.0)  # master lost
+    assert core.handle(PreemptCall(room, 300), 10.1) == []  # dropped, not held over
+    core.handle(MasterDetected(make_master_info()), 11.0)
+    effects = core.handle(Received(Subscribed(framework_id="fw-1", heartbeat_interval=1.0,
+                                              master_info=make_master_info())), 11.0)
+    assert not [m for m in sent(effects) if isinstance(m, Preempt)]
+    (refused,) = callbacks(core.handle(Received(Rejected(
+        message_type="preempt", reason="preemption is off")), 12.0))
+    assert refused.name == "error" and "rejected preempt: preemption is off" in refused.args[0]
+
+
+@pytest.mark.parametrize("resources, priority", [
+    ("cpus:1", 300), (Resources.parse("cpus:1"), 10**9), (Resources.parse("cpus:1"), 1.5)])
+def test_a_bad_preempt_request_raises_in_the_caller(resources: Any, priority: Any) -> None:
+    with pytest.raises((TypeError, ValueError)):
+        PreemptCall(resources, priority)
 
 
 def test_core_queues_kills_while_disconnected_and_remembers_agents() -> None:
