@@ -35,8 +35,12 @@ Scores over the whole week (warmup included): memory and CPU slack (idle share o
 the limits: sum(limit - used) / sum(limit) over all samples), OOM-affected apps
 (at least one kill) and kills, the share of CPU demand throttled, and limit
 changes. Goal (issue 14, after Autopilot, EuroSys'20): memory slack at most 20%,
-and OOM-affected apps at most a tenth of the user-limit baseline. Deterministic:
-the same seed gives the same figures.
+and OOM-affected apps at most a tenth of the user-limit baseline. Beside it, read
+from the generator (foresight, used by no rule): the spiky apps' slack with a
+constant limit at their week's peak (`foresight`), and the first spikes in the
+scored week that a rule keeping no room for apps yet to jump cannot avoid
+(`first_spikes`): a seed's OOM figure is hard where that is over the allowance.
+Deterministic: the same seed gives the same figures.
 """
 
 from __future__ import annotations
@@ -334,7 +338,8 @@ PEAK_ONLY = MemoryVariant("mem-peak-24h", window=24 * 3600.0, margin=0.1)
 LEARNED = MemoryVariant("mem-learned-7d", window=7 * 86400.0, margin=0.05, spike=2.0,
                         jitter=0.05, learned=True)
 """Not a default: spike room learned per app (the largest jump x (1 + 2/n) for n
-jumps in the week), shown alone for comparison (docs/autopilot.md)."""
+jumps in the week), shown alone for comparison (docs/autopilot-journal.md, "Spike
+room learned per app")."""
 
 
 FLEET = MemoryVariant("mem-fleet-7d", window=7 * 86400.0, margin=0.02, jitter=0.05,
@@ -357,11 +362,11 @@ and the calm peak's rise counted in its growth and again in its margin."""
 CLOCK2 = attrs.evolve(CLOCK1, name="mem-clock2-7d", season_double=True)
 """Not a default: `CLOCK1` with room for two jumps at once in the clock's rule
 for an app that has jumped (at most the window's rule); the default is this with
-`season_once` (docs/autopilot.md, sessions 32, 33 and 35)."""
+`season_once` (docs/autopilot-journal.md, sessions 32, 33 and 35)."""
 
 CLOCK2_3 = attrs.evolve(CLOCK2, name="mem-clock2x3-7d", season_double_after=3)
 """Not a default: `CLOCK2`'s clock room for two jumps only for an app with at least
-3 jumps in the window (docs/autopilot.md, session 32)."""
+3 jumps in the window (docs/autopilot-journal.md, "Only for apps that jump often")."""
 
 CLOCK2_6 = attrs.evolve(CLOCK2, name="mem-clock2x6-7d", season_double_after=6)
 """Not a default: as `CLOCK2_3` with 6 jumps (the default's `double_after`)."""
