@@ -18,10 +18,11 @@ kills are judged at the same instants the policy sees):
   memory rules, not defaults now) in turn, through the full policy
   (`Autopilot` in `auto`: evidence, bounds, hysteresis, the OOM raise);
 - **meta+mem-fleet-7d, meta+mem-double-7d, meta+mem-first-7d,
-  meta+mem-clock1-7d, meta+mem-clock2-7d, meta+mem-clock2x3-7d,
-  meta+mem-clock2x6-7d**: the meta-recommender's CPU variants with `FLEET`,
-  `DOUBLE`, `FIRST`, `CLOCK1` (the default of sessions 29-34), `CLOCK2`,
-  `CLOCK2_3` and `CLOCK2_6` as the memory rule (not defaults);
+  meta+mem-clock1-7d, meta+mem-clock2-7d, meta+mem-clock2s-7d,
+  meta+mem-clock2x3-7d, meta+mem-clock2x6-7d**: the meta-recommender's CPU
+  variants with `FLEET`, `DOUBLE`, `FIRST`, `CLOCK1` (the default of sessions
+  29-34), `CLOCK2`, `CLOCK2S` (the default of session 35), `CLOCK2_3` and
+  `CLOCK2_6` as the memory rule (not defaults);
 - **meta**: the policy with every variant, the meta-recommender choosing per app.
 
 Each starts from the user's limits. Rules of the simulated world, the same for all:
@@ -364,6 +365,11 @@ CLOCK2 = attrs.evolve(CLOCK1, name="mem-clock2-7d", season_double=True)
 for an app that has jumped (at most the window's rule); the default is this with
 `season_once` (docs/autopilot-journal.md, sessions 32, 33 and 35)."""
 
+CLOCK2S = attrs.evolve(DEFAULT_MEMORY_VARIANTS[0], name="mem-clock2s-7d", first_rate=0.05,
+                       first_size=0.0)
+"""Not a default (the default of session 35): the room before a first jump while 5%
+of the apps like it first jump within a day, whatever the app's size."""
+
 CLOCK2_3 = attrs.evolve(CLOCK2, name="mem-clock2x3-7d", season_double_after=3)
 """Not a default: `CLOCK2`'s clock room for two jumps only for an app with at least
 3 jumps in the window (docs/autopilot-journal.md, "Only for apps that jump often")."""
@@ -385,7 +391,7 @@ def approaches() -> dict[str, Config | None]:
         out[f"{cpu.name}+{mem.name}"] = attrs.evolve(base, cpu_variants=(cpu,),
                                                      memory_variants=(mem,))
     # The meta-recommender's CPU, another memory rule.
-    for mem in (FLEET, DOUBLE, FIRST, CLOCK1, CLOCK2, CLOCK2_3, CLOCK2_6):
+    for mem in (FLEET, DOUBLE, FIRST, CLOCK1, CLOCK2, CLOCK2S, CLOCK2_3, CLOCK2_6):
         out[f"meta+{mem.name}"] = attrs.evolve(base, memory_variants=(mem,))
     out["meta"] = base
     return out

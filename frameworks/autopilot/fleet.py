@@ -38,6 +38,7 @@ class FleetJumps:
         self._calm: dict[str, tuple[float, float]] = {}  # per app: calm peak, cover's room
         self._covered: frozenset[str] = frozenset()  # the apps covered at `_covered_at`
         self._covered_at: tuple[float, float] | None = None  # (now, budget)
+        self._typical: tuple[float, float] | None = None  # (now, median calm peak)
 
     def seen(self, app: str, at: float, alike: int = 0) -> None:
         """A sample of the app at `at` (its first sets its age); `alike`: the class
@@ -88,6 +89,14 @@ class FleetJumps:
         two jumps at once), the room over that peak the cover would add (0: none)."""
         self._calm[app] = (peak, room)
 
+    def typical_calm(self, now: float) -> float:
+        """The median of the apps' calm peaks told by `calm` (0: none). Fixed for one
+        `now`, like `covered`."""
+        if self._typical is None or self._typical[0] != now:
+            peaks = sorted(peak for peak, _ in self._calm.values())
+            self._typical = (now, peaks[len(peaks) // 2] if peaks else 0.0)
+        return self._typical[1]
+
     def covered(self, app: str, now: float, budget: float) -> bool:
         """Whether the app is among the candidates that get cover: the cheapest
         first (calm peak × room), while their rooms sum to at most `budget` of all
@@ -120,7 +129,7 @@ class FleetJumps:
         self._first_jump.pop(app, None)
         self._class.pop(app, None)
         self._calm.pop(app, None)
-        self._covered_at = None
+        self._covered_at = self._typical = None
         self._rates.clear()
         if self._largest.pop(app, None) is not None:
             self._changed()

@@ -67,7 +67,8 @@ class MemoryVariant:
     the largest jump and the fleet's q quantile of apps' largest jumps; with
     `first_rate`, that quantile also for an app that has not jumped while the apps
     like it (`first_alike`: of its swing class) first jump at that rate or more per
-    `first_horizon`; with `double` b, room for two jumps at once, (1 + rise)² - 1,
+    `first_horizon`, the rate scaled with `first_size` s by (the app's calm peak /
+    the median of the fleet's)^s; with `double` b, room for two jumps at once, (1 + rise)² - 1,
     for an app with `double_after` jumps in the window, if among the cheapest such
     apps whose added room sums to at most b of the fleet's calm peaks; with `drift`,
     the margin grows by the calm peak's rise over
@@ -97,6 +98,7 @@ class MemoryVariant:
     drift: float = attrs.field(default=0.0, validator=_nonnegative)
     drift_cap: float = attrs.field(default=0.05, validator=_nonnegative)
     first_alike: bool = False
+    first_size: float = attrs.field(default=0.0, validator=_nonnegative)
     double: float = attrs.field(default=0.0, validator=_fraction)
     double_after: int = attrs.field(default=6, validator=attrs.validators.ge(1))
     season: float = attrs.field(default=0.0, validator=_nonnegative)
@@ -175,7 +177,7 @@ class MemoryRecommender:
                 self._fleet.seen(self._app, at, self._alike(at))
                 if top > 0 and top >= self.variant.prior_from:
                     self._fleet.jumped(self._app, at)
-                if self.variant.double > 0:
+                if self.variant.double > 0 or self.variant.first_size > 0:
                     self._report_cover(at, top)
             if self._swing is not None and not self._jumps.jumping:
                 self._swing.add(at, value)
@@ -233,7 +235,19 @@ class MemoryRecommender:
         rate = self._fleet.first_jump_rate(
             now, now - self._first, v.first_horizon,
             None if self._swing is None else self._alike(now))
-        return rate >= v.first_rate
+        return rate >= self._first_threshold(now)
+
+    def _first_threshold(self, now: float) -> float:
+        """`first_rate`, scaled with `first_size` by the app's calm peak against the
+        fleet's median: room costs bytes and a kill costs an app, so a small app
+        keeps its room before a first jump longer and a large one less."""
+        v = self.variant
+        if v.first_size <= 0 or self._fleet is None or self._jumps is None:
+            return v.first_rate
+        typical, calm = self._fleet.typical_calm(now), self._jumps.calm(now)
+        if typical <= 0 or calm <= 0:
+            return v.first_rate
+        return v.first_rate * (calm / typical) ** v.first_size
 
     def _report_cover(self, at: float, top: float) -> None:
         """Tell the fleet this app's calm peak and, once it has jumped `double_after`
@@ -241,7 +255,7 @@ class MemoryRecommender:
         at the larger of its largest jump and the fleet's prior)."""
         assert self._fleet is not None and self._jumps is not None
         v, calm = self.variant, self._jumps.calm(at)
-        if self._jumps.count(at) >= v.double_after:
+        if v.double > 0 and self._jumps.count(at) >= v.double_after:
             rise = max(top, self._prior())
             self._fleet.calm(self._app, calm, rise * (1 + rise))
         else:
@@ -292,7 +306,7 @@ class MemoryRecommender:
         window (one that spikes often is the one whose spikes overlap), and its rise
         is not for two already (`double`). Two spikes meeting at a quiet block were
         killed under the clock's limit where the window's rule held them
-        (docs/autopilot.md)."""
+        (docs/autopilot-journal.md, "Why spiky apps are still killed")."""
         v = self.variant
         if not v.season_double or self._jumps is None:
             return False
@@ -356,9 +370,12 @@ class MemoryRecommender:
                             "no jump in the window: no room")
                 unproven = (top == 0 or top < v.prior_from) and self._unproven(now)
                 if unproven:
+                    rate = (f"{self._first_threshold(now):.1%} ({v.first_rate:.0%} x (its "
+                            f"calm peak / the fleet's median)^{v.first_size:g})"
+                            if v.first_size > 0 else f"{v.first_rate:.0%}")
                     ways.append(f"not jumped yet, but apps like it that had not jumped "
                                 f"{v.first_horizon:g}s before its age have since at "
-                                f"{v.first_rate:.0%} or more")
+                                f"{rate} or more")
                 if (top >= v.prior_from and top > 0) or unproven:
                     ways.append(f"the p{v.prior * 100:g} of the largest jumps of the "
                                 f"{fleet} apps that jumped, {self._prior():.0%}")
@@ -411,9 +428,9 @@ DEFAULT_CPU_VARIANTS = (
 DEFAULT_MEMORY_VARIANTS = (
     MemoryVariant("mem-clock-7d", window=7 * 86400.0, margin=0.02, jitter=0.05, prior=0.75,
                   prior_from=0.10, drift=86400.0, drift_cap=0.03, double=0.01,
-                  double_after=6, first_rate=0.05, first_horizon=86400.0, first_alike=True,
-                  season=4 * 3600.0, season_lead=3600.0, season_double=True,
-                  season_once=True),
+                  double_after=6, first_rate=0.03, first_horizon=86400.0, first_alike=True,
+                  first_size=0.5, season=4 * 3600.0, season_lead=3600.0,
+                  season_double=True, season_once=True),
 )
 """Variants the meta-recommender chooses among by default: fast CPU decay follows
 change quickly (and pays more margin for it); slow decay is steadier. Memory has one
@@ -425,7 +442,7 @@ protect an app whose jumps so far stayed below its limit: no variant is charged 
 them, so the tightest wins until the first bigger jump kills. The fleet's p75 left
 3.0-3.2 points less slack than 2.5 x the app's own largest jump (the default
 before) on the fleet benchmark's tuning seeds 1, 2 and 8 (and, before
-`prior_from`, 4.5-5.3 less on the held-out ones; docs/autopilot.md). Its margin is
+`prior_from`, 4.5-5.3 less on the held-out ones; docs/autopilot-journal.md). Its margin is
 2% plus, for an app whose calm peak rose over the last day (growth, a leak), that
 rise, at most 3% (the whole 3% until a day's trend is known: a growing app's limit
 may not move for `Config.min_interval`); with `Config.mem_min_cut` at 2% the limit
@@ -439,10 +456,16 @@ fleet's p75 over the clock's calm peak, while 5% of the apps of an app's swing
 class first jump within a day of its age) and for two jumps at once (`double`, 1%
 of the fleet's calm peaks): 15.6% / 3 and 16.7% / 2 on those seeds, against
 16.2% / 7 and 16.0% / 6 for the window's rule alone (`mem-fleet-7d`, the default
-before); both goals on 11 of 20 unseen seeds, against 4 (docs/autopilot.md).
+before); both goals on 11 of 20 unseen seeds, against 4 (docs/autopilot-journal.md).
 Since session 35 the clock also keeps room for two jumps at once for an app that
 has jumped (`season_double`) and counts the calm peak's rise once
 (`season_once`): both goals on 14 of 22 unseen seeds, against 12 without them;
 the room costs about 1.2 points of slack and counting the rise once gives 0.4
-back, for 15 fewer OOM-affected apps over 25 seeds (93 to 78; docs/autopilot.md,
-sessions 32, 33 and 35)."""
+back, for 15 fewer OOM-affected apps over 25 seeds (93 to 78; docs/autopilot-journal.md,
+sessions 32, 33 and 35). Since session 36 the room before a first jump is priced
+by size (`first_size` 0.5, `first_rate` 3% at the fleet's median calm peak): an
+app a quarter of the median keeps it while 1.5% of the apps like it first jump
+within a day, one four times the median only while 6% do. A kill costs an app
+whatever its size and room costs bytes: both goals on 15 of the 22 unseen seeds,
+7 fewer OOM-affected apps over them (70 to 63) for the same slack (docs/autopilot.md,
+"Current figures")."""

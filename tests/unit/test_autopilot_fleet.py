@@ -46,14 +46,14 @@ def test_the_quantile_is_one_of_the_jumps_with_that_share_at_or_below_it(sizes, 
     assert sum(s < answer for s in sizes) < q * len(sizes)
 
 
-def _feed(recommender, jump: float, hours: int = 20) -> float:
-    """Hourly-ish samples of 100 MiB with one 10-minute jump at hour 10; the time of
-    the last sample."""
+def _feed(recommender, jump: float, hours: int = 20, size: float = 100 * MIB) -> float:
+    """Samples of `size` every 5 minutes with one 10-minute jump at hour 10; the
+    time of the last sample."""
     t = 0.0
     for i in range(hours * 12):
         t = i * 300.0
         up = 1 + jump if 10 * 3600 <= t < 10 * 3600 + 600 else 1.0
-        recommender.add(t, 100 * MIB * up)
+        recommender.add(t, size * up)
     return t
 
 
@@ -139,6 +139,26 @@ def test_an_app_that_has_not_jumped_gets_the_fleets_room_while_first_jumps_are_c
     assert strict.value(now) == pytest.approx(100 * MIB, rel=0.01)
     off, now = _quiet_and_jumpers(first_rate=0.0)
     assert off.value(now) == pytest.approx(100 * MIB, rel=0.01)
+
+
+def test_with_first_size_a_small_quiet_app_keeps_the_room_a_large_one_loses() -> None:
+    # The rate is 83% (as above); the threshold, 50% at the fleet's median calm peak
+    # (100 MiB), scales by the square root of the app's own: 16% at 10 MiB, 158% at
+    # 1000 MiB (never met).
+    variant = MemoryVariant("first", window=7 * 86400.0, margin=0.0, jitter=0.05,
+                            prior=0.75, prior_from=0.10, first_rate=0.5,
+                            first_horizon=12 * 3600.0, first_size=0.5)
+    fleet = FleetJumps()
+    for i in range(PRIOR_APPS):
+        _feed(variant.build(fleet, f"/jumper{i}"), 0.4)
+    small, large = variant.build(fleet, "/small"), variant.build(fleet, "/large")
+    _feed(small, 0.0, size=10 * MIB)
+    now = _feed(large, 0.0, size=1000 * MIB)
+    assert fleet.typical_calm(now) == pytest.approx(100 * MIB, rel=0.01)
+    assert small.value(now) == pytest.approx(10 * MIB * 1.4, rel=0.02)
+    assert "the fleet's median)^0.5" in small.explain(now)
+    assert large.value(now) == pytest.approx(1000 * MIB, rel=0.01)
+    assert "not jumped" not in large.explain(now)
 
 
 @given(st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.floats(0.11, 0.9))
