@@ -19,10 +19,10 @@ kills are judged at the same instants the policy sees):
   (`Autopilot` in `auto`: evidence, bounds, hysteresis, the OOM raise);
 - **meta+mem-fleet-7d, meta+mem-double-7d, meta+mem-first-7d,
   meta+mem-clock1-7d, meta+mem-clock2-7d, meta+mem-clock2s-7d,
-  meta+mem-clock2x3-7d, meta+mem-clock2x6-7d**: the meta-recommender's CPU
-  variants with `FLEET`, `DOUBLE`, `FIRST`, `CLOCK1` (the default of sessions
-  29-34), `CLOCK2`, `CLOCK2S` (the default of session 35), `CLOCK2_3` and
-  `CLOCK2_6` as the memory rule (not defaults);
+  meta+mem-clock2x3-7d, meta+mem-clock2x6-7d, meta+mem-sizedprior-7d**: the
+  meta-recommender's CPU variants with `FLEET`, `DOUBLE`, `FIRST`, `CLOCK1` (the
+  default of sessions 29-34), `CLOCK2`, `CLOCK2S` (the default of session 35),
+  `CLOCK2_3`, `CLOCK2_6` and `SIZED_PRIOR` as the memory rule (not defaults);
 - **meta**: the policy with every variant, the meta-recommender choosing per app.
 
 Each starts from the user's limits. Rules of the simulated world, the same for all:
@@ -370,6 +370,13 @@ CLOCK2S = attrs.evolve(DEFAULT_MEMORY_VARIANTS[0], name="mem-clock2s-7d", first_
 """Not a default (the default of session 35): the room before a first jump while 5%
 of the apps like it first jump within a day, whatever the app's size."""
 
+SIZED_PRIOR = attrs.evolve(DEFAULT_MEMORY_VARIANTS[0], name="mem-sizedprior-7d",
+                           prior_size=0.5)
+"""Not a default: the fleet's room after a jump from a quantile moved by the app's
+size too (`prior_size` 0.5: the p92 for an app a tenth of the median, the p50 for
+one four times it); less slack, more OOM-affected apps on the unseen seeds
+(docs/autopilot-journal.md, session 36)."""
+
 CLOCK2_3 = attrs.evolve(CLOCK2, name="mem-clock2x3-7d", season_double_after=3)
 """Not a default: `CLOCK2`'s clock room for two jumps only for an app with at least
 3 jumps in the window (docs/autopilot-journal.md, "Only for apps that jump often")."""
@@ -391,7 +398,7 @@ def approaches() -> dict[str, Config | None]:
         out[f"{cpu.name}+{mem.name}"] = attrs.evolve(base, cpu_variants=(cpu,),
                                                      memory_variants=(mem,))
     # The meta-recommender's CPU, another memory rule.
-    for mem in (FLEET, DOUBLE, FIRST, CLOCK1, CLOCK2, CLOCK2S, CLOCK2_3, CLOCK2_6):
+    for mem in (FLEET, DOUBLE, FIRST, CLOCK1, CLOCK2, CLOCK2S, CLOCK2_3, CLOCK2_6, SIZED_PRIOR):
         out[f"meta+{mem.name}"] = attrs.evolve(base, memory_variants=(mem,))
     out["meta"] = base
     return out

@@ -68,7 +68,9 @@ class MemoryVariant:
     `first_rate`, that quantile also for an app that has not jumped while the apps
     like it (`first_alike`: of its swing class) first jump at that rate or more per
     `first_horizon`, the rate scaled with `first_size` s by (the app's calm peak /
-    the median of the fleet's)^s; with `double` b, room for two jumps at once, (1 + rise)² - 1,
+    the median of the fleet's)^s; with `prior_size` s, the quantile's share above
+    it, 1 - q, is scaled by the same ratio^s (in steps of 1%, at least the p1);
+    with `double` b, room for two jumps at once, (1 + rise)² - 1,
     for an app with `double_after` jumps in the window, if among the cheapest such
     apps whose added room sums to at most b of the fleet's calm peaks; with `drift`,
     the margin grows by the calm peak's rise over
@@ -99,6 +101,7 @@ class MemoryVariant:
     drift_cap: float = attrs.field(default=0.05, validator=_nonnegative)
     first_alike: bool = False
     first_size: float = attrs.field(default=0.0, validator=_nonnegative)
+    prior_size: float = attrs.field(default=0.0, validator=_nonnegative)
     double: float = attrs.field(default=0.0, validator=_fraction)
     double_after: int = attrs.field(default=6, validator=attrs.validators.ge(1))
     season: float = attrs.field(default=0.0, validator=_nonnegative)
@@ -168,6 +171,7 @@ class MemoryRecommender:
         self._answer: tuple[tuple[float, int, int], float | None] | None = None
 
     def add(self, at: float, value: float) -> None:
+        v = self.variant
         self._peak.add(at, value)
         if self._jumps is not None:
             self._jumps.add(at, value)
@@ -175,9 +179,9 @@ class MemoryRecommender:
                 top = self._jumps.largest(at)[0]
                 self._fleet.report(self._app, top)
                 self._fleet.seen(self._app, at, self._alike(at))
-                if top > 0 and top >= self.variant.prior_from:
+                if top > 0 and top >= v.prior_from:
                     self._fleet.jumped(self._app, at)
-                if self.variant.double > 0 or self.variant.first_size > 0:
+                if v.double > 0 or v.first_size > 0 or v.prior_size > 0:
                     self._report_cover(at, top)
             if self._swing is not None and not self._jumps.jumping:
                 self._swing.add(at, value)
@@ -205,7 +209,7 @@ class MemoryRecommender:
         v = self.variant
         if top == 0 or top < v.prior_from:
             if self._unproven(now):
-                return max(top, self._prior()), self._jumps.calm(now)
+                return max(top, self._prior(now)), self._jumps.calm(now)
             if top == 0:
                 return 0.0, 0.0
         if v.learned:
@@ -219,7 +223,7 @@ class MemoryRecommender:
             # has only its own largest.
             # A rise barely past the jitter (a cycle's turn, noise) is no evidence
             # of a spiky app: its own size only.
-            rise = max(rise, top, self._prior() if top >= v.prior_from else 0.0)
+            rise = max(rise, top, self._prior(now) if top >= v.prior_from else 0.0)
             if self._doubled(now):
                 # Room for two jumps at once: their factors multiply.
                 rise = (1 + rise) ** 2 - 1
@@ -242,12 +246,15 @@ class MemoryRecommender:
         fleet's median: room costs bytes and a kill costs an app, so a small app
         keeps its room before a first jump longer and a large one less."""
         v = self.variant
-        if v.first_size <= 0 or self._fleet is None or self._jumps is None:
-            return v.first_rate
+        return v.first_rate * self._sized(now, v.first_size)
+
+    def _sized(self, now: float, power: float) -> float:
+        """(This app's calm peak / the median of the fleet's)^power; 1 without
+        `power`, a fleet or a calm peak."""
+        if power <= 0 or self._fleet is None or self._jumps is None:
+            return 1.0
         typical, calm = self._fleet.typical_calm(now), self._jumps.calm(now)
-        if typical <= 0 or calm <= 0:
-            return v.first_rate
-        return v.first_rate * (calm / typical) ** v.first_size
+        return (calm / typical) ** power if typical > 0 and calm > 0 else 1.0
 
     def _report_cover(self, at: float, top: float) -> None:
         """Tell the fleet this app's calm peak and, once it has jumped `double_after`
@@ -256,7 +263,7 @@ class MemoryRecommender:
         assert self._fleet is not None and self._jumps is not None
         v, calm = self.variant, self._jumps.calm(at)
         if v.double > 0 and self._jumps.count(at) >= v.double_after:
-            rise = max(top, self._prior())
+            rise = max(top, self._prior(at))
             self._fleet.calm(self._app, calm, rise * (1 + rise))
         else:
             self._fleet.calm(self._app, calm)
@@ -268,7 +275,7 @@ class MemoryRecommender:
         v = self.variant
         if v.double <= 0 or self._fleet is None or self._jumps is None:
             return False
-        return (self._jumps.count(now) >= v.double_after and self._prior() > 0
+        return (self._jumps.count(now) >= v.double_after and self._prior(now) > 0
                 and self._fleet.covered(self._app, now, v.double))
 
     def _seasonal(self, now: float, rise: float, calm: float) -> float | None:
@@ -328,8 +335,20 @@ class MemoryRecommender:
     def _alike(self, now: float) -> int:
         return 0 if self._swing is None else swing_class(self._swing.swing(now))
 
-    def _prior(self) -> float:
-        return 0.0 if self._fleet is None else self._fleet.quantile(self.variant.prior)
+    def _prior(self, now: float) -> float:
+        return 0.0 if self._fleet is None else self._fleet.quantile(self._prior_quantile(now))
+
+    def _prior_quantile(self, now: float) -> float:
+        """`prior`, moved with `prior_size` by the app's calm peak against the fleet's
+        median: the share of the fleet's largest jumps above it, 1 - prior, times
+        (calm / median)^prior_size, so a small app gets room for more of the jumps the
+        fleet makes and a large one for fewer, where each byte buys less (as
+        `_first_threshold`). In steps of 1% (the fleet keeps an answer per quantile),
+        at least the p1."""
+        v = self.variant
+        if v.prior_size <= 0:
+            return v.prior
+        return min(1.0, max(0.01, round(1 - (1 - v.prior) * self._sized(now, v.prior_size), 2)))
 
     def value(self, now: float) -> float | None:
         # Another app's jumps can move the prior: its version is part of the key.
@@ -377,8 +396,11 @@ class MemoryRecommender:
                                 f"{v.first_horizon:g}s before its age have since at "
                                 f"{rate} or more")
                 if (top >= v.prior_from and top > 0) or unproven:
-                    ways.append(f"the p{v.prior * 100:g} of the largest jumps of the "
-                                f"{fleet} apps that jumped, {self._prior():.0%}")
+                    q = self._prior_quantile(now)
+                    scaled = (f" (p{v.prior * 100:g} moved by its calm peak against the "
+                              f"fleet's median)" if q != v.prior else "")
+                    ways.append(f"the p{q * 100:g}{scaled} of the largest jumps of the "
+                                f"{fleet} apps that jumped, {self._prior(now):.0%}")
             how = ", or ".join(ways) + (", whichever is more" if len(ways) > 1 else "")
             if self._doubled(now):
                 how += (f"; doubled for two jumps at once (at least {v.double_after} jumps "

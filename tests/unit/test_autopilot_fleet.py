@@ -75,6 +75,35 @@ def test_an_app_that_jumped_a_little_gets_room_for_the_jumps_the_fleet_makes() -
     assert alone.value(now) == pytest.approx(100 * MIB * 1.15, rel=0.02)
 
 
+def test_with_prior_size_a_small_app_gets_room_for_more_of_the_fleets_jumps() -> None:
+    # Seven apps' largest jumps: 15% (the small and the large app), 20-50% (five of
+    # 100 MiB, the median calm peak). The p75's share above, 25%, scaled by the square
+    # root of calm / median: the p92 for 10 MiB (the largest, 50%), the p21 for 1000
+    # MiB (15%, its own), the p75 at the median (45%).
+    sized = attrs.evolve(FLEET, prior_size=0.5)
+    fleet = FleetJumps()
+    middle = []
+    for i, jump in enumerate((0.2, 0.3, 0.4, 0.45, 0.5)):
+        middle.append(sized.build(fleet, f"/mid{i}"))
+        _feed(middle[-1], jump)
+    small, large = sized.build(fleet, "/small"), sized.build(fleet, "/large")
+    _feed(small, 0.15, size=10 * MIB)
+    now = _feed(large, 0.15, size=1000 * MIB)
+    assert small.value(now) == pytest.approx(10 * MIB * 1.5, rel=0.03)
+    assert "the p92 (p75 moved by its calm peak" in small.explain(now)
+    assert large.value(now) == pytest.approx(1000 * MIB * 1.15, rel=0.03)
+    assert middle[0].value(now) == pytest.approx(100 * MIB * 1.45, rel=0.03)
+    # Without it every app gets the p75.
+    plain = FleetJumps()
+    for i, jump in enumerate((0.2, 0.3, 0.4, 0.45, 0.5)):
+        _feed(FLEET.build(plain, f"/mid{i}"), jump)
+    small, large = FLEET.build(plain, "/small"), FLEET.build(plain, "/large")
+    _feed(small, 0.15, size=10 * MIB)
+    _feed(large, 0.15, size=1000 * MIB)
+    assert small.value(now) == pytest.approx(10 * MIB * 1.45, rel=0.03)
+    assert large.value(now) == pytest.approx(1000 * MIB * 1.45, rel=0.03)
+
+
 def test_the_autopilot_learns_from_the_apps_it_follows_and_forgets_removed_ones() -> None:
     pilot = Autopilot(Config(memory_variants=(FLEET,), warmup=0, min_samples=1))
     apps = [f"/app{i}" for i in range(PRIOR_APPS + 1)]
