@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="no recommendation on fewer samples")
     pilot.add_argument("--autopilot-min-interval", type=argtypes.duration, default="1h",
                        help="an app's limits change at most this often (OOM raises excepted)")
+    pilot.add_argument("--autopilot-history", type=argtypes.duration, default="24h",
+                       help="on becoming leader, read back this much usage from the master's "
+                       "store (as far as it holds), so evidence survives a failover; 0: none")
     pilot.add_argument("--autopilot-scale-window", type=argtypes.duration, default="5mins",
                        help="horizontal sizing: the load is each task's mean CPU over this")
     pilot.add_argument("--autopilot-scale-stabilization", type=argtypes.duration,
@@ -249,7 +252,8 @@ class Service:
         print(f"dyad-service leading with {len(core.apps)} app(s), {len(core.tasks)} "
               f"task(s); framework id {snapshot.framework_id or '(new)'}", flush=True)
         driving = asyncio.create_task(driver.run_async())
-        feeding = asyncio.create_task(UsageFeed(runtime, self.args.autopilot_step).run())
+        feeding = asyncio.create_task(UsageFeed(runtime, self.args.autopilot_step,
+                                                self.args.autopilot_history).run())
         waits = [driving, asyncio.create_task(self.stop.wait()),
                  asyncio.create_task(failed.wait())]
         if self.leadership is not None:

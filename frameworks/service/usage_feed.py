@@ -4,8 +4,11 @@ master's usage store (`POST /usage/query`, docs/usage-store.md), every step.
 The service framework and the master meet only over the network: this asks the
 leading master (the one the driver is subscribed to) the same SQL an operator
 could. Each poll asks for the rows after the newest one already read, so a sample
-is fed once; a poll that hits the master's row limit continues from where it
-stopped on the next one. A failed poll (no master, store off, a timeout) is
+is fed once; a poll that hits its row limit is followed at once by the next, until
+the feed has caught up. A new leader first reads back `history` seconds of
+samples (what the store still holds of them): the autopilot's evidence lives in
+memory, and without them a failover would start every app's warmup afresh and
+forget the peaks of the last day. A failed poll (no master, store off, a timeout) is
 logged, counted and retried at the next step: the autopilot then simply has
 fewer samples, and never acts on stale ones.
 
@@ -49,18 +52,18 @@ def samples_sql(framework_id: str, app_ids: list[str], after_us: int) -> str:
 class UsageFeed:
     """Polls the master for the runtime's followed apps while it runs."""
 
-    def __init__(self, runtime: ServiceRuntime, interval: float) -> None:
+    def __init__(self, runtime: ServiceRuntime, interval: float, history: float = 0.0) -> None:
         self.runtime = runtime
         self.interval = interval
-        # A new leader starts from now: older samples were its predecessor's to use.
-        self.after_us = int((runtime.clock.now() - interval) * 1e6)
+        self.after_us = int((runtime.clock.now() - max(interval, history)) * 1e6)
 
     async def run(self) -> None:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as http:
             while True:
                 await asyncio.sleep(self.interval)
                 try:
-                    await self.poll(http)
+                    while await self.poll(http) >= ROWS_PER_POLL:
+                        await asyncio.sleep(0)  # a backlog (the history): on, letting others run
                 except StoreError:
                     return  # the runtime stopped; on_fatal has reported it
                 except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:

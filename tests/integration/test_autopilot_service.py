@@ -7,8 +7,10 @@ the real flags."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -91,3 +93,31 @@ async def test_an_over_declared_app_is_recommended_less_and_right_sized(
         env=dict(os.environ, PYTHONPATH=str(PROJECT_ROOT)))
     assert shown.returncode == 0, shown.stderr
     assert "recommended" in shown.stdout and "mem (MiB)" in shown.stdout
+
+
+async def test_a_new_leader_reads_the_evidence_back_from_the_store(
+        make_cluster: Any, services: Any, tmp_path: Path) -> None:  # noqa: F811
+    """The autopilot's evidence lives in memory; a restarted `dyad-service` reads the
+    last `--autopilot-history` of samples back from the master's store, so an app
+    with a day of evidence is not sent back through its warmup by a failover."""
+    flags = ["--autopilot-step", "1s", "--autopilot-warmup", "20s",
+             "--autopilot-min-samples", "10"]
+    thin = {"id": "/thin", "cmd": "sleep 600", "instances": 1, "cpus": 0.2, "mem": 256,
+            "taskKillGracePeriodSeconds": 1, "autopilot": {"mode": "recommend"}}
+    cluster, first = await app_on_cluster(make_cluster, services, tmp_path, 1, flags, thin)
+
+    def ready(service: Service) -> Any:
+        rec = service.get("/v2/apps/thin/recommendation")["recommendation"]
+        return rec if rec is not None and rec["ready"] else None
+
+    before = await wait_for(lambda: ready(first), 60, "evidence over the 20 s warmup")
+    first.stop(signal.SIGKILL)
+    restarted_at = time.monotonic()
+    argv = ["--master", cluster.master_address, "--work-dir", str(tmp_path / "state"), *flags]
+    second = await services("second", *argv).started()
+    after = await wait_for(lambda: ready(second), 15,
+                           "a recommendation sooner than a fresh warmup allows")
+    # Fresh evidence could not be ready within the 20 s warmup of the restart.
+    assert time.monotonic() - restarted_at < 20
+    assert after["samples"] >= before["samples"]
+    assert second.get("/metrics")["counters"]["autopilot_samples"] >= before["samples"]
