@@ -220,6 +220,11 @@ class SchedulerHeartbeat(Message):
     framework_id: str
 
 
+PREEMPTION_CAPABILITY = "PREEMPTION"
+"""A framework (`FrameworkInfo.capabilities`) with it may ask for preemption
+(`Preempt`) whether or not its roles are below their guarantees."""
+
+
 @message("preempt")
 class Preempt(Message):
     """A task of `priority` needing `resources` on one agent cannot be placed:

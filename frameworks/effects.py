@@ -76,6 +76,15 @@ class RequestKill:
 
 
 @attrs.frozen
+class AskPreemption:
+    """Ask the master to free room on one agent for a task of `priority` needing
+    `resources` (`SchedulerDriver.preempt`)."""
+
+    resources: Resources
+    priority: int
+
+
+@attrs.frozen
 class ReconcileTasks:
     """Ask for the latest state of these ``(task_id, agent_id)`` pairs; empty asks
     for every task of the framework the master knows (implicit reconciliation)."""
@@ -84,7 +93,7 @@ class ReconcileTasks:
 
 
 DriverEffect = (LaunchTasks | AcceptOffer | DeclineOffers | SuppressOffers | ReviveOffers
-                | RequestResources | RequestKill | ReconcileTasks)
+                | RequestResources | RequestKill | AskPreemption | ReconcileTasks)
 
 
 def perform(effect: DriverEffect, driver: Any) -> None:
@@ -107,6 +116,8 @@ def perform(effect: DriverEffect, driver: Any) -> None:
                                       for resources, count in requests])
         case RequestKill(task_id, grace_period):
             driver.kill_task(task_id, grace_period)
+        case AskPreemption(resources, priority):
+            driver.preempt(resources, priority)
         case ReconcileTasks(tasks):
             driver.reconcile_tasks(list(tasks))
         case _:

@@ -35,13 +35,13 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterable
 
-from dyad.messages import KillTask, Preempt, Reason
+from dyad.messages import PREEMPTION_CAPABILITY, KillTask, Preempt, Reason
 from dyad.resources import Resources
 from master.allocator.preemption import Candidate, place, reclaim
 from master.books import MasterBooks
 from master.model import MasterFramework, MasterTask
 
-CAPABILITY = "PREEMPTION"
+CAPABILITY = PREEMPTION_CAPABILITY
 MINUTE = 60.0
 
 

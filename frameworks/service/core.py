@@ -49,13 +49,14 @@ from dyad.effects import ArmTimer, CancelTimer, TimerFired, TimerKey, UnknownTim
 from dyad.messages import Offer, Operation, OperationType, TaskInfo, TaskState, TaskStatus
 from dyad.resources import Resources
 from frameworks.effects import (
-    AcceptOffer, DeclineOffers, DriverEffect, LaunchTasks, ReconcileTasks, RequestKill,
-    ReviveOffers, SuppressOffers)
+    AcceptOffer, AskPreemption, DeclineOffers, DriverEffect, LaunchTasks, ReconcileTasks,
+    RequestKill, ReviveOffers, SuppressOffers)
 from frameworks.service.appdef import AppDefinition, app_from_stored, stored_app
 from frameworks.service.deployment import plan_deployment, plan_steady
 from frameworks.service.placement import (
-    Fit, Spread, Unfit, agent_ip, fit, resident_fit, task_info,
+    Fit, Spread, Unfit, agent_ip, fit, resident_fit, task_info, task_shape,
 )
+from frameworks.service.preemption_asks import PreemptionAsks
 from frameworks.service.records import (
     AUTO_ROLLBACK_KINDS, CREATE, DELETE, RESTART, ROLLBACK, SCALE, UPGRADE, AppTask,
     Deployment, iso_time)
@@ -221,6 +222,8 @@ class ServiceConfig:
     role: str = "*"
     """The framework's role: what resident apps reserve their resources to."""
     principal: str = ""
+    preemption_ask_after: float | None = None
+    """Ask the master to preempt for an app waiting this long (preemption_asks)."""
 
 
 @attrs.define
@@ -280,6 +283,8 @@ class ServiceCore:
         self._unconfirmed: set[str] = set()
         self._reconciled_at = 0.0
         self._last_stamp_ms = 0
+        self._asks = (None if config.preemption_ask_after is None
+                      else PreemptionAsks(config.preemption_ask_after))
 
     # ------------------------------------------------------------ queries
 
@@ -699,6 +704,7 @@ class ServiceCore:
         """After any change: plan every app, then revive/suppress and re-arm."""
         effects += self._drive(now)
         effects += self._offer_interest(now)
+        effects += self._ask_preemption(now)
         effects += self._arm(now)
         return effects
 
@@ -752,9 +758,23 @@ class ServiceCore:
             return [SuppressOffers()]
         return []
 
+    def _ask_preemption(self, now: float) -> list[Effect]:
+        """Room asked of the master for the apps waiting `preemption_ask_after`
+        (frameworks/service/preemption_asks.py: not for constrained or resident apps)."""
+        if self._asks is None or not self.connected:
+            return []
+        apps = {a: self._launch_target(a) for a in self._demand}
+        self._asks.waiting({a for a, app in apps.items()
+                            if not app.constraints and app.persistent is None}, now)
+        due = self._asks.due(now)
+        self.counters["preemption_asks"] += len(due)
+        return [AskPreemption(task_shape(apps[a]), apps[a].priority) for a in due]
+
     def _arm(self, now: float) -> list[Effect]:
         times = [runtime.delay_until for app_id, runtime in self._runtime.items()
                  if self._wanted.get(app_id) and runtime.delay_until > now]
+        if self._asks is not None and (ask := self._asks.next_at()) is not None:
+            times.append(ask)
         times += [d.progress_at + self.config.deployment_timeout
                   for d in self.deployments.values() if d.auto_rollback]
         times += [self._kill_due(t) for t in self.tasks.values() if t.killing]

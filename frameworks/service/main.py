@@ -33,7 +33,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from dyad import security, zk_acl
 from dyad.clock import SystemClock
-from dyad.messages import FrameworkInfo
+from dyad.messages import PREEMPTION_CAPABILITY, FrameworkInfo
 from dyad import argtypes
 from frameworks.autopilot import Config as AutopilotConfig
 from frameworks.autopilot.horizontal import HorizontalConfig
@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how long the master keeps our tasks while we are away")
     p.add_argument("--deployment-timeout", type=argtypes.duration, default="5mins",
                    help="upgrades with no new task ready for this long roll back")
+    p.add_argument("--preemption-ask-after", type=argtypes.duration, default="0s",
+                   help="ask the master to preempt lower-priority tasks for an app whose "
+                   "tasks have waited this long (needs dyad-master --preemption); 0: never")
     p.add_argument("--decline-refuse", type=argtypes.duration, default="30s",
                    help="filter on declined offers (new demand revives at once)")
     p.add_argument("--role", default="*",
@@ -230,9 +233,11 @@ class Service:
         except StoreError as exc:
             log.error("%s", exc)
             return STEPPED_DOWN
+        ask_after = self.args.preemption_ask_after or None
         config = ServiceConfig(deployment_timeout=self.args.deployment_timeout,
                                refuse_seconds=self.args.decline_refuse,
-                               role=self.args.role, principal=self.args.principal)
+                               role=self.args.role, principal=self.args.principal,
+                               preemption_ask_after=ask_after)
         core = ServiceCore(config, lambda: uuid.uuid4().hex, snapshot)
         runtime = ServiceRuntime(core, store, SystemClock(), on_fatal=lambda _: failed.set(),
                                  autopilot=autopilot_config(self.args))
@@ -240,7 +245,8 @@ class Service:
                              failover_timeout=self.args.failover_timeout, checkpoint=True,
                              roles=[self.args.role], principal=self.args.principal,
                              hostname=self.args.hostname or socket.gethostname(),
-                             webui_url=f"http://{self.advertised}")
+                             webui_url=f"http://{self.advertised}",
+                             capabilities=[] if ask_after is None else [PREEMPTION_CAPABILITY])
         scheduler = ServiceScheduler(runtime)
         try:
             driver = SchedulerDriver(scheduler, info, master=self.args.master)

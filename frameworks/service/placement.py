@@ -53,6 +53,12 @@ class Fit:
         return self.resources if self.offered is None else self.offered
 
 
+def task_shape(app: AppDefinition) -> Resources:
+    """One task's cpus, mem and disk (its ports are chosen per offer)."""
+    return Resources.of(**{k: v for k, v in (("cpus", app.cpus), ("mem", app.mem),
+                                              ("disk", app.disk)) if v})
+
+
 def fit(app: AppDefinition, available: Resources) -> Fit | Unfit:
     """The resources one task of `app` would take out of `available`."""
     for name, want, code in (("cpus", app.cpus, INSUFFICIENT_CPUS),
@@ -64,8 +70,7 @@ def fit(app: AppDefinition, available: Resources) -> Fit | Unfit:
     ports = _choose_ports(app.host_ports, available.ranges("ports"))
     if isinstance(ports, Unfit):
         return ports
-    scalars = {k: v for k, v in (("cpus", app.cpus), ("mem", app.mem), ("disk", app.disk)) if v}
-    need = Resources.of(**scalars)
+    need = task_shape(app)
     if ports:
         need = need + Resources.parse("ports:[" + ",".join(f"{p}-{p}" for p in sorted(ports)) + "]")
     try:

@@ -24,6 +24,7 @@ from dyad.resources import Resources
 from frameworks import CommandInfo, FrameworkInfo, TaskInfo, TaskState
 
 from .conftest import Recorder, wait_for
+from .test_service import services  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -138,15 +139,14 @@ async def test_a_guarantee_preempts_lower_bands_only(make_cluster: Any, drivers:
           f"production framework subscribed (bound {BOUND}s)")
 
 
-async def test_a_framework_asks_through_its_driver_and_gets_the_room(
-        make_cluster: Any, drivers: Any) -> None:
-    """`SchedulerDriver.preempt`: a framework with the PREEMPTION capability asks for
-    room for one production task on a cluster batch work fills; the master kills the
-    batch task (below the asker's priority) and offers the asker the room. A
-    framework without the capability is refused through `error`, and nothing ends."""
-    cluster = make_cluster(agents=1, resources="cpus:2;mem:1024;disk:1000",
-                           master_args=["--preemption", "--preemption-guarantees", "off",
-                                        "--preemption-hold", "5s"])
+ASKING_CLUSTER = dict(agents=1, resources="cpus:2;mem:1024;disk:1000",
+                      master_args=["--preemption", "--preemption-guarantees", "off",
+                                   "--preemption-hold", "5s"])
+
+
+async def filled_once(drivers: Any, cluster: Any, plan: list[tuple[str, int, str]]) -> Recorder:
+    """A batch-role framework that launches `plan` (task, priority, resources) on the
+    first agent offered, declines every other offer, and waits for them to run."""
     filler = Recorder()
     filled: list[str] = []
 
@@ -156,16 +156,26 @@ async def test_a_framework_asks_through_its_driver_and_gets_the_room(
                 driver.decline_offer(offer.id)
                 continue
             filled.append(offer.agent_id)
-            driver.launch_tasks([offer.id], [
-                sleeper("batch-1", offer.agent_id, 150, "cpus:1.5;mem:512"),
-                sleeper("best-1", offer.agent_id, 50, "cpus:0.5;mem:256")])
+            driver.launch_tasks([offer.id], [sleeper(name, offer.agent_id, priority, text)
+                                             for name, priority, text in plan])
 
     filler.on_offers = fill
-    batch = drivers(filler, FrameworkInfo(name="batch", roles=["batch"]),
-                    cluster.master_address)
-    await batch.registered()
-    await wait_for(lambda: all("TASK_RUNNING" in filler.states(t)
-                               for t in ("batch-1", "best-1")), 30, "the batch tasks running")
+    await drivers(filler, FrameworkInfo(name="batch", roles=["batch"]),
+                  cluster.master_address).registered()
+    await wait_for(lambda: all("TASK_RUNNING" in filler.states(name) for name, _, _ in plan),
+                   30, "the batch role's tasks running")
+    return filler
+
+
+async def test_a_framework_asks_through_its_driver_and_gets_the_room(
+        make_cluster: Any, drivers: Any) -> None:
+    """`SchedulerDriver.preempt`: a framework with the PREEMPTION capability asks for
+    room for one production task on a cluster batch work fills; the master kills the
+    batch task (below the asker's priority) and offers the asker the room. A
+    framework without the capability is refused through `error`, and nothing ends."""
+    cluster = make_cluster(**ASKING_CLUSTER)
+    filler = await filled_once(drivers, cluster, [("batch-1", 150, "cpus:1.5;mem:512"),
+                                                  ("best-1", 50, "cpus:0.5;mem:256")])
 
     wanted = Resources.parse("cpus:1;mem:128")
     refused = Recorder()
@@ -203,3 +213,24 @@ async def test_a_framework_asks_through_its_driver_and_gets_the_room(
     assert ended["batch-1"].state == TaskState.TASK_KILLED
     assert ended["batch-1"].reason == Reason.CONTAINER_PREEMPTED
     assert "TASK_RUNNING" in filler.states("best-1") and "best-1" not in ended
+
+
+async def test_a_waiting_service_app_gets_room_from_batch_work(
+        make_cluster: Any, drivers: Any, services: Any, tmp_path: Any) -> None:  # noqa: F811
+    """`dyad-service --preemption-ask-after`: a production app that cannot be placed on
+    a cluster that best-effort work fills asks the master for room, which kills the
+    best-effort task and offers the room; the app's task runs."""
+    cluster = make_cluster(**ASKING_CLUSTER)
+    filler = await filled_once(drivers, cluster, [("best-1", 50, "cpus:2;mem:512")])
+
+    service = await services("svc", "--master", cluster.master_address, "--work-dir",
+                             str(tmp_path / "svc"), "--preemption-ask-after", "2s").started()
+    status, created = service.call("POST", "/v2/apps", {
+        "id": "/prod", "cmd": "sleep 600", "instances": 1, "cpus": 1, "mem": 128})
+    assert status == 201, created
+    await wait_for(lambda: service.app("/prod")["tasksRunning"] == 1, 40,
+                   "the production app running in the room it asked for")
+    (ended,) = [s for s in filler.statuses if s.state.is_terminal]
+    assert ended.task_id == "best-1" and ended.state == TaskState.TASK_KILLED
+    assert ended.reason == Reason.CONTAINER_PREEMPTED
+    assert service.get("/metrics")["counters"]["preemption_asks"] >= 1
