@@ -407,17 +407,22 @@ class ServiceFramework(SimFramework):
     """The real `frameworks.service.core.ServiceCore` with the workload's apps put
     to it as `PUT /v2/apps?force=true` would (a workload does not wait for a
     deployment to finish before the next change). With a `recommender` policy
-    the Autopilot right-sizes its apps as `dyad-service` does (sim/autopilot.py)."""
+    the Autopilot right-sizes its apps as `dyad-service` does (sim/autopilot.py); an
+    *asker* (preemption on, `preemption.askers`) asks for room for an app whose
+    tasks wait `ask_after`, as `dyad-service --preemption-ask-after` does."""
 
     kind = "service"
 
     def __init__(self, engine: Engine, name: str, role: str, seed: int, recorder: Recorder,
                  master_info: MasterInfo, refuse_seconds: float,
-                 recommender: RecommenderPolicy | None = None) -> None:
-        super().__init__(engine, name, role, 200, seed, recorder, master_info)
+                 recommender: RecommenderPolicy | None = None,
+                 ask_after: float | None = None) -> None:
+        super().__init__(engine, name, role, 200, seed, recorder, master_info,
+                         (preempting.CAPABILITY,) if ask_after is not None else ())
         counter = iter(range(1, 1 << 62))
-        self.core = service.ServiceCore(service.ServiceConfig(refuse_seconds=refuse_seconds),
-                                        new_id=lambda: f"{next(counter):06d}")
+        self.core = service.ServiceCore(service.ServiceConfig(
+            refuse_seconds=refuse_seconds, preemption_ask_after=ask_after),
+            new_id=lambda: f"{next(counter):06d}")
         self._apps: dict[str, AppArrival] = {}
         self._since: dict[str, deque[float]] = {}  # app -> when each wanted task was wanted
         self.refused_commands = 0

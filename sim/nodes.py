@@ -33,12 +33,14 @@ from dyad.messages import (
     ACK_BATCH_CAPABILITY, Acknowledge, Filters, FrameworkInfo, MasterCapabilities, MasterInfo,
     Message, Operation, OperationType, ResourceRequest, TaskInfo, TaskStatus,
 )
+from dyad.resources import Resources
 from frameworks.driver_core import Callback, Finish, Received as DriverReceived, Started
 from frameworks.outbox import merged_acks
 from frameworks.scheduler import Scheduler, reconcile_list
 from frameworks.scheduler_core import (
-    AcceptCall, AcknowledgeCall, DeclineCall, Detect, KillCall, MasterDetected, ReconcileCall,
-    RequestCall, ReviveCall, SchedulerCore, SendToExecutorCall, StopCall, SuppressCall,
+    AcceptCall, AcknowledgeCall, DeclineCall, Detect, KillCall, MasterDetected, PreemptCall,
+    ReconcileCall, RequestCall, ReviveCall, SchedulerCore, SendToExecutorCall, StopCall,
+    SuppressCall,
 )
 from master.operator import OperatorCall, Reply, Request
 from master.state import MasterState, Received
@@ -228,6 +230,9 @@ class SimDriver(_Shell):
 
     def kill_task(self, task_id: str, kill_grace_period: float | None = None) -> None:
         self._call(KillCall(task_id, kill_grace_period))
+
+    def preempt(self, resources: Resources, priority: int) -> None:
+        self._call(PreemptCall(resources, priority))
 
     def acknowledge_status_update(self, status: TaskStatus) -> None:
         self._call(AcknowledgeCall(status))

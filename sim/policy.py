@@ -74,7 +74,7 @@ class Policy:
     borrowers: tuple[str, ...] | None = None  # None: `tasks` frameworks below production
     # Preemption (master/preempting.py); its `enabled` is the switch.
     preemption: PreemptionConfig = PreemptionConfig()
-    askers: tuple[str, ...] = ()  # `tasks` frameworks with PREEMPTION that send `Preempt`
+    askers: tuple[str, ...] = ()  # `tasks` or service frameworks with PREEMPTION that ask
     ask_after: float = 10.0  # how long their head task waits before they ask (and between)
     # The Autopilot recommender in the service frameworks (frameworks/autopilot/).
     recommender: bool = False

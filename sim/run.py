@@ -183,7 +183,8 @@ class Simulation:
                 if framework is None:
                     framework = self._add(ServiceFramework(
                         self.engine, arrival.framework, arrival.role, self.seed, self.recorder,
-                        self.info, self.policy.service_refuse_seconds, self._recommender), now)
+                        self.info, self.policy.service_refuse_seconds, self._recommender,
+                        self._ask_after(arrival.framework)), now)
                     if self._recommender is not None:
                         self.master.listeners.append(framework.usage)
                 assert isinstance(framework, ServiceFramework)
@@ -201,7 +202,7 @@ class Simulation:
                         self.engine, arrival.framework, arrival.role, arrival.priority,
                         self.seed, self.recorder, self.info,
                         self._borrower(arrival.framework, arrival.priority),
-                        self._ask_after(arrival)), now)
+                        self._ask_after(arrival.framework)), now)
                 assert isinstance(framework, GreedyFramework)
                 framework.add(arrival, now)
         return arrive
@@ -216,9 +217,9 @@ class Simulation:
             return framework in self.policy.borrowers
         return priority < PRODUCTION_MIN
 
-    def _ask_after(self, arrival: TasksArrival) -> float | None:
+    def _ask_after(self, framework: str) -> float | None:
         policy = self.policy
-        if policy.preemption.enabled and arrival.framework in policy.askers:
+        if policy.preemption.enabled and framework in policy.askers:
             return policy.ask_after
         return None
 

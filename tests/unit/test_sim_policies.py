@@ -92,6 +92,17 @@ FOUR_AGENTS = cell({"name": "n", "count": 4, "resources": "cpus:1;mem:1024"})
 FULL_OF_BATCH = tasks("batch", "batch", 4, 1, 1024, duration=None)
 
 
+def asked_on_and_off(tmp_path: Path, workload: list[Any], asker: str) -> tuple[Any, Any]:
+    """`workload` on `FOUR_AGENTS` with `asker` asking, preemption off then on: off,
+    nothing is preempted and batch keeps the cell; the run with it on."""
+    off_sim, off = simulate(tmp_path, FOUR_AGENTS, workload, policy(
+        tmp_path, {"preemption": {"enabled": False, "askers": [asker]}}))
+    assert off["tasks"]["preemptions"] == 0
+    assert role_allocation(off_sim)["batch"] == {"cpus": 4.0, "mem": 4096.0}
+    return simulate(tmp_path, FOUR_AGENTS, workload, policy(
+        tmp_path, {"preemption": {"enabled": True, "askers": [asker]}}))
+
+
 def test_production_preempts_batch_by_priority_band(tmp_path: Path) -> None:
     """Batch (priority 100) fills the cell; production work (200) arriving at
     100 s asks the master for room after 10 s. Off: it never runs. On: exactly
@@ -99,12 +110,7 @@ def test_production_preempts_batch_by_priority_band(tmp_path: Path) -> None:
     both its tasks, and the preempted batch tasks wait."""
     prod = {**tasks("prod", "prod", 2, 1, 1024, duration=None, at=100), "priority": 200}
     workload = [FULL_OF_BATCH, prod, {"kind": "end", "at": 400}]
-    off_sim, off = simulate(tmp_path, FOUR_AGENTS, workload, policy(
-        tmp_path, {"preemption": {"enabled": False, "askers": ["prod"]}}))
-    on_sim, on = simulate(tmp_path, FOUR_AGENTS, workload, policy(
-        tmp_path, {"preemption": {"enabled": True, "askers": ["prod"]}}))
-    assert off["tasks"]["preemptions"] == 0
-    assert role_allocation(off_sim)["batch"] == {"cpus": 4.0, "mem": 4096.0}
+    on_sim, on = asked_on_and_off(tmp_path, workload, "prod")
     assert on["tasks"]["preemptions"] == 2
     assert on["tasks"]["by_final_state"] == {"TASK_KILLED": 2}
     assert on["tasks"]["by_reason"] == {"REASON_CONTAINER_PREEMPTED": 2}
@@ -309,3 +315,18 @@ def test_a_batch_job_borrows_through_the_batch_cores_revocable_option(tmp_path: 
     assert on["jobs"] == {"succeeded": 1, "failed": 0, "unfinished": 0, "failures": {}}
     assert on["tasks"]["revocable_launched"] == 5
     assert on["tasks"]["by_final_state"] == {"TASK_FINISHED": 5}
+
+
+def test_a_service_that_asks_gets_room_from_batch(tmp_path: Path) -> None:
+    """A service framework named an asker runs the service core's
+    `preemption_ask_after` (as `dyad-service --preemption-ask-after`): its app,
+    arriving at 100 s on a cell batch fills, waits 10 s, asks, and the master
+    preempts two batch tasks for its two instances. Off: the app never runs."""
+    app = {"kind": "app", "at": 100, "framework": "web", "role": "prod",
+           "app": {"id": "/web", "instances": 2, "cpus": 1, "mem": 1024}}
+    workload = [FULL_OF_BATCH, app, {"kind": "end", "at": 400}]
+    on_sim, on = asked_on_and_off(tmp_path, workload, "web")
+    assert on["tasks"]["preemptions"] == 2
+    assert on["tasks"]["by_reason"] == {"REASON_CONTAINER_PREEMPTED": 2}
+    assert role_allocation(on_sim) == {"batch": {"cpus": 2.0, "mem": 2048.0},
+                                       "prod": {"cpus": 2.0, "mem": 2048.0}}
