@@ -101,3 +101,11 @@ def test_first_spikes_count_spiky_apps_whose_first_spike_is_scored_and_kills_a_c
     # Another kind's apps never count.
     assert bench.first_spikes([attrs.evolve(spiky(bench.WARM_IN + 3600.0, 1.3),
                                             kind="daily")], 2, seed=1) == (0, 0)
+
+
+def test_the_history_benchmark_feeds_every_row_it_decodes(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import autopilot_history
+
+    assert autopilot_history.main(["--tasks", "3", "--every", "5", "--hours", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "2,160 rows of 3 tasks" in out and "feeding / decoding:" in out
