@@ -44,8 +44,7 @@ def answers(tasks: int, every: float, hours: float) -> list[bytes]:
 def decode(polls: list[bytes]) -> float:
     started = time.process_time()
     for body in polls:
-        for row in json.loads(body)["rows"]:
-            app, at_us, cpus, mem, task, limit, throttled = row
+        json.loads(body)
     return time.process_time() - started
 
 

@@ -41,7 +41,6 @@ from master.allocator.preemption import Candidate, place, reclaim
 from master.books import MasterBooks
 from master.model import MasterFramework, MasterTask
 
-CAPABILITY = PREEMPTION_CAPABILITY
 MINUTE = 60.0
 
 
@@ -92,12 +91,12 @@ class PreemptionHandlers(MasterBooks):
             return "preemption is off on this master (start it with --preemption)"
         if message.resources.is_empty():
             return "nothing to make room for: resources are empty"
-        if CAPABILITY in framework.info.capabilities:
+        if PREEMPTION_CAPABILITY in framework.info.capabilities:
             return ""
         if any(self._shortfall(role) for role in framework.info.roles):
             return ""
-        return (f"framework {framework.id} may not preempt: it lacks the {CAPABILITY} "
-                "capability and none of its roles is below its quota guarantee")
+        return (f"framework {framework.id} may not preempt: it lacks the "
+                f"{PREEMPTION_CAPABILITY} capability and none of its roles is below its quota guarantee")
 
     def _guarantee_preemption(self) -> None:
         """After an allocation pass: reclaim what starved guarantees miss."""

@@ -32,8 +32,8 @@ import attrs
 
 from dyad.effects import ArmTimer, CancelTimer, TimerFired, TimerKey, UnknownTimer
 from dyad.messages import (
-    CommandInfo, ExecutorInfo, Filters, FrameworkInfo, MasterInfo, Message, Offer, Preempt,
-    Reason, TaskInfo, TaskState, TaskStatus,
+    PREEMPTION_CAPABILITY, CommandInfo, ExecutorInfo, Filters, FrameworkInfo, MasterInfo,
+    Message, Offer, Preempt, Reason, TaskInfo, TaskState, TaskStatus,
 )
 from dyad.resources import Resources
 from frameworks.autopilot import Evaluate
@@ -43,7 +43,7 @@ from frameworks.batch.wire import MAP
 from frameworks.effects import LaunchTasks, perform
 from frameworks.scheduler import Scheduler
 from frameworks.service import core as service
-from master import preempting, revocable
+from master import revocable
 from master.usage.schema import UsageSample
 from sim.autopilot import Recommender, RecommenderPolicy
 from sim.engine import Engine
@@ -178,7 +178,7 @@ class GreedyFramework(SimFramework):
                  recorder: Recorder, master_info: MasterInfo, borrower: bool = False,
                  ask_after: float | None = None) -> None:
         capabilities = ((revocable.CAPABILITY,) if borrower else ()) + (
-            (preempting.CAPABILITY,) if ask_after is not None else ())
+            (PREEMPTION_CAPABILITY,) if ask_after is not None else ())
         super().__init__(engine, name, role, priority, seed, recorder, master_info,
                          capabilities)
         self.ask_after = ask_after
@@ -418,7 +418,7 @@ class ServiceFramework(SimFramework):
                  recommender: RecommenderPolicy | None = None,
                  ask_after: float | None = None) -> None:
         super().__init__(engine, name, role, 200, seed, recorder, master_info,
-                         (preempting.CAPABILITY,) if ask_after is not None else ())
+                         (PREEMPTION_CAPABILITY,) if ask_after is not None else ())
         counter = iter(range(1, 1 << 62))
         self.core = service.ServiceCore(service.ServiceConfig(
             refuse_seconds=refuse_seconds, preemption_ask_after=ask_after),

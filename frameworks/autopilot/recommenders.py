@@ -454,40 +454,26 @@ DEFAULT_MEMORY_VARIANTS = (
                   first_size=0.5, season=4 * 3600.0, season_lead=3600.0,
                   season_double=True, season_once=True),
 )
-"""Variants the meta-recommender chooses among by default: fast CPU decay follows
-change quickly (and pays more margin for it); slow decay is steadier. Memory has one
-variant: a week's peak, so a spike is remembered for a week (a day's window forgot
-Tuesday's spike by Thursday, and the next one killed), with room, once an app has
-jumped, for the larger of its own largest jump and the p75 of the largest jumps of
-the apps the autopilot follows (`fleet`). Without room the meta-recommender cannot
-protect an app whose jumps so far stayed below its limit: no variant is charged for
-them, so the tightest wins until the first bigger jump kills. The fleet's p75 left
-3.0-3.2 points less slack than 2.5 x the app's own largest jump (the default
-before) on the fleet benchmark's tuning seeds 1, 2 and 8 (and, before
-`prior_from`, 4.5-5.3 less on the held-out ones; docs/autopilot-journal.md). Its margin is
-2% plus, for an app whose calm peak rose over the last day (growth, a leak), that
-rise, at most 3% (the whole 3% until a day's trend is known: a growing app's limit
-may not move for `Config.min_interval`); with `Config.mem_min_cut` at 2% the limit
-comes down to it once an app is seen not to grow (1.6 points less slack on tuning
-seeds 1 and 7, no growth or leak killed; a flat 2-3% margin let 3-5 growth apps
-be killed). Memory follows the daily cycle (`season`, blocks of 4 h): an app whose
-memory swings with the day is not held at its top all day, which freed 3.4-3.5
-points of slack on tuning seeds 1 and 7 (and adds about 3.2 limit changes per app
-a day, each a rolling restart); the points pay for room before a first jump (the
-fleet's p75 over the clock's calm peak, while 5% of the apps of an app's swing
-class first jump within a day of its age) and for two jumps at once (`double`, 1%
-of the fleet's calm peaks): 15.6% / 3 and 16.7% / 2 on those seeds, against
-16.2% / 7 and 16.0% / 6 for the window's rule alone (`mem-fleet-7d`, the default
-before); both goals on 11 of 20 unseen seeds, against 4 (docs/autopilot-journal.md).
-Since session 35 the clock also keeps room for two jumps at once for an app that
-has jumped (`season_double`) and counts the calm peak's rise once
-(`season_once`): both goals on 14 of 22 unseen seeds, against 12 without them;
-the room costs about 1.2 points of slack and counting the rise once gives 0.4
-back, for 15 fewer OOM-affected apps over 25 seeds (93 to 78; docs/autopilot-journal.md,
-sessions 32, 33 and 35). Since session 36 the room before a first jump is priced
-by size (`first_size` 0.5, `first_rate` 3% at the fleet's median calm peak): an
-app a quarter of the median keeps it while 1.5% of the apps like it first jump
-within a day, one four times the median only while 6% do. A kill costs an app
-whatever its size and room costs bytes: both goals on 15 of the 22 unseen seeds,
-7 fewer OOM-affected apps over them (70 to 63) for the same slack (docs/autopilot.md,
-"Current figures")."""
+"""Variants the meta-recommender chooses among by default. CPU: fast decay follows
+change quickly (and pays more margin for it); slow decay is steadier. Memory has
+one variant, each part there for a kill it prevents or slack it frees:
+
+- a week's window: a spike is remembered for a week (a day's window forgot
+  Tuesday's spike by Thursday, and the next one killed);
+- room, once an app has jumped by 10% or more, for the larger of its own largest
+  jump and the p75 of the largest jumps of the apps the autopilot follows
+  (`fleet`): without room no variant is charged for jumps that stayed under its
+  limit, so the tightest wins until the first bigger jump kills;
+- a margin of 2% plus the calm peak's rise over the last day, at most 3% (the 3%
+  until a day's trend is known), for growth and leaks;
+- the daily cycle (`season`, 4 h blocks): an app whose memory swings with the day
+  is not held at its top all day; the slack that frees pays for
+- room before a first jump (the fleet's p75 while 3% of the apps of its swing
+  class, scaled by the square root of its calm peak against the fleet's median,
+  first jump within a day of its age: a kill costs an app, room costs bytes) and
+- room for two jumps at once (`double`, 1% of the fleet's calm peaks; in the
+  clock's rule for any app that has jumped, `season_double`), the clock counting
+  the calm peak's rise once (`season_once`).
+
+Figures, per seed, and what was tried and not kept: docs/autopilot.md ("Current
+figures") and docs/autopilot-journal.md."""
