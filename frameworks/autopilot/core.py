@@ -20,7 +20,9 @@ that make it safe to act on live here, and apply to every variant alike:
   least `oom_growth` times the limit the task died at, the kill counts as a
   memory sample at that limit, so no variant recommends below it while the kill is
   inside its window, and memory is not cut for `oom_hold` seconds after a kill
-  (a raise cut back an hour later is a kill waiting for the next spike).
+  (a raise cut back an hour later is a kill waiting for the next spike). A kill
+  told twice (same task) counts once; one older than `oom_hold` (read back by a
+  new leader) is evidence only, never a raise.
 
 `Recommended` is emitted whenever the recommendation changes; `ApplyLimits` asks the
 service framework to roll the app to new limits. The app's next `AppConfigured`
@@ -233,6 +235,7 @@ class _App:
         self.ooms = 0
         self.last_oom = ""  # what the latest OOM kill did, for every reason list after it
         self.last_oom_at: float | None = None
+        self.oom_tasks: dict[str, float] = {}  # task id -> its kill's time, for `oom_hold`
         self.published: Recommendation | None = None
         self.last_sampled: dict[str, float] = {}  # task id -> its latest sample's time
 
@@ -268,6 +271,7 @@ class Autopilot:
         self._fleets = {v.name: FleetJumps() for v in config.memory_variants if v.prior > 0}
         self.rejected = 0  # samples that were not numbers we could use
         self.ignored = 0  # events for apps the autopilot does not follow
+        self.repeated = 0  # OOM kills of a task already told
 
     # -- the one way in ---------------------------------------------------------------
 
@@ -356,8 +360,17 @@ class Autopilot:
         if not (math.isfinite(event.at) and event.mem_limit_bytes > 0):
             self.rejected += 1
             return []
+        # A kill told twice (a status update redelivered to a new leader, a kill
+        # also read back from the usage store) counts once.
+        hold = self.config.oom_hold
+        for task_id in [t for t, at in app.oom_tasks.items() if at < now - hold]:
+            del app.oom_tasks[task_id]
+        if event.task_id in app.oom_tasks:
+            self.repeated += 1
+            return []
+        app.oom_tasks[event.task_id] = event.at
         app.ooms += 1
-        app.last_oom_at = event.at
+        app.last_oom_at = max(event.at, app.last_oom_at or event.at)
         # The kill is evidence that usage reached the limit the task had.
         app.mem.observe(event.at, float(event.mem_limit_bytes))
         effects: list[Effect] = []
@@ -366,7 +379,10 @@ class Autopilot:
                                                float(recommendation.mem_bytes)))
         app.last_oom = (f"task {event.task_id} was OOM-killed at "
                         f"{event.mem_limit_bytes / MIB:.0f} MiB")
-        if app.spec.mode == AUTO and raised > app.current.mem_bytes:
+        # A kill older than the hold (read back after a failover) is evidence only:
+        # its raise was applied then, and the hold since let memory come down.
+        recent = now - event.at < hold
+        if app.spec.mode == AUTO and recent and raised > app.current.mem_bytes:
             app.current = Limits(app.current.cpus, raised)
             app.last_applied = now
             app.last_oom += f": memory raised at once to {raised / MIB:.0f} MiB"

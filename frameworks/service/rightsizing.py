@@ -76,6 +76,17 @@ class Sample:
     cpus_throttled_secs: float = 0.0  # since the run's previous row
 
 
+@attrs.frozen
+class Kill:
+    """One of the app's tasks OOM-killed at `at`, as the usage store's
+    `task_events` has it; `mem_limit_bytes` is the task's `mem` then."""
+
+    app_id: str
+    at: float
+    task_id: str
+    mem_limit_bytes: int
+
+
 def limits_of(app: AppDefinition) -> Limits:
     return Limits(cpus=app.cpus, mem_bytes=round(app.mem * MIB))
 
@@ -122,6 +133,13 @@ class RightSizing:
         self.counters["autopilot_oom_kills"] += 1
         limit = _version_mem(core, task.app_id, task.config_version)
         return self.pilot.handle(TaskOomKilled(task.app_id, task.task_id, now, limit), now)
+
+    def recalled(self, kill: Kill, now: float) -> list[Effect]:
+        """An OOM kill read back from the master's store (a new leader's history):
+        the limit is the one the store has for that task."""
+        self.counters["autopilot_oom_kills_recalled"] += 1
+        return self.pilot.handle(TaskOomKilled(kill.app_id, kill.task_id, kill.at,
+                                               kill.mem_limit_bytes), now)
 
     def sampled(self, core: ServiceCore, samples: Iterable[Sample],
                 now: float) -> list[Effect]:

@@ -24,7 +24,7 @@ from frameworks.effects import perform
 from frameworks.service.core import (
     AgentLost, Command, CommandResult, Disconnected, Effect, Event, OffersReceived, Persist,
     Registered, Reregistered, ServiceCore, ServiceError, StatusReceived)
-from frameworks.service.rightsizing import RightSizing, Sample
+from frameworks.service.rightsizing import Kill, RightSizing, Sample
 from frameworks.service.store import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -85,6 +85,10 @@ class ServiceRuntime:
     def sampled(self, samples: Sequence[Sample]) -> None:
         """Usage rows of followed apps, read from the master's usage store."""
         self._right_size(self.rightsizing.sampled(self.core, samples, self.clock.now()))
+
+    def recalled(self, kill: Kill) -> None:
+        """An OOM kill read back from the master's usage store."""
+        self._right_size(self.rightsizing.recalled(kill, self.clock.now()))
 
     def _right_size(self, effects: Sequence[AutopilotEffect]) -> None:
         for effect in effects:

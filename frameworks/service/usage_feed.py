@@ -6,9 +6,12 @@ leading master (the one the driver is subscribed to) the same SQL an operator
 could. Each poll asks for the rows after the newest one already read, so a sample
 is fed once; a poll that hits its row limit is followed at once by the next, until
 the feed has caught up. A new leader first reads back `history` seconds of
-samples (what the store still holds of them): the autopilot's evidence lives in
-memory, and without them a failover would start every app's warmup afresh and
-forget the peaks of the last day. A failed poll (no master, store off, a timeout) is
+samples (what the store still holds of them), and the OOM kills among the
+apps' `task_events` since then, each fed among the samples at its time, as the
+old leader heard it: the autopilot's evidence lives in memory, and without them a
+failover would start every app's warmup afresh, forget the peaks of the last day,
+and let a memory limit raised after a kill be cut before its hold ends. A failed
+poll (no master, store off, a timeout) is
 logged, counted and retried at the next step: the autopilot then simply has
 fewer samples, and never acts on stale ones.
 
@@ -20,12 +23,14 @@ the master's clock.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 from typing import Any
 
 import aiohttp
 
-from frameworks.service.rightsizing import Sample
+from dyad.messages import Reason
+from frameworks.service.rightsizing import Kill, Sample
 from frameworks.service.runtime import ServiceRuntime
 from frameworks.service.store import StoreError
 
@@ -49,6 +54,15 @@ def samples_sql(framework_id: str, app_ids: list[str], after_us: int) -> str:
             f"AND epoch_us(ts) > {int(after_us)} ORDER BY ts")
 
 
+def kills_sql(framework_id: str, app_ids: list[str], after_us: int) -> str:
+    """The OOM kills of these apps of this framework since `after_us`."""
+    apps = ", ".join(_quoted(a) for a in app_ids)
+    return ("SELECT app, epoch_us(ts) AS at_us, task_id, mem_bytes FROM task_events "
+            f"WHERE framework_id = {_quoted(framework_id)} AND app IN ({apps}) "
+            f"AND reason = {_quoted(Reason.CONTAINER_LIMITATION_MEMORY)} "
+            f"AND epoch_us(ts) > {int(after_us)} ORDER BY ts")
+
+
 class UsageFeed:
     """Polls the master for the runtime's followed apps while it runs."""
 
@@ -56,6 +70,7 @@ class UsageFeed:
         self.runtime = runtime
         self.interval = interval
         self.after_us = int((runtime.clock.now() - max(interval, history)) * 1e6)
+        self.kills: list[Kill] | None = None  # read back, not yet fed (None: not read)
 
     async def run(self) -> None:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as http:
@@ -83,16 +98,39 @@ class UsageFeed:
         framework_id = runtime.core.framework_id
         if not apps or not framework_id or runtime.master_url is None:
             return 0
-        body = {"sql": samples_sql(framework_id, apps, self.after_us),
-                "max_rows": ROWS_PER_POLL}
-        async with http.post(f"{runtime.master_url}/usage/query", json=body) as response:
-            answer: Any = await response.json()
-            if response.status != 200:
-                raise ValueError(f"{response.status}: {answer.get('error', answer)}")
-        rows = answer["rows"]
+        url = f"{runtime.master_url}/usage/query"
+        if self.kills is None:  # a new leader: first the kills since the history's start
+            rows = await _ask(http, url, kills_sql(framework_id, apps, self.after_us))
+            self.kills = [Kill(app, at_us / 1e6, task, int(mem or 0))
+                          for app, at_us, task, mem in rows]
+        rows = await _ask(http, url, samples_sql(framework_id, apps, self.after_us))
+        samples = [Sample(app, at_us / 1e6, float(cpus), float(mem), task,
+                          float(limit or 0), float(throttled or 0))
+                   for app, at_us, cpus, mem, task, limit, throttled in rows]
         if rows:
             self.after_us = max(self.after_us, int(rows[-1][1]))
-            runtime.sampled([Sample(app, at_us / 1e6, float(cpus), float(mem), task,
-                                    float(limit or 0), float(throttled or 0))
-                             for app, at_us, cpus, mem, task, limit, throttled in rows])
+        self._feed(samples, caught_up=len(rows) < ROWS_PER_POLL)
         return len(rows)
+
+    def _feed(self, samples: list[Sample], caught_up: bool) -> None:
+        """The samples, with each kill read back among them at its time (the kills
+        after the last sample once the feed has caught up)."""
+        kills = self.kills or []
+        start = 0
+        while kills and (caught_up or (samples and kills[0].at <= samples[-1].at)):
+            kill = kills.pop(0)
+            end = bisect.bisect_right(samples, kill.at, lo=start, key=lambda s: s.at)
+            if end > start:
+                self.runtime.sampled(samples[start:end])
+            self.runtime.recalled(kill)
+            start = end
+        if start < len(samples):
+            self.runtime.sampled(samples[start:])
+
+
+async def _ask(http: aiohttp.ClientSession, url: str, sql: str) -> list[list[Any]]:
+    async with http.post(url, json={"sql": sql, "max_rows": ROWS_PER_POLL}) as response:
+        answer: Any = await response.json()
+        if response.status != 200:
+            raise ValueError(f"{response.status}: {answer.get('error', answer)}")
+    return answer["rows"]

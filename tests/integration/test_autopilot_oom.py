@@ -7,12 +7,15 @@ Sizes: the run's limit is the app's `mem` (the agent runs the command itself: no
 command executor's allowance on top), and its usage counts the task's Python and
 its shim. The task grows to about GROW MiB (plus its interpreter), which is over
 128 MiB and well under the raised 1.5 x 128 = 192 MiB. Long warmup and interval:
-the OOM raise is the only change the autopilot may make here.
+the OOM raise is the only change the autopilot may make here. A restarted
+`dyad-service` reads the kill back from the master's store: it still counts (its
+hold keeps memory up), and raises nothing again.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import urllib.request
 from pathlib import Path
@@ -81,6 +84,20 @@ async def test_an_app_outgrowing_its_memory_is_killed_once_then_raised_and_stays
     assert kills == [["TASK_FAILED", "REASON_CONTAINER_LIMITATION_MEMORY", 1]]
     metrics = service.get("/metrics")["counters"]
     assert metrics["autopilot_oom_kills"] == 1 and metrics["autopilot_upgrades"] == 1
+
+    # A new leader: the kill is read back from the store, and nothing moves.
+    service.stop(signal.SIGKILL)
+    second = await services("second", "--master", cluster.master_address, "--work-dir",
+                            str(tmp_path / "state"), *NO_OTHER_CHANGES).started()
+
+    def recalled() -> Any:
+        rec = second.get("/v2/apps/grower/recommendation")["recommendation"]
+        return rec if rec is not None and rec["ooms"] == 1 else None
+
+    await wait_for(recalled, 30, "the kill read back by the new leader")
+    metrics = second.get("/metrics")["counters"]
+    assert metrics["autopilot_oom_kills_recalled"] == 1
+    assert metrics.get("autopilot_upgrades", 0) == 0 and second.app("/grower")["mem"] == 192
 
 
 def query(cluster: Any, sql: str) -> Any:

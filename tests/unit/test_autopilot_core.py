@@ -190,6 +190,42 @@ def test_a_command_executors_allowance_is_taken_off_its_samples() -> None:
     assert counted.pilot.rejected == 1
 
 
+def test_a_kill_told_twice_counts_once() -> None:
+    # A new leader may hear a kill twice: the status update redelivered, and the
+    # kill read back from the usage store.
+    d = Driver()
+    configure(d)
+    d.run("/web", 400, cpus=0.05, mem=30e6)
+    limit = d.pilot.recommendation("/web").current.mem_bytes
+    [raise_] = applied(d.send(TaskOomKilled("/web", "t1", d.now, limit)))
+    assert d.send(TaskOomKilled("/web", "t1", d.now, limit)) == []
+    assert d.pilot.recommendation("/web").ooms == 1 and d.pilot.repeated == 1
+    # Another task's kill is another kill.
+    assert applied(d.send(TaskOomKilled("/web", "t2", d.now, raise_.limits.mem_bytes)))
+    assert d.pilot.recommendation("/web").ooms == 2
+
+
+def test_a_kill_read_back_holds_cuts_but_raises_only_within_the_hold() -> None:
+    d = Driver(attrs.evolve(FAST, oom_hold=3600))
+    configure(d)
+    d.run("/web", 400, cpus=0.05, mem=30e6)
+    limit = d.pilot.recommendation("/web").current.mem_bytes
+    # A kill from half an hour ago whose raise never landed: raised now.
+    [raise_] = applied(d.send(TaskOomKilled("/web", "t1", d.now - 1800, limit)))
+    assert raise_.oom and raise_.limits.mem_bytes >= 1.5 * limit
+    configure(d, cpus=raise_.limits.cpus, mem_mib=raise_.limits.mem_bytes // MIB)
+    # ...and held for what is left of the hour since the kill (1800 s), not an
+    # hour from now: cut once that is over.
+    held_until = d.now + 1800
+    later = applied(d.run("/web", 2400, cpus=0.05, mem=30e6))
+    assert later and later[-1].limits.mem_bytes < raise_.limits.mem_bytes
+    assert all(t >= held_until for t, e in d.stamped if e in later)
+    # A kill older than the hold is evidence only: no raise, even over the limit now.
+    old_kill = TaskOomKilled("/web", "t2", d.now - 7200, raise_.limits.mem_bytes)
+    assert applied(d.send(old_kill)) == []
+    assert d.pilot.recommendation("/web").ooms == 2
+
+
 def test_oom_at_the_cap_cannot_raise() -> None:
     d = Driver()
     configure(d, bounds=Bounds(max_mem_bytes=64 * MIB), mem_mib=64)
@@ -282,6 +318,7 @@ class AutopilotMachine(RuleBasedStateMachine):
         self.memory: dict[str, list[tuple[float, float]]] = {a: [] for a in APPS}
         self.last_change: dict[str, float] = {}
         self.seen = 0
+        self.kills = 0
 
     def _check(self, oom: tuple[str, float] | None = None) -> None:
         """Check every effect since the last check, at the time it was made."""
@@ -339,7 +376,8 @@ class AutopilotMachine(RuleBasedStateMachine):
             return
         limit = rec.current.mem_bytes
         self.memory[app].append((self.d.now, limit))
-        self.d.send(TaskOomKilled(app, "t", self.d.now, limit))
+        self.kills += 1  # a killed task's id never comes back
+        self.d.send(TaskOomKilled(app, f"t{self.kills}", self.d.now, limit))
         self._check((app, limit))
 
     @rule(seconds=st.floats(1, 900))
