@@ -247,6 +247,7 @@ class _Task:
         self.app = app
         self.rng = random.Random(f"{seed}:{app.name}")  # every approach, the same week
         self.limits, self.started = app.user, 0.0
+        self.run = 0  # a kill or an upgrade restarts the task: a new task id
         self.ooms = self.warm_in_ooms = 0
         self.mem_limit = self.mem_idle = 0.0
         self.due = math.inf  # the autopilot's next evaluation of the app
@@ -277,6 +278,7 @@ def replay_fleet(apps: Sequence[AppModel], days: float, config: Config | None,
                 # service framework tells the autopilot the app's new definition.
                 task = tasks[effect.app_id]
                 task.limits, task.started = effect.limits, t
+                task.run += 1
                 score.changes += t > WARM_IN
                 assert pilot is not None
                 perform(pilot.handle(AppConfigured(effect.app_id, spec, task.limits), t), t)
@@ -302,8 +304,9 @@ def replay_fleet(apps: Sequence[AppModel], days: float, config: Config | None,
                 task.ooms += scored
                 task.warm_in_ooms += not scored
                 task.started = t
+                task.run += 1
                 if pilot is not None:
-                    perform(pilot.handle(TaskOomKilled(app.name, f"{app.name}.{task.ooms}",
+                    perform(pilot.handle(TaskOomKilled(app.name, f"{app.name}.{task.run - 1}",
                                                        t, limits.mem_bytes), t), t)
             else:
                 task.mem_idle += (limits.mem_bytes - mem) * scored
@@ -312,7 +315,7 @@ def replay_fleet(apps: Sequence[AppModel], days: float, config: Config | None,
                     # cgroup's throttled time, as an agent reports it.
                     held = STEP * (1 - got_cpu / cpu) if cpu > got_cpu else 0.0
                     pilot.handle(UsageSampled(app.name, t, got_cpu, mem,
-                                              task_id=f"{app.name}.{task.ooms}",
+                                              task_id=f"{app.name}.{task.run}",
                                               cpus_throttled_secs=held), t)
             if pilot is not None and t >= task.due:
                 task.due = math.inf

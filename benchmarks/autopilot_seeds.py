@@ -1,7 +1,7 @@
 """The fleet benchmark over many seeds: is the goal a property of the rule, or of
 one draw of 200 apps?
 
-    python -m benchmarks.autopilot_seeds [--apps 1000] [--seeds 3-6,9-12] [--jobs 2]
+    python -m benchmarks.autopilot_seeds [--apps 1000] [--seeds 3-6,9-12] [--jobs 2] [--json]
 
 Each seed is one fleet of `benchmarks.autopilot` (the same generator, the same
 replay, the default policy `meta` against the hand-set limits), replayed in a
@@ -18,6 +18,7 @@ seeds and size give the same figures.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -26,7 +27,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from benchmarks.autopilot import GOAL_OOM_RATIO, GOAL_SLACK, Score, run, select
+from benchmarks.autopilot import (
+    GOAL_OOM_RATIO, GOAL_SLACK, Score, first_spikes, fleet, run, select)
 
 
 def seeds(text: str) -> list[int]:
@@ -78,6 +80,15 @@ def _row(user: Score, meta: Score) -> tuple[str, str, str, str]:
             f"{meta.mem_slack:.1%} / {meta.oom_apps}", goals)
 
 
+def as_json(results: dict[int, tuple[Score, Score]], apps: int, days: float) -> dict:
+    user, meta = pool(results)
+    return {"apps": apps, "days": days,
+            "seeds": {seed: {"user": u.as_json(), "meta": m.as_json(),
+                             "first_spikes": first_spikes(fleet(apps, days, seed), days, seed)}
+                      for seed, (u, m) in sorted(results.items())},
+            "pooled": {"user": user.as_json(), "meta": meta.as_json()}}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.autopilot_seeds",
                                 description=__doc__.split("\n\n")[0])
@@ -87,8 +98,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated seeds and ranges (default: 3-6,9-12, none "
                         "of them the rule's tuning seeds 1, 2, 7)")
     p.add_argument("--jobs", type=int, default=2, help="seeds replayed at once")
+    p.add_argument("--json", action="store_true",
+                   help="print each seed's figures (and its first spikes) and the pool as JSON")
     args = p.parse_args(argv)
-    console = Console()
+    console = Console(stderr=args.json)
     started = time.perf_counter()
     results: dict[int, tuple[Score, Score]] = {}
     with ProcessPoolExecutor(args.jobs) as pool, Progress(console=console) as progress:
@@ -98,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
             seed, user, meta = future.result()
             results[seed] = (user, meta)
             progress.advance(bar)
+    if args.json:
+        print(json.dumps(as_json(results, args.apps, args.days), indent=2))
+        return 0
     console.print(table(results, args.apps, args.days))
     both = sum(all(met(meta, user)) for user, meta in results.values())
     console.print(f"both goals on {both} of {len(results)} seeds; "

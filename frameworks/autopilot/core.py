@@ -238,6 +238,17 @@ class _App:
         self.oom_tasks: dict[str, float] = {}  # task id -> its kill's time, for `oom_hold`
         self.published: Recommendation | None = None
         self.last_sampled: dict[str, float] = {}  # task id -> its latest sample's time
+        self.task_mem: dict[str, tuple[float, float]] = {}  # task id -> (at, mem) latest
+
+    def task_peak(self, task_id: str, at: float, mem: float, previous: float | None) -> float:
+        """The memory the app's limit must hold at `at`: the largest of its tasks'
+        latest samples (each task's within the one's own interval since its
+        `previous` sample; only its own at a task's first). Every instance runs
+        under the same limit, and fed one after the other, instances using
+        different amounts would look to the jump detector like jumps."""
+        self.task_mem[task_id] = (at, mem)
+        since = at if previous is None else min(previous, at)
+        return max(m for t, m in self.task_mem.values() if t >= since)
 
     def configure(self, spec: AutopilotSpec, instances: int | None,
                   config: HorizontalConfig) -> None:
@@ -341,12 +352,14 @@ class Autopilot:
                 and throttled >= 0):
             self.rejected += 1
             return
+        mem = max(0.0, mem - allowance)
         if event.task_id:
             previous = app.last_sampled.get(event.task_id)
             app.last_sampled[event.task_id] = max(at, previous or at)
             cpus = cpu_demand(cpus, throttled, None if previous is None else at - previous)
+            mem = app.task_peak(event.task_id, at, mem, previous)
         app.cpu.observe(at, cpus)
-        app.mem.observe(at, max(0.0, mem - allowance))
+        app.mem.observe(at, mem)
         if app.sizer is not None:
             app.sizer.observe(event.task_id, at, cpus)
         if app.first_sample is None or event.at < app.first_sample:
@@ -396,6 +409,7 @@ class Autopilot:
         stale = [t for t, at in app.last_sampled.items() if at < now - FORGET_TASK_AFTER]
         for task_id in stale:
             del app.last_sampled[task_id]
+            app.task_mem.pop(task_id, None)
         app.cpu.decide(now)
         app.mem.decide(now)
         recommendation = self._recommend(app, now)
