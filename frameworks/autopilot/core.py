@@ -242,10 +242,10 @@ class _App:
 
     def task_peak(self, task_id: str, at: float, mem: float, previous: float | None) -> float:
         """The memory the app's limit must hold at `at`: the largest of its tasks'
-        latest samples (each task's within the one's own interval since its
-        `previous` sample; only its own at a task's first). Every instance runs
-        under the same limit, and fed one after the other, instances using
-        different amounts would look to the jump detector like jumps."""
+        latest samples, of those since the sampled task's `previous` sample (at a
+        task's first sample, its own alone). Every instance runs under the same
+        limit, and fed one after the other, instances using different amounts
+        would look to the jump detector like jumps."""
         self.task_mem[task_id] = (at, mem)
         since = at if previous is None else min(previous, at)
         return max(m for t, m in self.task_mem.values() if t >= since)
@@ -394,7 +394,7 @@ class Autopilot:
                         f"{event.mem_limit_bytes / MIB:.0f} MiB")
         # A kill older than the hold (read back after a failover) is evidence only:
         # its raise was applied then, and the hold since let memory come down.
-        recent = now - event.at < hold
+        recent = now - event.at <= hold
         if app.spec.mode == AUTO and recent and raised > app.current.mem_bytes:
             app.current = Limits(app.current.cpus, raised)
             app.last_applied = now

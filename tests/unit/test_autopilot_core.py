@@ -226,6 +226,12 @@ def test_a_kill_read_back_holds_cuts_but_raises_only_within_the_hold() -> None:
     assert d.pilot.recommendation("/web").ooms == 2
 
 
+def test_without_a_hold_a_kill_still_raises_at_once() -> None:
+    d = Driver(attrs.evolve(FAST, oom_hold=0))
+    configure(d, mem_mib=128)
+    assert applied(d.send(TaskOomKilled("/web", "t1", d.now, 128 * MIB)))
+
+
 def multi(levels: list[float], hours: float, config: Config, every: float = 30) -> Driver:
     """An app in recommend mode whose instances use these MiB, each sampled every
     `every` s (a second apart), for `hours`."""
