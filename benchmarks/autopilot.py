@@ -60,9 +60,9 @@ import attrs
 
 from dyad.effects import ArmTimer, TimerFired
 from frameworks.autopilot import (
-    AUTO, DEFAULT_CPU_VARIANTS, DEFAULT_MEMORY_VARIANTS, MIB, AppConfigured, ApplyLimits,
-    Autopilot, AutopilotSpec, Config, Evaluate, Limits, MemoryVariant, TaskOomKilled,
-    UsageSampled)
+    AUTO, DEFAULT_CPU_VARIANTS, DEFAULT_MEMORY_VARIANTS, FLAT_FIRST_ROOM_VARIANTS, MIB,
+    AppConfigured, ApplyLimits, Autopilot, AutopilotSpec, Config, Evaluate, Limits,
+    MemoryVariant, TaskOomKilled, UsageSampled)
 
 DAY = 86_400.0
 STEP = 300.0  # seconds between samples (and the policy's evaluation step)
@@ -368,8 +368,7 @@ CLOCK2 = attrs.evolve(CLOCK1, name="mem-clock2-7d", season_double=True)
 for an app that has jumped (at most the window's rule); the default is this with
 `season_once` (docs/autopilot-journal.md, sessions 32, 33 and 35)."""
 
-CLOCK2S = attrs.evolve(DEFAULT_MEMORY_VARIANTS[0], name="mem-clock2s-7d", first_rate=0.05,
-                       first_size=0.0)
+CLOCK2S = attrs.evolve(FLAT_FIRST_ROOM_VARIANTS[0], name="mem-clock2s-7d")
 """Not a default (the default of session 35): the room before a first jump while 5%
 of the apps like it first jump within a day, whatever the app's size."""
 

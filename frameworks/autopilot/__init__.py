@@ -19,16 +19,16 @@ from frameworks.autopilot.histogram import DecayingHistogram, Scale
 from frameworks.autopilot.horizontal import HorizontalConfig, HorizontalSizer, InstancesAdvice
 from frameworks.autopilot.meta import Choice, Costs, MetaRecommender
 from frameworks.autopilot.recommenders import (
-    DEFAULT_CPU_VARIANTS, DEFAULT_MEMORY_VARIANTS, CpuRecommender, CpuVariant,
-    MemoryRecommender, MemoryVariant)
+    DEFAULT_CPU_VARIANTS, DEFAULT_MEMORY_VARIANTS, FLAT_FIRST_ROOM_VARIANTS, CpuRecommender,
+    CpuVariant, MemoryRecommender, MemoryVariant)
 from frameworks.autopilot.spec import (
     AUTO, MIB, MODES, OFF, RECOMMEND, AutopilotSpec, Bounds, HorizontalSpec, Limits,
     SpecInvalid, parse_spec, unparse_spec)
 from frameworks.autopilot.window import SlidingPeak
 
 __all__ = [
-    "AUTO", "DEFAULT_CPU_VARIANTS", "DEFAULT_MEMORY_VARIANTS", "MIB", "MODES", "OFF",
-    "RECOMMEND", "AppConfigured", "AppRemoved", "ApplyInstances", "ApplyLimits",
+    "AUTO", "DEFAULT_CPU_VARIANTS", "DEFAULT_MEMORY_VARIANTS", "FLAT_FIRST_ROOM_VARIANTS",
+    "MIB", "MODES", "OFF", "RECOMMEND", "AppConfigured", "AppRemoved", "ApplyInstances", "ApplyLimits",
     "Autopilot", "AutopilotSpec", "Bounds", "Choice", "Config", "Costs", "CpuRecommender",
     "CpuVariant", "DecayingHistogram", "Evaluate", "HorizontalConfig", "HorizontalSizer",
     "HorizontalSpec", "InstancesAdvice", "Limits", "MemoryRecommender",

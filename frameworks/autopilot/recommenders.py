@@ -477,3 +477,11 @@ one variant, each part there for a kill it prevents or slack it frees:
 
 Figures, per seed, and what was tried and not kept: docs/autopilot.md ("Current
 figures") and docs/autopilot-journal.md."""
+
+FLAT_FIRST_ROOM_VARIANTS = tuple(
+    attrs.evolve(v, name="mem-clock-flat-7d", first_rate=0.05, first_size=0.0)
+    for v in DEFAULT_MEMORY_VARIANTS)
+"""The default with the room before a first jump given whatever the app's size,
+while 5% of the apps like it first jump within a day (session 35's rule): for a
+fleet where a large app's kill weighs more than a small one's (about 0.3 points
+more slack on the tuning seeds; `dyad-service --autopilot-first-room flat`)."""

@@ -35,6 +35,7 @@ from dyad import security, zk_acl
 from dyad.clock import SystemClock
 from dyad.messages import PREEMPTION_CAPABILITY, FrameworkInfo
 from dyad import argtypes
+from frameworks.autopilot import DEFAULT_MEMORY_VARIANTS, FLAT_FIRST_ROOM_VARIANTS
 from frameworks.autopilot import Config as AutopilotConfig
 from frameworks.autopilot.horizontal import HorizontalConfig
 from frameworks.scheduler import SchedulerDriver
@@ -96,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     pilot.add_argument("--autopilot-history", type=argtypes.duration, default="24h",
                        help="on becoming leader, read back this much usage from the master's "
                        "store (as far as it holds), so evidence survives a failover; 0: none")
+    pilot.add_argument("--autopilot-first-room", choices=["sized", "flat"], default="sized",
+                       help="room for an app's first memory jump: priced by its size "
+                       "(a kill costs an app, room costs bytes) or the same for all "
+                       "(a large app's kill weighs more)")
     pilot.add_argument("--autopilot-scale-window", type=argtypes.duration, default="5mins",
                        help="horizontal sizing: the load is each task's mean CPU over this")
     pilot.add_argument("--autopilot-scale-stabilization", type=argtypes.duration,
@@ -108,7 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def autopilot_config(args: argparse.Namespace) -> AutopilotConfig:
-    return AutopilotConfig(step=args.autopilot_step, warmup=args.autopilot_warmup,
+    memory = FLAT_FIRST_ROOM_VARIANTS if args.autopilot_first_room == "flat" \
+        else DEFAULT_MEMORY_VARIANTS
+    return AutopilotConfig(memory_variants=memory,
+                           step=args.autopilot_step, warmup=args.autopilot_warmup,
                            min_samples=args.autopilot_min_samples,
                            min_interval=args.autopilot_min_interval,
                            horizontal=HorizontalConfig(

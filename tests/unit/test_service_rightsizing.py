@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from dyad.clock import FakeClock
@@ -252,3 +253,21 @@ def test_horizontal_sizings_damping_is_set_by_flags() -> None:
                   "10mins", "--autopilot-scale-interval", "30s")
     assert (set_.window, set_.stabilization, set_.interval) == (120.0, 600.0, 30.0)
     assert main(["--master", "m:1", "--autopilot-scale-window", "0s"]) == 2  # said, not raised
+
+
+def test_the_room_before_a_first_jump_is_sized_or_flat_by_flag() -> None:
+    from frameworks.autopilot import DEFAULT_MEMORY_VARIANTS, FLAT_FIRST_ROOM_VARIANTS
+    from frameworks.service.main import autopilot_config, build_parser
+
+    def memory(*flags: str) -> tuple:
+        return autopilot_config(build_parser().parse_args(
+            ["--master", "m:1", *flags])).memory_variants
+
+    assert memory() == DEFAULT_MEMORY_VARIANTS
+    assert memory("--autopilot-first-room", "sized") == DEFAULT_MEMORY_VARIANTS
+    [flat] = memory("--autopilot-first-room", "flat")
+    assert flat == FLAT_FIRST_ROOM_VARIANTS[0]
+    assert (flat.first_size, flat.first_rate) == (0.0, 0.05)
+    # Only that part differs from the default.
+    assert attrs.evolve(flat, name=DEFAULT_MEMORY_VARIANTS[0].name, first_size=0.5,
+                        first_rate=0.03) == DEFAULT_MEMORY_VARIANTS[0]
