@@ -10,7 +10,9 @@ pure `frameworks.autopilot.Autopilot` (docs/autopilot.md). No I/O.
 - `status(core, status)` before the core sees a status update: a task killed for
   memory (`REASON_CONTAINER_LIMITATION_MEMORY`) becomes a `TaskOomKilled` at the
   limit that task ran with (its own version's, not the app's latest);
-- `sampled(rows)` for usage rows the shell read from the master's usage store.
+- `sampled(rows)` for usage rows the shell read from the master's usage store,
+  and `recalled(kill)` for an OOM kill a new leader read back from it (at the
+  kill's own time, with the `mem` the store has for that task).
 
 The autopilot's `ApplyLimits` becomes `upgrade(core, apply)`: a `PutApp` with the
 new cpus and mem, which the core deploys as a rolling upgrade within the app's
