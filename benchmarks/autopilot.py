@@ -549,9 +549,13 @@ def report(scores: dict[str, Score], models: list[AppModel], elapsed: float,
     return "\n".join(lines)
 
 
+def goals_met(meta: Score, user: Score) -> tuple[bool, bool]:
+    """(memory slack goal met, OOM goal met) for `meta` against the hand-set limits."""
+    return meta.mem_slack <= GOAL_SLACK, meta.oom_apps <= GOAL_OOM_RATIO * user.oom_apps
+
+
 def _goal(meta: Score, user: Score) -> str:
-    slack_ok = meta.mem_slack <= GOAL_SLACK
-    oom_ok = meta.oom_apps <= GOAL_OOM_RATIO * user.oom_apps
+    slack_ok, oom_ok = goals_met(meta, user)
     return (f"goal (meta): memory slack <= {GOAL_SLACK:.0%}: {meta.mem_slack:.1%} "
             f"{'met' if slack_ok else 'MISSED'}; OOM-affected apps <= "
             f"{GOAL_OOM_RATIO:.0%} of user's {user.oom_apps}: {meta.oom_apps} "

@@ -27,8 +27,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from benchmarks.autopilot import (
-    GOAL_OOM_RATIO, GOAL_SLACK, Score, first_spikes, fleet, run, select)
+from benchmarks.autopilot import GOAL_OOM_RATIO, Score, first_spikes, fleet, goals_met, run, select
 
 
 def seeds(text: str) -> list[int]:
@@ -45,10 +44,6 @@ def seeds(text: str) -> list[int]:
 def one(apps: int, days: float, seed: int) -> tuple[int, Score, Score]:
     scores = run(apps, days, seed, select("meta"))
     return seed, scores["user"], scores["meta"]
-
-
-def met(meta: Score, user: Score) -> tuple[bool, bool]:
-    return meta.mem_slack <= GOAL_SLACK, meta.oom_apps <= GOAL_OOM_RATIO * user.oom_apps
 
 
 def table(results: dict[int, tuple[Score, Score]], apps: int, days: float) -> Table:
@@ -73,7 +68,7 @@ def pool(results: dict[int, tuple[Score, Score]]) -> tuple[Score, Score]:
 
 
 def _row(user: Score, meta: Score) -> tuple[str, str, str, str]:
-    slack_ok, oom_ok = met(meta, user)
+    slack_ok, oom_ok = goals_met(meta, user)
     goals = "both" if slack_ok and oom_ok else "slack" if slack_ok else "OOM" if oom_ok \
         else "neither"
     return (f"{user.mem_slack:.1%} / {user.oom_apps}", f"{GOAL_OOM_RATIO * user.oom_apps:.1f}",
@@ -115,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(as_json(results, args.apps, args.days), indent=2))
         return 0
     console.print(table(results, args.apps, args.days))
-    both = sum(all(met(meta, user)) for user, meta in results.values())
+    both = sum(all(goals_met(meta, user)) for user, meta in results.values())
     console.print(f"both goals on {both} of {len(results)} seeds; "
                   f"replayed in {time.perf_counter() - started:.0f}s")
     return 0

@@ -44,23 +44,27 @@ def _quoted(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def samples_sql(framework_id: str, app_ids: list[str], after_us: int) -> str:
-    """The usage rows of these apps of this framework newer than `after_us`
-    (microseconds since the epoch: exact, so the last row read is never read again)."""
+def _of_apps(framework_id: str, app_ids: list[str], after_us: int) -> str:
+    """The WHERE clause both questions share: these apps of this framework, rows
+    newer than `after_us` (microseconds since the epoch: exact, so the last row
+    read is never read again)."""
     apps = ", ".join(_quoted(a) for a in app_ids)
+    return (f"WHERE framework_id = {_quoted(framework_id)} AND app IN ({apps}) "
+            f"AND epoch_us(ts) > {int(after_us)}")
+
+
+def samples_sql(framework_id: str, app_ids: list[str], after_us: int) -> str:
+    """The usage rows of these apps of this framework newer than `after_us`."""
     return ("SELECT app, epoch_us(ts) AS at_us, cpus_used, mem_rss_bytes, task_id, "
             "mem_limit_bytes, cpus_throttled_secs FROM task_usage "
-            f"WHERE framework_id = {_quoted(framework_id)} AND app IN ({apps}) "
-            f"AND epoch_us(ts) > {int(after_us)} ORDER BY ts")
+            f"{_of_apps(framework_id, app_ids, after_us)} ORDER BY ts")
 
 
 def kills_sql(framework_id: str, app_ids: list[str], after_us: int) -> str:
     """The OOM kills of these apps of this framework since `after_us`."""
-    apps = ", ".join(_quoted(a) for a in app_ids)
     return ("SELECT app, epoch_us(ts) AS at_us, task_id, mem_bytes FROM task_events "
-            f"WHERE framework_id = {_quoted(framework_id)} AND app IN ({apps}) "
-            f"AND reason = {_quoted(Reason.CONTAINER_LIMITATION_MEMORY)} "
-            f"AND epoch_us(ts) > {int(after_us)} ORDER BY ts")
+            f"{_of_apps(framework_id, app_ids, after_us)} "
+            f"AND reason = {_quoted(Reason.CONTAINER_LIMITATION_MEMORY)} ORDER BY ts")
 
 
 class UsageFeed:
